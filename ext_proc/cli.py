@@ -1,0 +1,101 @@
+"""The ``ice`` command: serve, evaluate, demo, dev-backend.
+
+Exit status 2 with a one-line message for bad arguments or a bad policy file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ext_proc.pipeline import DEFAULT_MAX_BODY_BYTES
+from ext_proc.policy.load import PolicyError
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="ice", description="ICE, the Inference Constraint Evaluator")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="run the ext_proc gRPC server")
+    s.add_argument("--address", default="127.0.0.1:50051", help="HOST:PORT or unix:PATH")
+    s.add_argument("--policy", help="policy YAML (default: the built-in policy)")
+    s.add_argument("--workers", type=int, default=1, help="worker processes (ports PORT..PORT+N-1)")
+    s.add_argument("--metrics-address", help="HOST:PORT for ICE's own Prometheus /metrics")
+    s.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
+    s.add_argument("--shutdown-grace-s", type=float, default=10.0)
+
+    e = sub.add_parser("evaluate", help="dry-run one request against a policy and a metrics page")
+    e.add_argument("request", help="request body JSON file ('-' for stdin)")
+    e.add_argument("--policy", help="policy YAML (default: the built-in policy)")
+    e.add_argument("--metrics", help="a saved /metrics page or its URL (omit: pressure unknown)")
+    e.add_argument("--route", default="", help="route name as Envoy sends it (x-ice-route)")
+    e.add_argument("--profile", default="", help="profile name (overrides the route's)")
+    e.add_argument("--path", default="/v1/chat/completions")
+    e.add_argument("--priority", help="value of the priority header")
+
+    d = sub.add_parser("demo", help="run Envoy + ICE + a local backend and walk through decisions")
+    d.add_argument("--no-wait", action="store_true", help="exit after the walk-through")
+
+    b = sub.add_parser("dev-backend", help="run the local OpenAI/Anthropic test backend")
+    b.add_argument("--host", default="127.0.0.1")
+    b.add_argument("--port", type=int, default=8000)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "serve":
+            from ext_proc.server import ServeOptions, serve
+
+            return serve(
+                ServeOptions(
+                    address=args.address,
+                    policy_path=args.policy,
+                    workers=max(1, args.workers),
+                    metrics_address=args.metrics_address,
+                    max_body_bytes=args.max_body_bytes,
+                    shutdown_grace_s=args.shutdown_grace_s,
+                )
+            )
+        if args.command == "evaluate":
+            from ext_proc.dryrun import dry_run
+
+            request = (
+                sys.stdin.buffer.read() if args.request == "-" else Path(args.request).read_bytes()
+            )
+            report = dry_run(
+                policy_path=args.policy,
+                metrics=args.metrics,
+                request=request,
+                route=args.route,
+                path=args.path,
+                priority=args.priority,
+                profile=args.profile,
+            )
+            print(json.dumps(report, indent=2, ensure_ascii=False))
+            return 0
+        if args.command == "demo":
+            from ext_proc.demo import run_demo
+
+            return int(run_demo(wait=not args.no_wait))
+        if args.command == "dev-backend":
+            from ext_proc.devbackend import main as backend_main
+
+            backend_main(["--host", args.host, "--port", str(args.port)])
+            return 0
+    except PolicyError as e:
+        print(f"ice: invalid policy: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"ice: {e}", file=sys.stderr)
+        return 2
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""Decisions the evaluator returns, and the verdict headers each one shows the mesh.
+
+Three kinds, each a frozen dataclass: ``Pass`` (annotate only), ``Downgrade`` (lower the
+output-token limit) and ``Reject`` (answer at once with an error status). The header names
+are ICE's public contract (see docs/headers.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ext_proc.policy.pressure import Pressure
+
+__all__ = [
+    "H_DECISION",
+    "H_DOWNGRADED",
+    "H_ORIGINAL_MAX_TOKENS",
+    "H_PRESSURE",
+    "H_PRESSURE_SCORE",
+    "H_REASON",
+    "VERDICT_HEADERS",
+    "Decision",
+    "Downgrade",
+    "Pass",
+    "Reject",
+    "verdict_headers",
+]
+
+H_PRESSURE = "x-mem-pressure"
+H_PRESSURE_SCORE = "x-mem-pressure-score"
+H_DECISION = "x-ice-decision"
+H_DOWNGRADED = "x-downgraded"
+H_ORIGINAL_MAX_TOKENS = "x-ice-original-max-tokens"
+H_REASON = "x-ice-reason"
+VERDICT_HEADERS = (
+    H_PRESSURE,
+    H_PRESSURE_SCORE,
+    H_DECISION,
+    H_DOWNGRADED,
+    H_ORIGINAL_MAX_TOKENS,
+    H_REASON,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Pass:
+    """Let the request through unchanged, annotated with the pool's pressure."""
+
+    pressure: Pressure | None
+
+    decision = "pass"
+    reason = "ok"
+
+
+@dataclass(frozen=True, slots=True)
+class Downgrade:
+    """Lower the output-token limit to ``max_tokens`` (inject it when the client set none).
+
+    ``original`` is the limit the client asked for, None when ICE injects one.
+    ``reason``: ``context_budget`` (max_model_len - input - buffer) or ``pressure_cap``.
+    """
+
+    pressure: Pressure | None
+    max_tokens: int
+    original: int | None
+    reason: str
+
+    decision = "downgrade"
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """Answer at once with ``status`` (429 or 400) in the API's own error format."""
+
+    pressure: Pressure | None
+    status: int
+    reason: str
+    message: str
+    param: str | None = None
+    retry_after_s: int | None = None
+
+    decision = "reject"
+
+
+Decision = Pass | Downgrade | Reject
+
+
+def verdict_headers(decision: Decision) -> list[tuple[str, str]]:
+    """The headers that show a decision to the backend and to the client, in a fixed order."""
+    p = decision.pressure
+    headers = [(H_PRESSURE, p.level.label if p is not None else "unknown")]
+    if p is not None:
+        headers.append((H_PRESSURE_SCORE, f"{p.score:.0f}"))
+    headers.append((H_DECISION, decision.decision))
+    if isinstance(decision, Downgrade):
+        headers.append((H_DOWNGRADED, "true"))
+        if decision.original is not None:
+            headers.append((H_ORIGINAL_MAX_TOKENS, str(decision.original)))
+    if not isinstance(decision, Pass):
+        headers.append((H_REASON, decision.reason))
+    return headers

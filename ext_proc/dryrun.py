@@ -1,0 +1,125 @@
+"""``ice evaluate``: judge one request offline with the server's own pipeline.
+
+For policy authors: given a policy, a saved (or live) ``/metrics`` page and a request body,
+print the decision, the pressure score and the exact mutation ICE would make, as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from ext_proc.pipeline import HeaderFacts, Pipeline
+from ext_proc.plan import Continue, Respond
+from ext_proc.policy.load import load_policy
+from ext_proc.policy.pressure import pressure_of
+from ext_proc.signals.snapshot import PoolSnapshot
+from ext_proc.signals.vllm import parse_vllm_metrics
+
+__all__ = ["dry_run", "read_source"]
+
+
+def read_source(source: str, timeout_s: float = 5.0) -> str:
+    """The text of a file path or an http(s) URL."""
+    if source.startswith(("http://", "https://")):
+        with urllib.request.urlopen(source, timeout=timeout_s) as resp:
+            return str(resp.read().decode("utf-8", "replace"))
+    return Path(source).read_text("utf-8")
+
+
+def _body_json(body: bytes | None) -> Any:
+    if body is None:
+        return None
+    try:
+        return json.loads(body)
+    except ValueError:
+        return body.decode("utf-8", "replace")
+
+
+def dry_run(
+    *,
+    policy_path: str | None,
+    metrics: str | None,
+    request: bytes,
+    route: str = "",
+    path: str = "/v1/chat/completions",
+    priority: str | None = None,
+    profile: str = "",
+    content_type: str = "application/json",
+) -> dict[str, Any]:
+    """The JSON-ready report of what ICE would do with ``request``."""
+    policy = load_policy(policy_path)
+    metadata = [("x-ice-route", route), ("x-ice-profile", profile)]
+    snapshot: PoolSnapshot | None = None
+    if metrics is not None:
+        backend = parse_vllm_metrics(metrics, read_source(metrics))
+        snapshot = PoolSnapshot(pool="", backends=(backend,), taken_at_s=time.monotonic())
+    pipeline = Pipeline(policy, lambda _pool: snapshot)
+    r = pipeline.router.resolve(metadata)
+    headers = [(":path", path), ("content-type", content_type)]
+    if priority:
+        headers.append((policy.priority_header, priority))
+    facts: HeaderFacts = pipeline.on_headers(r, headers, end_of_stream=not request)
+    report: dict[str, Any] = {
+        "route": r.name,
+        "profile": r.profile.name,
+        "pool": r.pool,
+        "priority": facts.priority,
+    }
+    if snapshot is not None:
+        b = snapshot.backends[0]
+        report["signals"] = {
+            "kv_cache_usage": b.kv_cache_usage,
+            "num_requests_running": b.num_requests_running,
+            "num_requests_waiting": b.num_requests_waiting,
+            "num_gpu_blocks": b.num_gpu_blocks,
+            "block_size": b.block_size,
+        }
+        p = pressure_of(snapshot, r.profile.pressure)
+        report["mem_pressure_score"] = p.score if p else None
+        report["mem_pressure"] = p.level.label if p else "unknown"
+    else:
+        report["mem_pressure"] = "unknown"
+    if facts.answer is not None:
+        outcome: Continue | Respond | None = facts.answer
+        report["decision"] = "reject"
+    elif facts.skip_body:
+        report["decision"] = "passthrough"
+        report["mutation"] = None
+        return report
+    else:
+        verdict = pipeline.on_body(r, facts, request)
+        assert verdict is not None
+        outcome = verdict.outcome
+        report["decision"] = verdict.decision.decision if verdict.decision else "reject"
+        if verdict.decision is not None:
+            report["reason"] = verdict.decision.reason
+        if verdict.features is not None:
+            f = verdict.features
+            report["features"] = {
+                "schema": f.schema,
+                "model": f.model,
+                "input_tokens_estimate": f.input_tokens,
+                "max_tokens": f.max_tokens,
+                "max_tokens_field": f.max_tokens_field,
+                "stream": f.stream,
+                "messages": f.message_count,
+            }
+    if isinstance(outcome, Respond):
+        report["mutation"] = {
+            "immediate_response": {
+                "status": outcome.status,
+                "headers": dict(outcome.headers),
+                "body": _body_json(outcome.body),
+            }
+        }
+    elif isinstance(outcome, Continue):
+        report["mutation"] = {
+            "request_headers": dict(outcome.headers),
+            "body": _body_json(outcome.body),
+            "body_changed": outcome.body is not None,
+        }
+    return report

@@ -1,0 +1,240 @@
+"""The request's way through ICE, free of gRPC: route → headers → body → outcome.
+
+1. ``Router.resolve`` maps the route's gRPC metadata (``x-ice-route``, ``x-ice-profile``,
+   ``x-ice-pool``, ``x-ice-priority``) to a ``Route``.
+2. ``on_headers`` reads the request headers once: the schema adapter for the path, whether
+   the body is JSON, the priority header, spoofed ICE headers to strip, and the answers that
+   need no body (empty body → 400, declared length over the limit → 413).
+3. ``on_body`` parses the body once, extracts features, reads the pool's snapshot, runs the
+   evaluator and plans the edits.
+
+Invariant: ``on_body`` returns ``None`` when the request passes untouched and unannotated
+(not an inference request); every other outcome carries the verdict headers.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from ext_proc import rawjson, telemetry
+from ext_proc.decision import Decision, Reject, verdict_headers
+from ext_proc.plan import Outcome, Respond, plan, reject_outcome
+from ext_proc.policy.evaluate import evaluate
+from ext_proc.policy.model import PRIORITIES, Policy, Priority, Profile
+from ext_proc.policy.pressure import Pressure, pressure_of
+from ext_proc.schemas import BadRequest, RequestFeatures, SchemaAdapter, adapter_for_path
+from ext_proc.signals.snapshot import PoolSnapshot
+
+__all__ = [
+    "DEFAULT_MAX_BODY_BYTES",
+    "SPOOF_PREFIXES",
+    "BodyVerdict",
+    "HeaderFacts",
+    "Pipeline",
+    "Route",
+    "Router",
+]
+
+log = logging.getLogger("ice.pipeline")
+
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+# Client-sent headers with these prefixes are removed: only ICE may set them.
+SPOOF_PREFIXES = ("x-mem-pressure", "x-ice-", "x-downgraded")
+
+SnapshotLookup = Callable[[str], PoolSnapshot | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """What a route's gRPC metadata selects."""
+
+    name: str
+    profile: Profile
+    pool: str
+    default_priority: Priority
+
+
+class Router:
+    """Resolves route metadata against the policy; unknown names fall back to defaults."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self._cache: dict[tuple[str, str, str, str], Route] = {}
+        self._warned: set[str] = set()
+
+    def resolve(self, metadata: Iterable[tuple[str, str | bytes]]) -> Route:
+        name = profile = pool = priority = ""
+        for key, value in metadata:
+            if not key.startswith("x-ice-") or not isinstance(value, str):
+                continue
+            if key == "x-ice-route":
+                name = value
+            elif key == "x-ice-profile":
+                profile = value
+            elif key == "x-ice-pool":
+                pool = value
+            elif key == "x-ice-priority":
+                priority = value
+        key4 = (name, profile, pool, priority)
+        route = self._cache.get(key4)
+        if route is None:
+            route = self._build(*key4)
+            if len(self._cache) < 1024:
+                self._cache[key4] = route
+        return route
+
+    def _warn_once(self, what: str) -> None:
+        if what not in self._warned:
+            self._warned.add(what)
+            log.warning("%s; using the default", what)
+
+    def _build(self, name: str, profile: str, pool: str, priority: str) -> Route:
+        p = self.policy
+        binding = p.routes.get(name)
+        if binding is not None:
+            profile = profile or binding.profile
+            pool = pool or binding.pool
+            priority = priority or (binding.priority or "")
+        if profile and profile not in p.profiles:
+            self._warn_once(f"route {name or '?'} names unknown profile {profile!r}")
+            profile = ""
+        if pool and pool not in p.pools:
+            self._warn_once(f"route {name or '?'} names unknown pool {pool!r}")
+            pool = ""
+        prof = p.profiles[profile or p.default_profile]
+        prio: Priority = prof.default_priority
+        for candidate in PRIORITIES:
+            if candidate == priority:
+                prio = candidate
+        return Route(
+            name=name or "default",
+            profile=prof,
+            pool=pool or p.default_pool,
+            default_priority=prio,
+        )
+
+
+@dataclass(slots=True)
+class HeaderFacts:
+    """What the request headers said, kept for the body phase."""
+
+    adapter: SchemaAdapter | None = None
+    priority: Priority = "standard"
+    strip: list[str] = field(default_factory=list)
+    answer: Respond | None = None  # set when the request is answered without its body
+    skip_body: bool = False  # not an inference request: do not send the body to ICE
+
+
+@dataclass(frozen=True, slots=True)
+class BodyVerdict:
+    """A body-phase result: the decision (None when the body broke the API) and its outcome."""
+
+    decision: Decision | None
+    features: RequestFeatures | None
+    outcome: Outcome
+
+
+def _is_json(content_type: str) -> bool:
+    if not content_type:
+        return True  # many clients omit it; JSON backends parse the body regardless
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or media.endswith("+json")
+
+
+class Pipeline:
+    """Judges requests for one policy against snapshots from ``lookup``."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        lookup: SnapshotLookup,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    ) -> None:
+        self.router = Router(policy)
+        self.lookup = lookup
+        self.max_body_bytes = max_body_bytes
+        self._priority_header = policy.priority_header
+
+    def on_headers(
+        self, route: Route, headers: Iterable[tuple[str, str]], end_of_stream: bool
+    ) -> HeaderFacts:
+        facts = HeaderFacts(priority=route.default_priority)
+        path = content_type = content_length = ""
+        for key, value in headers:
+            if key == ":path":
+                path = value
+            elif key == "content-type":
+                content_type = value
+            elif key == "content-length":
+                content_length = value
+            elif key == self._priority_header:
+                wanted = value.strip().lower()
+                for candidate in PRIORITIES:
+                    if candidate == wanted:
+                        facts.priority = candidate
+            elif key.startswith(SPOOF_PREFIXES):
+                facts.strip.append(key)
+        adapter = adapter_for_path(path)
+        if adapter is None or not _is_json(content_type):
+            facts.skip_body = True
+            reason = "path" if adapter is None else "content_type"
+            telemetry.PASSTHROUGH.labels(route=route.name, reason=reason).inc()
+            return facts
+        facts.adapter = adapter
+        if end_of_stream:
+            facts.answer = self._bad(
+                route, adapter, 400, "empty_body", "The request body is empty."
+            )
+        elif content_length.isdigit() and int(content_length) > self.max_body_bytes:
+            facts.answer = self._bad(
+                route,
+                adapter,
+                413,
+                "request_too_large",
+                f"The request body is {content_length} bytes; the limit is "
+                f"{self.max_body_bytes} bytes.",
+            )
+        return facts
+
+    def _pressure(self, route: Route) -> Pressure | None:
+        snapshot = self.lookup(route.pool)
+        return pressure_of(snapshot, route.profile.pressure) if snapshot else None
+
+    def _bad(
+        self,
+        route: Route,
+        adapter: SchemaAdapter,
+        status: int,
+        code: str,
+        message: str,
+        param: str | None = None,
+    ) -> Respond:
+        """A 4xx for a request that broke its API's contract, with the verdict headers."""
+        telemetry.BAD_REQUESTS.labels(route=route.name, reason=code).inc()
+        verdict = Reject(self._pressure(route), status, code, message, param)
+        return reject_outcome(
+            adapter, status, code, message, param, extra_headers=verdict_headers(verdict)
+        )
+
+    def on_body(self, route: Route, facts: HeaderFacts, body: bytes) -> BodyVerdict | None:
+        adapter = facts.adapter
+        if adapter is None:
+            return None
+        try:
+            doc = rawjson.parse_object(body)
+        except rawjson.InvalidJSON as e:
+            message = f"The request body is not valid JSON: {e}."
+            return BodyVerdict(None, None, self._bad(route, adapter, 400, "invalid_json", message))
+        try:
+            features = adapter.features(doc.values)
+        except BadRequest as e:
+            outcome = self._bad(route, adapter, 400, e.code, e.message, e.param)
+            return BodyVerdict(None, None, outcome)
+        pressure = self._pressure(route)
+        decision = evaluate(features, pressure, route.profile, facts.priority)
+        telemetry.DECISIONS.labels(
+            route=route.name, decision=decision.decision, reason=decision.reason
+        ).inc()
+        return BodyVerdict(decision, features, plan(decision, adapter, doc, features))

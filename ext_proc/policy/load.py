@@ -1,0 +1,248 @@
+"""Load a policy file: YAML → protobuf schema check → value checks → frozen ``Policy``.
+
+Every problem raises ``PolicyError`` whose message names the field (a dotted path such as
+``profiles.chat.pressure.thresholds.high``) and says what is wrong, so a bad file stops
+start-up with a message an operator can act on.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+from google.protobuf import json_format
+
+from ext_proc._pb import policy_pb2
+from ext_proc.policy.model import (
+    PRIORITIES,
+    Level,
+    Policy,
+    Pool,
+    PressureModel,
+    Priority,
+    Profile,
+    RouteBinding,
+)
+
+__all__ = ["PolicyError", "default_policy_text", "load_policy", "parse_policy"]
+
+
+class PolicyError(ValueError):
+    """A policy file is invalid; the message names the field and the problem."""
+
+
+def default_policy_text() -> str:
+    """The built-in default policy (``ext_proc/default_policy.yaml``)."""
+    return resources.files("ext_proc").joinpath("default_policy.yaml").read_text("utf-8")
+
+
+def load_policy(path: str | Path | None) -> Policy:
+    """Load the policy at ``path``, or the built-in default when ``path`` is None."""
+    if path is None:
+        return parse_policy(default_policy_text(), source="<built-in default>")
+    p = Path(path)
+    try:
+        text = p.read_text("utf-8")
+    except OSError as e:
+        raise PolicyError(f"{p}: cannot read: {e.strerror}") from None
+    return parse_policy(text, source=str(p))
+
+
+def parse_policy(text: str, *, source: str = "<policy>") -> Policy:
+    """Parse policy YAML text; raise ``PolicyError`` naming the first bad field."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise PolicyError(f"{source}: not valid YAML: {e}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise PolicyError(f"{source}: the top level must be a mapping")
+    msg = policy_pb2.Policy()
+    try:
+        json_format.ParseDict(data, msg)
+    except json_format.ParseError as e:
+        raise PolicyError(f"{source}: {_schema_message(str(e))}") from None
+    try:
+        return _build(msg)
+    except PolicyError as e:
+        raise PolicyError(f"{source}: {e}") from None
+
+
+def _schema_message(text: str) -> str:
+    # ParseDict says e.g. 'Message type "ice.policy.v1.Profile" has no field named "x" at
+    # "Policy.profiles[chat]".  Available Fields(except extensions): [...]'; keep it short.
+    cut = text.find(" Available Fields")
+    return (text[:cut] if cut >= 0 else text).replace("ice.policy.v1.", "").strip()
+
+
+def _opt(msg: Any, name: str, default: Any) -> Any:
+    return getattr(msg, name) if msg.HasField(name) else default
+
+
+def _level(text: str, where: str, *, allow_never: bool = False) -> Level | None:
+    if allow_never and text == "never":
+        return None
+    try:
+        return Level.parse(text)
+    except KeyError:
+        choices = "low, medium, high, critical" + (", never" if allow_never else "")
+        raise PolicyError(f"{where}: unknown level {text!r} (one of {choices})") from None
+
+
+def _pressure(msg: policy_pb2.Pressure, where: str) -> PressureModel:
+    d = PressureModel()
+    t = msg.thresholds
+    model = PressureModel(
+        weight_kv_cache=_opt(msg, "weight_kv_cache", d.weight_kv_cache),
+        weight_queue=_opt(msg, "weight_queue", d.weight_queue),
+        queue_saturation_requests=_opt(
+            msg, "queue_saturation_requests", d.queue_saturation_requests
+        ),
+        medium_at=_opt(t, "medium", d.medium_at),
+        high_at=_opt(t, "high", d.high_at),
+        critical_at=_opt(t, "critical", d.critical_at),
+    )
+    for name in ("weight_kv_cache", "weight_queue"):
+        value = getattr(model, name)
+        if not math.isfinite(value) or value < 0:
+            raise PolicyError(f"{where}.{name}: must be a finite number ≥ 0, got {value}")
+    if model.weight_kv_cache + model.weight_queue <= 0:
+        raise PolicyError(f"{where}: at least one weight must be > 0")
+    if not model.queue_saturation_requests > 0:
+        raise PolicyError(
+            f"{where}.queue_saturation_requests: must be > 0, got {model.queue_saturation_requests}"
+        )
+    levels = [("medium", model.medium_at), ("high", model.high_at), ("critical", model.critical_at)]
+    previous = 0.0
+    for name, value in levels:
+        if not 0 < value <= 100:
+            raise PolicyError(f"{where}.thresholds.{name}: must be in (0, 100], got {value}")
+        if value <= previous:
+            raise PolicyError(
+                f"{where}.thresholds.{name}: must be greater than the level below ({previous})"
+            )
+        previous = value
+    return model
+
+
+def _profile(name: str, msg: policy_pb2.Profile) -> Profile:
+    where = f"profiles.{name}"
+    d = Profile(name=name)
+    priority: str = msg.default_priority or d.default_priority
+    if priority not in PRIORITIES:
+        raise PolicyError(
+            f"{where}.default_priority: unknown priority {priority!r} (one of "
+            f"{', '.join(PRIORITIES)})"
+        )
+    fail_mode = msg.fail_mode or d.fail_mode
+    if fail_mode not in ("open", "closed"):
+        raise PolicyError(f"{where}.fail_mode: must be 'open' or 'closed', got {fail_mode!r}")
+    caps: dict[Level, int] = dict(d.max_tokens_cap) if not msg.HasField("max_tokens_cap") else {}
+    if msg.HasField("max_tokens_cap"):
+        for level in Level:
+            value = _opt(msg.max_tokens_cap, level.label, 0)
+            if value:
+                caps[level] = value
+    shed: dict[Priority, Level] = dict(d.shed_at) if not msg.HasField("shed") else {}
+    if msg.HasField("shed"):
+        for prio in ("standard", "sheddable"):
+            text = getattr(msg.shed, prio)
+            shed_level = _level(text, f"{where}.shed.{prio}", allow_never=True) if text else None
+            if shed_level is not None:
+                shed[prio] = shed_level
+    max_model_len = _opt(msg, "max_model_len", None)
+    if max_model_len == 0:
+        raise PolicyError(f"{where}.max_model_len: must be > 0 (omit it for no context checks)")
+    retry_after_s = _opt(msg, "retry_after_s", d.retry_after_s)
+    if retry_after_s < 1:
+        raise PolicyError(f"{where}.retry_after_s: must be ≥ 1, got {retry_after_s}")
+    return Profile(
+        name=name,
+        max_model_len=max_model_len,
+        output_buffer_tokens=_opt(msg, "output_buffer_tokens", d.output_buffer_tokens),
+        min_output_tokens=max(1, _opt(msg, "min_output_tokens", d.min_output_tokens)),
+        default_priority=priority,
+        pressure=_pressure(msg.pressure, f"{where}.pressure"),
+        max_tokens_cap=MappingProxyType(caps),
+        shed_at=MappingProxyType(shed),
+        retry_after_s=retry_after_s,
+        fail_mode="open" if fail_mode == "open" else "closed",
+    )
+
+
+def _pool(name: str, msg: policy_pb2.Pool) -> Pool:
+    where = f"pools.{name}"
+    d = Pool(name=name, metrics_urls=())
+    for i, url in enumerate(msg.metrics_urls):
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise PolicyError(f"{where}.metrics_urls[{i}]: not an http(s) URL: {url!r}")
+    pool = Pool(
+        name=name,
+        metrics_urls=tuple(msg.metrics_urls),
+        scrape_interval_s=_opt(msg, "scrape_interval_s", d.scrape_interval_s),
+        scrape_timeout_s=_opt(msg, "scrape_timeout_s", d.scrape_timeout_s),
+        max_age_s=_opt(msg, "max_age_s", d.max_age_s),
+    )
+    for field in ("scrape_interval_s", "scrape_timeout_s", "max_age_s"):
+        value = getattr(pool, field)
+        if not (math.isfinite(value) and value > 0):
+            raise PolicyError(f"{where}.{field}: must be a number > 0, got {value}")
+    return pool
+
+
+def _build(msg: policy_pb2.Policy) -> Policy:
+    profiles: Mapping[str, Profile] = {n: _profile(n, p) for n, p in msg.profiles.items()}
+    pools: Mapping[str, Pool] = {n: _pool(n, p) for n, p in msg.pools.items()}
+    default_profile = msg.default_profile or "default"
+    if default_profile not in profiles:
+        if msg.default_profile:
+            raise PolicyError(f"default_profile: no profile named {default_profile!r}")
+        profiles = {**profiles, "default": Profile(name="default")}
+    default_pool = msg.default_pool or "default"
+    if default_pool not in pools:
+        if msg.default_pool:
+            raise PolicyError(f"default_pool: no pool named {default_pool!r}")
+        pools = {**pools, "default": Pool(name="default", metrics_urls=())}
+    routes: dict[str, RouteBinding] = {}
+    for name, binding in msg.routes.items():
+        where = f"routes.{name}"
+        if binding.profile and binding.profile not in profiles:
+            raise PolicyError(f"{where}.profile: no profile named {binding.profile!r}")
+        if binding.pool and binding.pool not in pools:
+            raise PolicyError(f"{where}.pool: no pool named {binding.pool!r}")
+        if binding.priority and binding.priority not in PRIORITIES:
+            raise PolicyError(
+                f"{where}.priority: unknown priority {binding.priority!r} (one of "
+                f"{', '.join(PRIORITIES)})"
+            )
+        routes[name] = RouteBinding(
+            profile=binding.profile,
+            pool=binding.pool,
+            priority=_priority_or_none(binding.priority),
+        )
+    header = (msg.priority_header or "x-priority").lower()
+    if header.startswith(("x-ice-", "x-mem-pressure", ":")):
+        raise PolicyError(f"priority_header: {header!r} is reserved (ICE strips it)")
+    return Policy(
+        profiles=MappingProxyType(dict(profiles)),
+        pools=MappingProxyType(dict(pools)),
+        default_profile=default_profile,
+        default_pool=default_pool,
+        priority_header=header,
+        routes=MappingProxyType(routes),
+    )
+
+
+def _priority_or_none(text: str) -> Priority | None:
+    for candidate in PRIORITIES:
+        if candidate == text:
+            return candidate
+    return None

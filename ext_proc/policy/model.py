@@ -1,0 +1,115 @@
+"""The policy as plain frozen data: profiles, pools and their defaults.
+
+Invariant: instances are validated by ``ext_proc.policy.load`` before anything uses them;
+the evaluator trusts them (thresholds ascend, weights are non-negative, levels are known).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+from types import MappingProxyType
+from typing import Literal
+
+__all__ = [
+    "PRIORITIES",
+    "FailMode",
+    "Level",
+    "Policy",
+    "Pool",
+    "PressureModel",
+    "Priority",
+    "Profile",
+    "RouteBinding",
+]
+
+Priority = Literal["critical", "standard", "sheddable"]
+PRIORITIES: tuple[Priority, ...] = ("critical", "standard", "sheddable")
+FailMode = Literal["open", "closed"]
+
+
+class Level(IntEnum):
+    """Pressure levels, ordered; the header value is the lower-case name."""
+
+    LOW = 0
+    MEDIUM = 1
+    HIGH = 2
+    CRITICAL = 3
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+    @classmethod
+    def parse(cls, text: str) -> Level:
+        return cls[text.upper()]
+
+
+@dataclass(frozen=True, slots=True)
+class PressureModel:
+    """Weights and thresholds of ``mem_pressure_score`` (see ``ext_proc.policy.pressure``)."""
+
+    weight_kv_cache: float = 0.40
+    weight_queue: float = 0.25
+    queue_saturation_requests: float = 8.0
+    medium_at: float = 40.0
+    high_at: float = 65.0
+    critical_at: float = 85.0
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """What one class of routes allows. Token figures are in tokens; times in seconds."""
+
+    name: str
+    max_model_len: int | None = None
+    output_buffer_tokens: int = 2048
+    min_output_tokens: int = 16
+    default_priority: Priority = "standard"
+    pressure: PressureModel = field(default_factory=PressureModel)
+    # Output-token cap per level; a level absent here has no cap.
+    max_tokens_cap: MappingProxyType[Level, int] = field(
+        default_factory=lambda: MappingProxyType({Level.HIGH: 1024, Level.CRITICAL: 256})
+    )
+    # The lowest level at which each priority is shed; absent means never.
+    shed_at: MappingProxyType[Priority, Level] = field(
+        default_factory=lambda: MappingProxyType(
+            {"sheddable": Level.HIGH, "standard": Level.CRITICAL}
+        )
+    )
+    retry_after_s: int = 2
+    fail_mode: FailMode = "open"
+
+
+@dataclass(frozen=True, slots=True)
+class Pool:
+    """A set of backends whose ``/metrics`` ICE scrapes, and how fresh their view must be."""
+
+    name: str
+    metrics_urls: tuple[str, ...]
+    scrape_interval_s: float = 0.2
+    scrape_timeout_s: float = 1.0
+    max_age_s: float = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class RouteBinding:
+    """What a named route uses; empty strings / None mean the policy's defaults."""
+
+    profile: str = ""
+    pool: str = ""
+    priority: Priority | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """A whole policy file."""
+
+    profiles: MappingProxyType[str, Profile]
+    pools: MappingProxyType[str, Pool]
+    default_profile: str
+    default_pool: str
+    priority_header: str = "x-priority"
+    routes: MappingProxyType[str, RouteBinding] = field(
+        default_factory=lambda: MappingProxyType({})
+    )

@@ -1,0 +1,107 @@
+"""Top-level JSON objects with the byte spans of their members, and minimal edits of them.
+
+Job: parse a request body once, keeping where each top-level member's value lies in the
+original text, so that ICE can change one value (or add one member) and leave every other
+byte as the client sent it: field order, spacing, unknown fields and number spellings survive.
+
+Invariants:
+- Values are decoded by the standard library's JSON decoder (C scanner); this module only
+  walks the top-level object and records spans, it never re-serialises the body.
+- ``replace_value`` and ``add_member`` return new bytes; the input is never modified.
+- Duplicate keys: the last occurrence wins, as with ``json.loads`` (and Python backends).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from json.decoder import scanstring  # type: ignore[attr-defined]
+from typing import Any
+
+__all__ = ["InvalidJSON", "TopLevel", "add_member", "parse_object", "replace_value"]
+
+_DECODER = json.JSONDecoder()
+_WS = " \t\n\r"
+
+
+class InvalidJSON(ValueError):
+    """The body is not a UTF-8 JSON object; ``args[0]`` says where and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class TopLevel:
+    """A decoded top-level object plus the character spans of each member's value."""
+
+    text: str
+    values: dict[str, Any]
+    spans: dict[str, tuple[int, int]]
+    close_index: int  # index of the closing ``}``
+
+
+def _skip_ws(text: str, i: int) -> int:
+    n = len(text)
+    while i < n and text[i] in _WS:
+        i += 1
+    return i
+
+
+def parse_object(body: bytes) -> TopLevel:
+    """Decode ``body`` as a JSON object, recording each top-level value's span.
+
+    Raises ``InvalidJSON`` with a precise message for non-UTF-8 bytes, syntax errors,
+    non-object documents and trailing data.
+    """
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InvalidJSON(f"body is not valid UTF-8 (byte {e.start})") from None
+    i = _skip_ws(text, 0)
+    if i >= len(text) or text[i] != "{":
+        raise InvalidJSON("body must be a JSON object")
+    values: dict[str, Any] = {}
+    spans: dict[str, tuple[int, int]] = {}
+    i = _skip_ws(text, i + 1)
+    try:
+        if i < len(text) and text[i] == "}":
+            close = i
+        else:
+            while True:
+                if i >= len(text) or text[i] != '"':
+                    raise InvalidJSON(f"expected a member name at char {i}")
+                key, i = scanstring(text, i + 1, True)
+                i = _skip_ws(text, i)
+                if i >= len(text) or text[i] != ":":
+                    raise InvalidJSON(f"expected ':' at char {i}")
+                i = _skip_ws(text, i + 1)
+                value, end = _DECODER.raw_decode(text, i)
+                values[key] = value
+                spans[key] = (i, end)
+                i = _skip_ws(text, end)
+                if i < len(text) and text[i] == ",":
+                    i = _skip_ws(text, i + 1)
+                    continue
+                if i < len(text) and text[i] == "}":
+                    close = i
+                    break
+                raise InvalidJSON(f"expected ',' or '}}' at char {i}")
+    except json.JSONDecodeError as e:
+        raise InvalidJSON(f"{e.msg} at char {e.pos}") from None
+    if _skip_ws(text, close + 1) != len(text):
+        raise InvalidJSON(f"unexpected data after the object at char {close + 1}")
+    return TopLevel(text=text, values=values, spans=spans, close_index=close)
+
+
+def replace_value(doc: TopLevel, key: str, value: Any) -> bytes:
+    """Return the body with the value of top-level ``key`` replaced by ``value``."""
+    start, end = doc.spans[key]
+    encoded = json.dumps(value, ensure_ascii=False)
+    return (doc.text[:start] + encoded + doc.text[end:]).encode("utf-8")
+
+
+def add_member(doc: TopLevel, key: str, value: Any) -> bytes:
+    """Return the body with ``"key": value`` appended as the last top-level member."""
+    member = json.dumps(key, ensure_ascii=False) + ": " + json.dumps(value, ensure_ascii=False)
+    close = doc.close_index
+    head = doc.text[:close].rstrip(_WS)
+    sep = "" if not doc.spans else ", "
+    return (head + sep + member + doc.text[len(head) :]).encode("utf-8")

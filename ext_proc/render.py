@@ -1,0 +1,92 @@
+"""The protobuf edge: turn plans into Envoy ``ProcessingResponse`` messages.
+
+The only module (with the servicer) that builds ext_proc protobufs. Header values go in
+``raw_value`` (Envoy ignores ``value`` for mutations). The verdict headers also travel as
+dynamic metadata in namespace ``ice`` so that Envoy echoes them to the client with
+``%DYNAMIC_METADATA(ice:<header>)%`` without a response-phase round trip.
+"""
+
+from __future__ import annotations
+
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.type.v3 import http_status_pb2
+from google.protobuf import struct_pb2
+
+from ext_proc.plan import Outcome, Respond
+
+__all__ = [
+    "METADATA_NAMESPACE",
+    "body_continue",
+    "headers_continue",
+    "render_body_outcome",
+    "render_immediate",
+    "skip_body",
+]
+
+METADATA_NAMESPACE = "ice"
+_OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+_BODY_MODE_NONE = 0  # ProcessingMode.BodySendMode.NONE
+
+
+def _header(key: str, value: str) -> base_pb2.HeaderValueOption:
+    return base_pb2.HeaderValueOption(
+        header=base_pb2.HeaderValue(key=key, raw_value=value.encode()), append_action=_OVERWRITE
+    )
+
+
+def _metadata(headers: list[tuple[str, str]]) -> struct_pb2.Struct:
+    md = struct_pb2.Struct()
+    md.update({METADATA_NAMESPACE: dict(headers)})
+    return md
+
+
+def headers_continue(remove: list[str] | None = None) -> pb.ProcessingResponse:
+    """Answer the request-headers message: continue, removing the named headers."""
+    resp = pb.ProcessingResponse(request_headers=pb.HeadersResponse())
+    if remove:
+        resp.request_headers.response.header_mutation.remove_headers.extend(remove)
+    return resp
+
+
+def skip_body(remove: list[str] | None = None) -> pb.ProcessingResponse:
+    """Continue without sending the body to ICE (mode override: request body NONE)."""
+    resp = headers_continue(remove)
+    resp.mode_override.request_body_mode = _BODY_MODE_NONE
+    return resp
+
+
+def body_continue() -> pb.ProcessingResponse:
+    """Answer the request-body message: continue with the body untouched, no annotation."""
+    return pb.ProcessingResponse(request_body=pb.BodyResponse())
+
+
+def render_immediate(respond: Respond) -> pb.ProcessingResponse:
+    """An ``ImmediateResponse`` (the client gets it; the backend never sees the request)."""
+    verdict = [h for h in respond.headers if h[0].startswith(("x-ice-", "x-mem-", "x-downgraded"))]
+    resp = pb.ProcessingResponse(
+        immediate_response=pb.ImmediateResponse(
+            status=http_status_pb2.HttpStatus(code=respond.status),
+            headers=pb.HeaderMutation(set_headers=[_header(k, v) for k, v in respond.headers]),
+            body=respond.body,
+            details=f"ice_{respond.status}",
+        )
+    )
+    if verdict:
+        resp.dynamic_metadata.CopyFrom(_metadata(verdict))
+    return resp
+
+
+def render_body_outcome(outcome: Outcome) -> pb.ProcessingResponse:
+    """Answer the request-body message with a plan's outcome."""
+    if isinstance(outcome, Respond):
+        return render_immediate(outcome)
+    common = pb.CommonResponse()
+    sets = common.header_mutation.set_headers
+    sets.extend(_header(k, v) for k, v in outcome.headers)
+    if outcome.body is not None:
+        common.body_mutation.body = outcome.body
+        sets.append(_header("content-length", str(len(outcome.body))))
+    resp = pb.ProcessingResponse(request_body=pb.BodyResponse(response=common))
+    resp.dynamic_metadata.CopyFrom(_metadata(outcome.headers))
+    return resp

@@ -1,0 +1,73 @@
+"""Anthropic ``/v1/messages`` adapter.
+
+Reads the top-level ``system`` (string or text blocks), ``messages`` with string or
+content-block content, and the required ``max_tokens``. Errors use Anthropic's format:
+``{"type": "error", "error": {"type": ..., "message": ...}}``; ICE adds a machine-readable
+``code`` (and ``param``) inside ``error``, which Anthropic clients ignore.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ext_proc.schemas.base import BadRequest, RequestFeatures, optional_token_limit, text_of_content
+from ext_proc.tokens import PER_MESSAGE_TOKENS, REPLY_PRIMER_TOKENS
+
+__all__ = ["ANTHROPIC_MESSAGES", "anthropic_error_body"]
+
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+
+
+def anthropic_error_body(status: int, code: str, message: str, param: str | None) -> bytes:
+    """Anthropic's error object as bytes."""
+    err: dict[str, Any] = {"type": _ERROR_TYPES.get(status, "api_error"), "message": message}
+    err["code"] = code
+    if param is not None:
+        err["param"] = param
+    return json.dumps({"type": "error", "error": err}, separators=(",", ":")).encode()
+
+
+class _AnthropicMessages:
+    name = "anthropic.messages"
+    inject_field = "max_tokens"
+
+    def features(self, body: dict[str, Any]) -> RequestFeatures:
+        messages = body.get("messages")
+        if not isinstance(messages, list):
+            raise BadRequest("messages: must be an array", param="messages", code="invalid_type")
+        tokens = REPLY_PRIMER_TOKENS
+        system = body.get("system")
+        if system is not None:
+            tokens += PER_MESSAGE_TOKENS + text_of_content(system, "system")
+        for i, msg in enumerate(messages):
+            if not isinstance(msg, dict):
+                raise BadRequest(
+                    f"messages.{i}: must be an object", param="messages", code="invalid_type"
+                )
+            tokens += PER_MESSAGE_TOKENS + text_of_content(
+                msg.get("content"), f"messages[{i}].content"
+            )
+        if body.get("max_tokens") is None:
+            raise BadRequest("max_tokens: Field required", param="max_tokens", code="missing_field")
+        model = body.get("model")
+        return RequestFeatures(
+            schema=self.name,
+            model=model if isinstance(model, str) else None,
+            input_tokens=tokens,
+            max_tokens=optional_token_limit(body, "max_tokens"),
+            max_tokens_field="max_tokens",
+            stream=body.get("stream") is True,
+            message_count=len(messages),
+        )
+
+    def error_body(self, status: int, code: str, message: str, param: str | None) -> bytes:
+        return anthropic_error_body(status, code, message, param)
+
+
+ANTHROPIC_MESSAGES = _AnthropicMessages()

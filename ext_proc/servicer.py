@@ -1,0 +1,109 @@
+"""The gRPC shell: one ext_proc ``Process`` stream per HTTP request.
+
+Envoy sends the request headers, then (for JSON inference requests) the buffered body; ICE
+answers each message exactly once. Any fault inside ICE is caught per message: with the
+route's ``fail_mode: open`` the request continues untouched, with ``closed`` it gets a 503
+in the API's format. Protocol state (which message we are at) stays here; request facts live
+in ``pipeline.HeaderFacts``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+
+from ext_proc import render, telemetry
+from ext_proc.pipeline import HeaderFacts, Pipeline, Route
+from ext_proc.plan import reject_outcome
+from ext_proc.schemas import OPENAI_CHAT_FALLBACK
+
+__all__ = ["ExtProcServicer"]
+
+log = logging.getLogger("ice.servicer")
+
+
+class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+    """Answers Envoy's ext_proc streams with the pipeline's verdicts."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+        self._logged: set[str] = set()
+
+    async def Process(
+        self,
+        request_iterator: AsyncIterator[pb.ProcessingRequest],
+        context: grpc.aio.ServicerContext[pb.ProcessingRequest, pb.ProcessingResponse],
+    ) -> AsyncIterator[pb.ProcessingResponse]:
+        route = self.pipeline.router.resolve(context.invocation_metadata() or ())
+        facts = HeaderFacts(priority=route.default_priority)
+        async for request in request_iterator:
+            phase = request.WhichOneof("request")
+            try:
+                if phase == "request_headers":
+                    facts, response = self._headers(route, request.request_headers)
+                elif phase == "request_body":
+                    response = self._body(route, facts, request.request_body)
+                else:
+                    response = _continue(phase)
+            except Exception as e:
+                response = self._fault(route, facts, phase, e)
+            yield response
+
+    def _headers(
+        self, route: Route, headers: pb.HttpHeaders
+    ) -> tuple[HeaderFacts, pb.ProcessingResponse]:
+        pairs = [
+            (h.key, h.raw_value.decode("latin-1") if h.raw_value else h.value)
+            for h in headers.headers.headers
+        ]
+        facts = self.pipeline.on_headers(route, pairs, headers.end_of_stream)
+        if facts.answer is not None:
+            return facts, render.render_immediate(facts.answer)
+        if facts.skip_body:
+            return facts, render.skip_body(facts.strip)
+        return facts, render.headers_continue(facts.strip)
+
+    def _body(self, route: Route, facts: HeaderFacts, body: pb.HttpBody) -> pb.ProcessingResponse:
+        verdict = self.pipeline.on_body(route, facts, body.body)
+        if verdict is None:
+            return render.body_continue()
+        return render.render_body_outcome(verdict.outcome)
+
+    def _fault(
+        self, route: Route, facts: HeaderFacts, phase: str | None, error: Exception
+    ) -> pb.ProcessingResponse:
+        mode = route.profile.fail_mode
+        telemetry.ERRORS.labels(phase=phase or "unknown", fail_mode=mode).inc()
+        key = f"{phase}:{type(error).__name__}"
+        if key not in self._logged:
+            self._logged.add(key)
+            log.exception("internal error in phase %s (failing %s)", phase, mode)
+        if mode == "closed" and phase in ("request_headers", "request_body"):
+            adapter = facts.adapter or OPENAI_CHAT_FALLBACK
+            return render.render_immediate(
+                reject_outcome(
+                    adapter, 503, "ice_internal_error", "ICE could not judge the request."
+                )
+            )
+        return _continue(phase)
+
+
+def _continue(phase: str | None) -> pb.ProcessingResponse:
+    """The do-nothing answer for any phase."""
+    if phase == "request_headers":
+        return pb.ProcessingResponse(request_headers=pb.HeadersResponse())
+    if phase == "request_body":
+        return pb.ProcessingResponse(request_body=pb.BodyResponse())
+    if phase == "response_headers":
+        return pb.ProcessingResponse(response_headers=pb.HeadersResponse())
+    if phase == "response_body":
+        return pb.ProcessingResponse(response_body=pb.BodyResponse())
+    if phase == "request_trailers":
+        return pb.ProcessingResponse(request_trailers=pb.TrailersResponse())
+    if phase == "response_trailers":
+        return pb.ProcessingResponse(response_trailers=pb.TrailersResponse())
+    return pb.ProcessingResponse()

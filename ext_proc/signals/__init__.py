@@ -1,0 +1,1 @@
+"""Backend signals: parsing engine ``/metrics`` (pure), pool snapshots, and the scraper."""

@@ -1,0 +1,64 @@
+"""Immutable views of backends and pools, as the evaluator sees them.
+
+Invariant: a ``PoolSnapshot`` is never mutated; the store swaps whole snapshots by
+reference, so a reader always sees one consistent scrape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["BackendSignals", "PoolSnapshot"]
+
+
+@dataclass(frozen=True, slots=True)
+class BackendSignals:
+    """What one backend's ``/metrics`` said. ``None`` means the page did not say."""
+
+    url: str
+    kv_cache_usage: float | None = None  # used fraction, 0-1
+    num_requests_running: float | None = None
+    num_requests_waiting: float | None = None
+    num_gpu_blocks: int | None = None
+    block_size: int | None = None
+
+    @property
+    def kv_capacity_tokens(self) -> int | None:
+        if self.num_gpu_blocks is None or self.block_size is None:
+            return None
+        return self.num_gpu_blocks * self.block_size
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSnapshot:
+    """The backends of one pool at one scrape. ``taken_at_s`` is ``time.monotonic()``."""
+
+    pool: str
+    backends: tuple[BackendSignals, ...]
+    taken_at_s: float
+
+    @property
+    def kv_cache_usage(self) -> float | None:
+        """Pool usage: block-weighted when every backend reports its blocks, else the mean."""
+        reports = [b for b in self.backends if b.kv_cache_usage is not None]
+        if not reports:
+            return None
+        if all(b.num_gpu_blocks for b in reports):
+            total = sum(b.num_gpu_blocks or 0 for b in reports)
+            used = sum((b.kv_cache_usage or 0.0) * (b.num_gpu_blocks or 0) for b in reports)
+            return used / total
+        return sum(b.kv_cache_usage or 0.0 for b in reports) / len(reports)
+
+    @property
+    def waiting_per_backend(self) -> float | None:
+        values = [
+            b.num_requests_waiting for b in self.backends if b.num_requests_waiting is not None
+        ]
+        return sum(values) / len(values) if values else None
+
+    @property
+    def running_per_backend(self) -> float | None:
+        values = [
+            b.num_requests_running for b in self.backends if b.num_requests_running is not None
+        ]
+        return sum(values) / len(values) if values else None

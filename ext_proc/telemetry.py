@@ -1,0 +1,73 @@
+"""ICE's own Prometheus metrics (exposed by ``ice serve --metrics-address``).
+
+All metric objects live here so their names and labels are defined once (see
+docs/configuration.md for the list). With ``--workers N`` the parent process serves the
+workers' metrics through prometheus_client's multiprocess mode.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge
+
+from ext_proc.signals.snapshot import PoolSnapshot
+
+__all__ = [
+    "BAD_REQUESTS",
+    "DECISIONS",
+    "ERRORS",
+    "KV_USAGE",
+    "PASSTHROUGH",
+    "SCRAPE_ERRORS",
+    "SNAPSHOT_AGE",
+    "observe_pool",
+]
+
+DECISIONS = Counter(
+    "ice_decisions",
+    "Evaluated requests by route, decision and reason.",
+    ["route", "decision", "reason"],
+)
+BAD_REQUESTS = Counter(
+    "ice_bad_requests",
+    "Requests ICE answered with a 4xx because their body broke the API contract.",
+    ["route", "reason"],
+)
+PASSTHROUGH = Counter(
+    "ice_passthrough",
+    "Requests ICE let through without evaluating them, by reason.",
+    ["route", "reason"],
+)
+ERRORS = Counter(
+    "ice_internal_errors",
+    "Faults inside ICE while handling a request (the request failed open or closed).",
+    ["phase", "fail_mode"],
+)
+SCRAPE_ERRORS = Counter("ice_scrape_errors", "Failed scrapes of backend /metrics pages.", ["pool"])
+KV_USAGE = Gauge(
+    "ice_pool_kv_cache_usage",
+    "KV-cache used fraction of the pool at the last successful scrape.",
+    ["pool"],
+    multiprocess_mode="mostrecent",
+)
+SNAPSHOT_AGE = Gauge(
+    "ice_pool_snapshot_timestamp_seconds",
+    "Unix time of the pool's last successful scrape.",
+    ["pool"],
+    multiprocess_mode="max",
+)
+PRESSURE = Gauge(
+    "ice_mem_pressure_score",
+    "mem_pressure_score (0-100) of the pool under the default profile at the last scrape.",
+    ["pool"],
+    multiprocess_mode="mostrecent",
+)
+
+
+def observe_pool(snapshot: PoolSnapshot) -> None:
+    """Record a fresh pool snapshot in the gauges."""
+    import time
+
+    usage = snapshot.kv_cache_usage
+    if usage is not None:
+        KV_USAGE.labels(pool=snapshot.pool).set(usage)
+    SNAPSHOT_AGE.labels(pool=snapshot.pool).set(time.time())
