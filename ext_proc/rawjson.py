@@ -86,8 +86,9 @@ def parse_object(body: bytes) -> TopLevel:
                 raise InvalidJSON(f"expected ',' or '}}' at char {i}")
     except json.JSONDecodeError as e:
         raise InvalidJSON(f"{e.msg} at char {e.pos}") from None
-    if _skip_ws(text, close + 1) != len(text):
-        raise InvalidJSON(f"unexpected data after the object at char {close + 1}")
+    end = _skip_ws(text, close + 1)
+    if end != len(text):
+        raise InvalidJSON(f"unexpected data after the object at char {end}")
     return TopLevel(text=text, values=values, spans=spans, close_index=close)
 
 

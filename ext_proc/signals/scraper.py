@@ -113,7 +113,8 @@ class Scraper:
     async def _scrape_backend(self, url: str, pool: Pool) -> BackendSignals | None:
         assert self._fetch is not None
         try:
-            text = await self._fetch(url, pool.scrape_timeout_s)
+            async with asyncio.timeout(pool.scrape_timeout_s):
+                text = await self._fetch(url, pool.scrape_timeout_s)
             signals = parse_vllm_metrics(url, text)
         except (OSError, TimeoutError, aiohttp.ClientError, MetricsParseError) as e:
             reason = type(e).__name__ if not str(e) else f"{type(e).__name__}: {e!s:.160}"

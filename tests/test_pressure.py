@@ -1,0 +1,103 @@
+"""mem_pressure_score against hand-computed values (see ext_proc/policy/pressure.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ext_proc.policy.model import Level, PressureModel
+from ext_proc.policy.pressure import level_for, pressure_of
+from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
+
+DEFAULT = PressureModel()
+
+
+def pool(*backends: BackendSignals) -> PoolSnapshot:
+    return PoolSnapshot(pool="p", backends=backends, taken_at_s=0.0)
+
+
+def b(
+    usage: float | None, waiting: float | None = None, blocks: int | None = None
+) -> BackendSignals:
+    return BackendSignals(
+        url="u",
+        kv_cache_usage=usage,
+        num_requests_waiting=waiting,
+        num_gpu_blocks=blocks,
+        block_size=16 if blocks else None,
+    )
+
+
+@pytest.mark.parametrize(
+    ("snapshot", "score", "level"),
+    [
+        # 100 × (0.40 × 0.95 + 0.25 × 2/8) / 0.65 = 68.08
+        (pool(b(0.95, 2)), 68.08, Level.HIGH),
+        # 100 × (0.40 × 0.20 + 0) / 0.65 = 12.31
+        (pool(b(0.20, 0)), 12.31, Level.LOW),
+        # full cache and a saturated queue
+        (pool(b(1.0, 8)), 100.0, Level.CRITICAL),
+        (pool(b(1.0, 50)), 100.0, Level.CRITICAL),
+        # 100 × (0.40 × 1.0 + 0.25 × 4/8) / 0.65 = 80.77
+        (pool(b(1.0, 4)), 80.77, Level.HIGH),
+        # queue signal missing: the KV term alone, renormalised → 100 × 0.5
+        (pool(b(0.5)), 50.0, Level.MEDIUM),
+        # KV missing: the queue alone → 100 × 4/8
+        (pool(b(None, 4)), 50.0, Level.MEDIUM),
+        # block-weighted usage: (0.9 × 3000 + 0.1 × 1000) / 4000 = 0.7; waiting mean 1
+        # → 100 × (0.40 × 0.7 + 0.25 × 1/8) / 0.65 = 47.88
+        (pool(b(0.9, 2, 3000), b(0.1, 0, 1000)), 47.88, Level.MEDIUM),
+        # one backend lacks block counts: plain mean (0.9 + 0.1) / 2 = 0.5 → 100 × (0.2 + 0.03125)/0.65
+        (pool(b(0.9, 2, 3000), b(0.1, 0)), 35.58, Level.LOW),
+    ],
+    ids=[
+        "worked-example",
+        "light",
+        "saturated",
+        "over-saturated",
+        "full-cache-half-queue",
+        "kv-only",
+        "queue-only",
+        "block-weighted",
+        "unweighted-mean",
+    ],
+)
+def test_score_matches_hand_computation(snapshot: PoolSnapshot, score: float, level: Level) -> None:
+    p = pressure_of(snapshot, DEFAULT)
+    assert p is not None
+    assert p.score == pytest.approx(score, abs=0.01)
+    assert p.level is level
+
+
+def test_score_rises_with_used_memory_not_free_memory() -> None:
+    scores = [pressure_of(pool(b(u, 0)), DEFAULT) for u in (0.1, 0.5, 0.9)]
+    values = [s.score for s in scores if s is not None]
+    assert values == sorted(values) and values[0] < values[-1]
+
+
+def test_no_signal_means_no_score() -> None:
+    assert pressure_of(pool(b(None)), DEFAULT) is None
+    assert pressure_of(pool(), DEFAULT) is None
+
+
+def test_custom_weights_and_thresholds() -> None:
+    model = PressureModel(
+        weight_kv_cache=1.0, weight_queue=0.0, medium_at=10, high_at=20, critical_at=30
+    )
+    p = pressure_of(pool(b(0.25, 100)), model)
+    assert p is not None and p.score == 25.0 and p.level is Level.HIGH
+
+
+@pytest.mark.parametrize(
+    ("score", "level"),
+    [
+        (0, Level.LOW),
+        (39.99, Level.LOW),
+        (40, Level.MEDIUM),
+        (65, Level.HIGH),
+        (84.99, Level.HIGH),
+        (85, Level.CRITICAL),
+        (100, Level.CRITICAL),
+    ],
+)
+def test_level_boundaries_are_inclusive_lower_bounds(score: float, level: Level) -> None:
+    assert level_for(score, DEFAULT) is level
