@@ -1,0 +1,185 @@
+"""The gRPC shell, driven in-process with scripted ext_proc streams (no network).
+
+Each case feeds a list of ProcessingRequests into ``ExtProcServicer.Process`` and checks the
+whole list of responses, as Envoy would receive them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+from ext_proc.pipeline import Pipeline
+from ext_proc.policy.load import parse_policy
+from ext_proc.servicer import ExtProcServicer
+from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
+
+POLICY = parse_policy(
+    """
+profiles:
+  default: {max_model_len: 8192, output_buffer_tokens: 512}
+  strict: {max_model_len: 8192, fail_mode: closed}
+routes:
+  chat: {profile: default}
+"""
+)
+
+
+class FakeContext:
+    def __init__(self, metadata: tuple[tuple[str, str], ...]) -> None:
+        self._metadata = metadata
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._metadata
+
+
+def snapshot(usage: float, waiting: float) -> PoolSnapshot:
+    backend = BackendSignals(url="u", kv_cache_usage=usage, num_requests_waiting=waiting)
+    return PoolSnapshot(pool="default", backends=(backend,), taken_at_s=time.monotonic())
+
+
+def headers_msg(
+    path: str = "/v1/chat/completions", eos: bool = False, **extra: str
+) -> pb.ProcessingRequest:
+    pairs = {":path": path, ":method": "POST", "content-type": "application/json", **extra}
+    hs = [base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs.items()]
+    return pb.ProcessingRequest(
+        request_headers=pb.HttpHeaders(headers=base_pb2.HeaderMap(headers=hs), end_of_stream=eos)
+    )
+
+
+def body_msg(body: bytes) -> pb.ProcessingRequest:
+    return pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True))
+
+
+def run(
+    messages: list[pb.ProcessingRequest],
+    snap: PoolSnapshot | None = None,
+    metadata: tuple[tuple[str, str], ...] = (("x-ice-route", "chat"),),
+    pipeline: Pipeline | None = None,
+) -> list[pb.ProcessingResponse]:
+    servicer = ExtProcServicer(pipeline or Pipeline(POLICY, lambda _pool: snap))
+
+    async def requests() -> AsyncIterator[pb.ProcessingRequest]:
+        for m in messages:
+            yield m
+
+    async def collect() -> list[pb.ProcessingResponse]:
+        return [r async for r in servicer.Process(requests(), FakeContext(metadata))]  # type: ignore[arg-type]
+
+    return asyncio.run(collect())
+
+
+def set_headers(mutation: pb.HeaderMutation) -> dict[str, str]:
+    return {h.header.key: h.header.raw_value.decode() for h in mutation.set_headers}
+
+
+CHAT = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 64}'
+
+
+def test_pass_is_headers_then_annotated_body_reply() -> None:
+    out = run([headers_msg(), body_msg(CHAT)], snapshot(0.2, 0))
+    assert [r.WhichOneof("response") for r in out] == ["request_headers", "request_body"]
+    common = out[1].request_body.response
+    assert set_headers(common.header_mutation) == {
+        "x-mem-pressure": "low",
+        "x-mem-pressure-score": "12",
+        "x-ice-decision": "pass",
+    }
+    assert not common.HasField("body_mutation")
+
+
+def test_downgrade_replaces_body_and_sets_content_length() -> None:
+    body = CHAT.replace(b"64", b"100000")
+    out = run([headers_msg(), body_msg(body)], snapshot(0.2, 0))
+    common = out[1].request_body.response
+    new = common.body_mutation.body
+    assert json.loads(new)["max_tokens"] < 100000
+    assert set_headers(common.header_mutation)["content-length"] == str(len(new))
+
+
+def test_shed_is_an_immediate_response_in_openai_format() -> None:
+    out = run([headers_msg(**{"x-priority": "sheddable"}), body_msg(CHAT)], snapshot(1.0, 8))
+    ir = out[1].immediate_response
+    assert ir.status.code == 429
+    assert json.loads(ir.body)["error"]["code"] == "memory_pressure"
+    assert set_headers(ir.headers)["retry-after"] == "2"
+
+
+def test_route_metadata_priority_applies_without_header() -> None:
+    meta = (("x-ice-route", "chat"), ("x-ice-priority", "sheddable"))
+    out = run([headers_msg(), body_msg(CHAT)], snapshot(0.97, 3), metadata=meta)
+    assert out[1].immediate_response.status.code == 429
+
+
+def test_spoofed_headers_are_removed_in_the_headers_reply() -> None:
+    out = run(
+        [
+            headers_msg(
+                **{"x-mem-pressure": "low", "x-ice-decision": "pass", "x-downgraded": "true"}
+            ),
+            body_msg(CHAT),
+        ],
+        snapshot(0.2, 0),
+    )
+    removed = list(out[0].request_headers.response.header_mutation.remove_headers)
+    assert sorted(removed) == ["x-downgraded", "x-ice-decision", "x-mem-pressure"]
+
+
+def test_non_inference_path_turns_the_body_phase_off() -> None:
+    out = run([headers_msg("/v1/embeddings")])
+    assert out[0].HasField("mode_override") and out[0].mode_override.request_body_mode == 0
+
+
+def test_non_json_content_type_turns_the_body_phase_off() -> None:
+    out = run([headers_msg(**{"content-type": "text/plain"})])
+    assert out[0].HasField("mode_override")
+
+
+def test_empty_body_is_answered_400_at_the_headers_phase() -> None:
+    out = run([headers_msg(eos=True)])
+    ir = out[0].immediate_response
+    assert ir.status.code == 400 and json.loads(ir.body)["error"]["code"] == "empty_body"
+
+
+def test_declared_oversize_body_is_answered_413_at_the_headers_phase() -> None:
+    out = run([headers_msg(**{"content-length": str(9 * 1024 * 1024)})])
+    assert out[0].immediate_response.status.code == 413
+
+
+def test_invalid_json_is_a_400_with_the_position() -> None:
+    out = run([headers_msg(), body_msg(b'{"messages": [}')], snapshot(0.2, 0))
+    err = json.loads(out[1].immediate_response.body)["error"]
+    assert err["code"] == "invalid_json" and "char 14" in err["message"]
+
+
+class ExplodingLookup:
+    def __call__(self, pool: str) -> PoolSnapshot | None:
+        raise RuntimeError("boom")
+
+
+def test_internal_fault_fails_open_by_default() -> None:
+    pipeline = Pipeline(POLICY, ExplodingLookup())
+    out = run([headers_msg(), body_msg(CHAT)], pipeline=pipeline)
+    assert out[1].WhichOneof("response") == "request_body"
+    assert not out[1].request_body.response.HasField("header_mutation")
+
+
+def test_internal_fault_fails_closed_when_the_profile_says_so() -> None:
+    pipeline = Pipeline(POLICY, ExplodingLookup())
+    out = run(
+        [headers_msg(), body_msg(CHAT)], pipeline=pipeline, metadata=(("x-ice-profile", "strict"),)
+    )
+    ir = out[1].immediate_response
+    assert ir.status.code == 503 and json.loads(ir.body)["error"]["code"] == "ice_internal_error"
+
+
+def test_unexpected_phases_get_a_matching_empty_reply() -> None:
+    msg = pb.ProcessingRequest(response_headers=pb.HttpHeaders())
+    out = run([msg])
+    assert out[0].WhichOneof("response") == "response_headers"
