@@ -59,9 +59,9 @@ def dry_run(
         snapshot = PoolSnapshot(pool="", backends=(backend,), taken_at_s=time.monotonic())
     pipeline = Pipeline(policy, lambda _pool: snapshot)
     r = pipeline.router.resolve(metadata)
-    headers = [(":path", path), ("content-type", content_type)]
+    headers = [(":path", path.encode()), ("content-type", content_type.encode())]
     if priority:
-        headers.append((policy.priority_header, priority))
+        headers.append((policy.priority_header, priority.encode()))
     facts: HeaderFacts = pipeline.on_headers(r, headers, end_of_stream=not request)
     report: dict[str, Any] = {
         "route": r.name,

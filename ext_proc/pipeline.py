@@ -22,7 +22,7 @@ from ext_proc import rawjson, telemetry
 from ext_proc.decision import Decision, Reject, verdict_headers
 from ext_proc.plan import Outcome, Respond, plan, reject_outcome
 from ext_proc.policy.evaluate import evaluate
-from ext_proc.policy.model import PRIORITIES, Policy, Priority, Profile
+from ext_proc.policy.model import PRIORITIES, Policy, PressureModel, Priority, Profile
 from ext_proc.policy.pressure import Pressure, pressure_of
 from ext_proc.schemas import BadRequest, RequestFeatures, SchemaAdapter, adapter_for_path
 from ext_proc.signals.snapshot import PoolSnapshot
@@ -156,21 +156,25 @@ class Pipeline:
         self.lookup = lookup
         self.max_body_bytes = max_body_bytes
         self._priority_header = policy.priority_header
+        self._pressure_cache: dict[
+            tuple[str, PressureModel], tuple[PoolSnapshot, Pressure | None]
+        ] = {}
 
     def on_headers(
-        self, route: Route, headers: Iterable[tuple[str, str]], end_of_stream: bool
+        self, route: Route, headers: Iterable[tuple[str, bytes]], end_of_stream: bool
     ) -> HeaderFacts:
+        """Read the request headers (raw bytes values; only the ones ICE uses are decoded)."""
         facts = HeaderFacts(priority=route.default_priority)
         path = content_type = content_length = ""
-        for key, value in headers:
+        for key, raw in headers:
             if key == ":path":
-                path = value
+                path = raw.decode("latin-1")
             elif key == "content-type":
-                content_type = value
+                content_type = raw.decode("latin-1")
             elif key == "content-length":
-                content_length = value
+                content_length = raw.decode("latin-1")
             elif key == self._priority_header:
-                wanted = value.strip().lower()
+                wanted = raw.decode("latin-1").strip().lower()
                 for candidate in PRIORITIES:
                     if candidate == wanted:
                         facts.priority = candidate
@@ -199,8 +203,18 @@ class Pipeline:
         return facts
 
     def _pressure(self, route: Route) -> Pressure | None:
+        """The pool's pressure under the route's model, computed once per snapshot."""
         snapshot = self.lookup(route.pool)
-        return pressure_of(snapshot, route.profile.pressure) if snapshot else None
+        if snapshot is None:
+            return None
+        model = route.profile.pressure
+        key = (route.pool, model)
+        cached = self._pressure_cache.get(key)
+        if cached is not None and cached[0] is snapshot:
+            return cached[1]
+        pressure = pressure_of(snapshot, model)
+        self._pressure_cache[key] = (snapshot, pressure)
+        return pressure
 
     def _bad(
         self,
@@ -223,18 +237,16 @@ class Pipeline:
         if adapter is None:
             return None
         try:
-            doc = rawjson.parse_object(body)
+            values = rawjson.decode_object(body)
         except rawjson.InvalidJSON as e:
             message = f"The request body is not valid JSON: {e}."
             return BodyVerdict(None, None, self._bad(route, adapter, 400, "invalid_json", message))
         try:
-            features = adapter.features(doc.values)
+            features = adapter.features(values)
         except BadRequest as e:
             outcome = self._bad(route, adapter, 400, e.code, e.message, e.param)
             return BodyVerdict(None, None, outcome)
         pressure = self._pressure(route)
         decision = evaluate(features, pressure, route.profile, facts.priority)
-        telemetry.DECISIONS.labels(
-            route=route.name, decision=decision.decision, reason=decision.reason
-        ).inc()
-        return BodyVerdict(decision, features, plan(decision, adapter, doc, features))
+        telemetry.count_decision(route.name, decision.decision, decision.reason)
+        return BodyVerdict(decision, features, plan(decision, adapter, body, features))

@@ -61,7 +61,7 @@ def reject_outcome(
 
 
 def plan(
-    decision: Decision, adapter: SchemaAdapter, doc: rawjson.TopLevel, features: RequestFeatures
+    decision: Decision, adapter: SchemaAdapter, body: bytes, features: RequestFeatures
 ) -> Outcome:
     """The edits (or immediate answer) that carry out ``decision`` on this request."""
     headers = verdict_headers(decision)
@@ -76,6 +76,7 @@ def plan(
             retry_after_s=decision.retry_after_s,
         )
     if isinstance(decision, Downgrade):
+        doc = rawjson.parse_object(body)  # spans are needed only to edit
         return Continue(headers, _rewrite_limit(doc, features, adapter, decision.max_tokens))
     return Continue(headers, None)
 

@@ -18,7 +18,14 @@ from dataclasses import dataclass
 from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any
 
-__all__ = ["InvalidJSON", "TopLevel", "add_member", "parse_object", "replace_value"]
+__all__ = [
+    "InvalidJSON",
+    "TopLevel",
+    "add_member",
+    "decode_object",
+    "parse_object",
+    "replace_value",
+]
 
 _DECODER = json.JSONDecoder()
 _WS = " \t\n\r"
@@ -43,6 +50,26 @@ def _skip_ws(text: str, i: int) -> int:
     while i < n and text[i] in _WS:
         i += 1
     return i
+
+
+def decode_object(body: bytes) -> dict[str, Any]:
+    """Decode ``body`` as a JSON object without spans (the fast path: one C-level parse).
+
+    Accepts exactly what ``parse_object`` accepts; raises ``InvalidJSON`` likewise.
+    """
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InvalidJSON(f"body is not valid UTF-8 (byte {e.start})") from None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        if e.msg == "Extra data":
+            raise InvalidJSON(f"unexpected data after the object at char {e.pos}") from None
+        raise InvalidJSON(f"{e.msg} at char {e.pos}") from None
+    if not isinstance(value, dict):
+        raise InvalidJSON("body must be a JSON object")
+    return value
 
 
 def parse_object(body: bytes) -> TopLevel:

@@ -13,7 +13,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 
-from ext_proc.plan import Outcome, Respond
+from ext_proc.plan import Continue, Outcome, Respond
 
 __all__ = [
     "METADATA_NAMESPACE",
@@ -37,7 +37,9 @@ def _header(key: str, value: str) -> base_pb2.HeaderValueOption:
 
 def _metadata(headers: list[tuple[str, str]]) -> struct_pb2.Struct:
     md = struct_pb2.Struct()
-    md.update({METADATA_NAMESPACE: dict(headers)})
+    fields = md.fields[METADATA_NAMESPACE].struct_value.fields
+    for key, value in headers:
+        fields[key].string_value = value
     return md
 
 
@@ -77,10 +79,29 @@ def render_immediate(respond: Respond) -> pb.ProcessingResponse:
     return resp
 
 
+# Rendered replies for untouched bodies, by their verdict headers. Verdicts repeat (the score
+# changes at most once per scrape), so most requests reuse a prebuilt message. The messages
+# are never mutated after caching: gRPC only serialises them.
+_CONTINUE_CACHE: dict[tuple[tuple[str, str], ...], pb.ProcessingResponse] = {}
+_CONTINUE_CACHE_MAX = 512
+
+
 def render_body_outcome(outcome: Outcome) -> pb.ProcessingResponse:
     """Answer the request-body message with a plan's outcome."""
     if isinstance(outcome, Respond):
         return render_immediate(outcome)
+    if outcome.body is None:
+        key = tuple(outcome.headers)
+        cached = _CONTINUE_CACHE.get(key)
+        if cached is None:
+            if len(_CONTINUE_CACHE) >= _CONTINUE_CACHE_MAX:
+                _CONTINUE_CACHE.clear()
+            cached = _CONTINUE_CACHE[key] = _render_continue(outcome)
+        return cached
+    return _render_continue(outcome)
+
+
+def _render_continue(outcome: Continue) -> pb.ProcessingResponse:
     common = pb.CommonResponse()
     sets = common.header_mutation.set_headers
     sets.extend(_header(k, v) for k, v in outcome.headers)

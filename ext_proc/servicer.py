@@ -56,10 +56,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     def _headers(
         self, route: Route, headers: pb.HttpHeaders
     ) -> tuple[HeaderFacts, pb.ProcessingResponse]:
-        pairs = [
-            (h.key, h.raw_value.decode("latin-1") if h.raw_value else h.value)
-            for h in headers.headers.headers
-        ]
+        pairs = ((h.key, h.raw_value or h.value.encode()) for h in headers.headers.headers)
         facts = self.pipeline.on_headers(route, pairs, headers.end_of_stream)
         if facts.answer is not None:
             return facts, render.render_immediate(facts.answer)

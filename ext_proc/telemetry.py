@@ -7,6 +7,8 @@ workers' metrics through prometheus_client's multiprocess mode.
 
 from __future__ import annotations
 
+import functools
+
 from prometheus_client import Counter, Gauge
 
 from ext_proc.signals.snapshot import PoolSnapshot
@@ -17,8 +19,10 @@ __all__ = [
     "ERRORS",
     "KV_USAGE",
     "PASSTHROUGH",
+    "PRESSURE",
     "SCRAPE_ERRORS",
     "SNAPSHOT_AGE",
+    "count_decision",
     "observe_pool",
 ]
 
@@ -61,6 +65,16 @@ PRESSURE = Gauge(
     ["pool"],
     multiprocess_mode="mostrecent",
 )
+
+
+@functools.lru_cache(maxsize=1024)
+def _decision_child(route: str, decision: str, reason: str) -> Counter:
+    return DECISIONS.labels(route=route, decision=decision, reason=reason)
+
+
+def count_decision(route: str, decision: str, reason: str) -> None:
+    """Count one evaluated request (label lookups cached: this is on the request path)."""
+    _decision_child(route, decision, reason).inc()
 
 
 def observe_pool(snapshot: PoolSnapshot) -> None:

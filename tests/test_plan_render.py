@@ -19,8 +19,7 @@ HIGH = Pressure(70.0, Level.HIGH)
 
 
 def _plan(body: bytes, decision: Pass | Downgrade | Reject, adapter=OPENAI_CHAT):  # type: ignore[no-untyped-def]
-    doc = rawjson.parse_object(body)
-    return plan(decision, adapter, doc, adapter.features(doc.values))
+    return plan(decision, adapter, body, adapter.features(rawjson.decode_object(body)))
 
 
 def test_pass_leaves_the_body_untouched() -> None:
@@ -123,3 +122,11 @@ def test_skip_body_overrides_the_body_mode_and_strips_headers() -> None:
     assert resp.HasField("mode_override")
     assert resp.mode_override.request_body_mode == 0  # NONE
     assert list(resp.request_headers.response.header_mutation.remove_headers) == ["x-ice-foo"]
+
+
+def test_untouched_replies_are_reused_and_equal_to_a_fresh_render() -> None:
+    outcome = Continue([("x-mem-pressure", "low"), ("x-ice-decision", "pass")], None)
+    first = render.render_body_outcome(outcome)
+    again = render.render_body_outcome(Continue(list(outcome.headers), None))
+    assert again is first
+    assert first == render._render_continue(outcome)

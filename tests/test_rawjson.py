@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ext_proc.rawjson import InvalidJSON, add_member, parse_object, replace_value
+from ext_proc.rawjson import InvalidJSON, add_member, decode_object, parse_object, replace_value
 
 ODD = '{ "z": 1,\n  "model" :"m",  "max_tokens":   4096 , "x": {"max_tokens": 7}, "u": "é€😀" }'
 
@@ -64,6 +64,34 @@ def test_duplicate_keys_last_wins_like_json_loads() -> None:
     ],
 )
 def test_invalid_bodies_raise_with_position(body: bytes, fragment: str) -> None:
-    with pytest.raises(InvalidJSON, match=".*") as info:
+    with pytest.raises(InvalidJSON) as info:
         parse_object(body)
     assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"",
+        b"[1, 2]",
+        b'{"a":}',
+        b'{"a": 1} trailing',
+        b'\xff{"a": 1}',
+        b'{"a": 1,}',
+        b'{"a" 1}',
+        b'{"a": 1',
+        b'{"a": [1, {"b": null}], "c": "\\u00e9"}',
+        b" { } ",
+        b'{"a": NaN}',
+    ],
+)
+def test_fast_decode_accepts_exactly_what_span_parsing_accepts(body: bytes) -> None:
+    try:
+        slow: object = parse_object(body).values
+    except InvalidJSON:
+        slow = InvalidJSON
+    try:
+        fast: object = decode_object(body)
+    except InvalidJSON:
+        fast = InvalidJSON
+    assert fast == slow
