@@ -46,7 +46,8 @@ def b(
         # block-weighted usage: (0.9 × 3000 + 0.1 × 1000) / 4000 = 0.7; waiting mean 1
         # → 100 × (0.40 × 0.7 + 0.25 × 1/8) / 0.65 = 47.88
         (pool(b(0.9, 2, 3000), b(0.1, 0, 1000)), 47.88, Level.MEDIUM),
-        # one backend lacks block counts: plain mean (0.9 + 0.1) / 2 = 0.5 → 100 × (0.2 + 0.03125)/0.65
+        # one backend lacks block counts: plain mean 0.5
+        # → 100 × (0.40 × 0.5 + 0.25 × 1/8) / 0.65 = 35.58
         (pool(b(0.9, 2, 3000), b(0.1, 0)), 35.58, Level.LOW),
     ],
     ids=[
