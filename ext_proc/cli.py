@@ -27,6 +27,12 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--metrics-address", help="HOST:PORT for ICE's own Prometheus /metrics")
     s.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
     s.add_argument("--shutdown-grace-s", type=float, default=10.0)
+    s.add_argument(
+        "--heavy-containers",
+        type=int,
+        default=20_000,
+        help="bodies with more JSON objects/arrays are judged in a helper process",
+    )
 
     e = sub.add_parser("evaluate", help="dry-run one request against a policy and a metrics page")
     e.add_argument("request", help="request body JSON file ('-' for stdin)")
@@ -60,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
                     metrics_address=args.metrics_address,
                     max_body_bytes=args.max_body_bytes,
                     shutdown_grace_s=args.shutdown_grace_s,
+                    heavy_containers=args.heavy_containers,
                 )
             )
         if args.command == "evaluate":

@@ -93,6 +93,7 @@ def dry_run(
     else:
         verdict = pipeline.on_body(r, facts, request)
         assert verdict is not None
+        pipeline.record(r, verdict)
         outcome = verdict.outcome
         report["decision"] = verdict.decision.decision if verdict.decision else "reject"
         if verdict.decision is not None:

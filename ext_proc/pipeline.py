@@ -48,12 +48,13 @@ SnapshotLookup = Callable[[str], PoolSnapshot | None]
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    """What a route's gRPC metadata selects."""
+    """What a route's gRPC metadata selects. ``key`` rebuilds it: ``Router.route_for(key)``."""
 
     name: str
     profile: Profile
     pool: str
     default_priority: Priority
+    key: tuple[str, str, str, str] = ("", "", "", "")
 
 
 class Router:
@@ -77,12 +78,15 @@ class Router:
                 pool = value
             elif key == "x-ice-priority":
                 priority = value
-        key4 = (name, profile, pool, priority)
-        route = self._cache.get(key4)
+        return self.route_for((name, profile, pool, priority))
+
+    def route_for(self, key: tuple[str, str, str, str]) -> Route:
+        """The route for metadata values (route, profile, pool, priority)."""
+        route = self._cache.get(key)
         if route is None:
-            route = self._build(*key4)
+            route = self._build(*key)
             if len(self._cache) < 1024:
-                self._cache[key4] = route
+                self._cache[key] = route
         return route
 
     def _warn_once(self, what: str) -> None:
@@ -113,6 +117,7 @@ class Router:
             profile=prof,
             pool=pool or p.default_pool,
             default_priority=prio,
+            key=(name, profile, pool, priority),
         )
 
 
@@ -129,11 +134,13 @@ class HeaderFacts:
 
 @dataclass(frozen=True, slots=True)
 class BodyVerdict:
-    """A body-phase result: the decision (None when the body broke the API) and its outcome."""
+    """A body-phase result: the decision (None when the body broke the API and ``bad`` holds
+    the reason code) and its outcome."""
 
     decision: Decision | None
     features: RequestFeatures | None
     outcome: Outcome
+    bad: str | None = None
 
 
 def _is_json(content_type: str) -> bool:
@@ -188,10 +195,12 @@ class Pipeline:
             return facts
         facts.adapter = adapter
         if end_of_stream:
+            telemetry.BAD_REQUESTS.labels(route=route.name, reason="empty_body").inc()
             facts.answer = self._bad(
                 route, adapter, 400, "empty_body", "The request body is empty."
             )
         elif content_length.isdigit() and int(content_length) > self.max_body_bytes:
+            telemetry.BAD_REQUESTS.labels(route=route.name, reason="request_too_large").inc()
             facts.answer = self._bad(
                 route,
                 adapter,
@@ -226,11 +235,19 @@ class Pipeline:
         param: str | None = None,
     ) -> Respond:
         """A 4xx for a request that broke its API's contract, with the verdict headers."""
-        telemetry.BAD_REQUESTS.labels(route=route.name, reason=code).inc()
         verdict = Reject(self._pressure(route), status, code, message, param)
         return reject_outcome(
             adapter, status, code, message, param, extra_headers=verdict_headers(verdict)
         )
+
+    def record(self, route: Route, verdict: BodyVerdict) -> None:
+        """Count a body verdict in ICE's metrics (kept apart from ``on_body``, which may run
+        in the offload process)."""
+        if verdict.bad is not None:
+            telemetry.BAD_REQUESTS.labels(route=route.name, reason=verdict.bad).inc()
+        elif verdict.decision is not None:
+            d = verdict.decision
+            telemetry.count_decision(route.name, d.decision, d.reason)
 
     def on_body(self, route: Route, facts: HeaderFacts, body: bytes) -> BodyVerdict | None:
         adapter = facts.adapter
@@ -240,13 +257,17 @@ class Pipeline:
             values = rawjson.decode_object(body)
         except rawjson.InvalidJSON as e:
             message = f"The request body is not valid JSON: {e}."
-            return BodyVerdict(None, None, self._bad(route, adapter, 400, "invalid_json", message))
+            outcome = self._bad(route, adapter, 400, "invalid_json", message)
+            return BodyVerdict(None, None, outcome, bad="invalid_json")
         try:
             features = adapter.features(values)
         except BadRequest as e:
             outcome = self._bad(route, adapter, 400, e.code, e.message, e.param)
-            return BodyVerdict(None, None, outcome)
+            return BodyVerdict(None, None, outcome, bad=e.code)
+        except RecursionError:
+            message = "The request body is not valid JSON: the JSON is nested too deeply."
+            outcome = self._bad(route, adapter, 400, "invalid_json", message)
+            return BodyVerdict(None, None, outcome, bad="invalid_json")
         pressure = self._pressure(route)
         decision = evaluate(features, pressure, route.profile, facts.priority)
-        telemetry.count_decision(route.name, decision.decision, decision.reason)
         return BodyVerdict(decision, features, plan(decision, adapter, body, features))

@@ -63,6 +63,8 @@ def decode_object(body: bytes) -> dict[str, Any]:
         raise InvalidJSON(f"body is not valid UTF-8 (byte {e.start})") from None
     try:
         value = json.loads(text)
+    except RecursionError:
+        raise InvalidJSON("the JSON is nested too deeply") from None
     except json.JSONDecodeError as e:
         if e.msg == "Extra data":
             raise InvalidJSON(f"unexpected data after the object at char {e.pos}") from None
@@ -113,6 +115,8 @@ def parse_object(body: bytes) -> TopLevel:
                 raise InvalidJSON(f"expected ',' or '}}' at char {i}")
     except json.JSONDecodeError as e:
         raise InvalidJSON(f"{e.msg} at char {e.pos}") from None
+    except RecursionError:
+        raise InvalidJSON("the JSON is nested too deeply") from None
     end = _skip_ws(text, close + 1)
     if end != len(text):
         raise InvalidJSON(f"unexpected data after the object at char {end}")

@@ -28,6 +28,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from ext_proc import telemetry
+from ext_proc.offload import DEFAULT_HEAVY_CONTAINERS, Offload
 from ext_proc.pipeline import DEFAULT_MAX_BODY_BYTES, Pipeline
 from ext_proc.policy.load import load_policy
 from ext_proc.policy.pressure import pressure_of
@@ -48,6 +49,7 @@ class ServeOptions:
     metrics_address: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     shutdown_grace_s: float = 10.0
+    heavy_containers: int = DEFAULT_HEAVY_CONTAINERS
 
 
 def worker_addresses(address: str, workers: int) -> list[str]:
@@ -87,7 +89,8 @@ async def _run_worker(opts: ServeOptions, address: str) -> None:
             ("grpc.so_reuseport", 0),
         ]
     )
-    pb_grpc.add_ExternalProcessorServicer_to_server(ExtProcServicer(pipeline), server)
+    offload = Offload(opts.policy_path, opts.max_body_bytes, opts.heavy_containers)
+    pb_grpc.add_ExternalProcessorServicer_to_server(ExtProcServicer(pipeline, offload), server)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     server.add_insecure_port(address)
@@ -108,6 +111,7 @@ async def _run_worker(opts: ServeOptions, address: str) -> None:
     await health.enter_graceful_shutdown()
     await server.stop(grace=opts.shutdown_grace_s)
     await scraper.stop()
+    offload.close()
 
 
 def _worker_main(opts: ServeOptions, address: str) -> None:

@@ -17,6 +17,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from ext_proc import render, telemetry
+from ext_proc.offload import Offload
 from ext_proc.pipeline import HeaderFacts, Pipeline, Route
 from ext_proc.plan import reject_outcome
 from ext_proc.schemas import OPENAI_CHAT_FALLBACK
@@ -29,8 +30,9 @@ log = logging.getLogger("ice.servicer")
 class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     """Answers Envoy's ext_proc streams with the pipeline's verdicts."""
 
-    def __init__(self, pipeline: Pipeline) -> None:
+    def __init__(self, pipeline: Pipeline, offload: Offload | None = None) -> None:
         self.pipeline = pipeline
+        self.offload = offload
         self._logged: set[str] = set()
 
     async def Process(
@@ -46,7 +48,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                 if phase == "request_headers":
                     facts, response = self._headers(route, request.request_headers)
                 elif phase == "request_body":
-                    response = self._body(route, facts, request.request_body)
+                    response = await self._body(route, facts, request.request_body)
                 else:
                     response = _continue(phase)
             except Exception as e:
@@ -64,10 +66,17 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             return facts, render.skip_body(facts.strip)
         return facts, render.headers_continue(facts.strip)
 
-    def _body(self, route: Route, facts: HeaderFacts, body: pb.HttpBody) -> pb.ProcessingResponse:
-        verdict = self.pipeline.on_body(route, facts, body.body)
+    async def _body(
+        self, route: Route, facts: HeaderFacts, body: pb.HttpBody
+    ) -> pb.ProcessingResponse:
+        data = body.body
+        if self.offload is not None and facts.adapter is not None and self.offload.is_heavy(data):
+            verdict = await self.offload.on_body(self.pipeline, route, facts, data)
+        else:
+            verdict = self.pipeline.on_body(route, facts, data)
         if verdict is None:
             return render.body_continue()
+        self.pipeline.record(route, verdict)
         return render.render_body_outcome(verdict.outcome)
 
     def _fault(

@@ -178,7 +178,9 @@ class Stack:
 
         def pump() -> None:
             assert proc.stdout is not None
-            with path.open("a") as out:
+            # Closing the pipe at EOF: an unclosed pipe raises ResourceWarning when the
+            # finished process is collected.
+            with path.open("a") as out, proc.stdout:
                 for line in proc.stdout:
                     out.write(line)
                     out.flush()

@@ -30,3 +30,17 @@ def test_chinese_is_not_four_characters_a_token() -> None:
     text = "内存压力" * 100  # 400 CJK characters
     assert estimate_text_tokens(text) == 400
     assert estimate_text_tokens(text) > len(text) // 4
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("😀😀", 2),  # 4-byte UTF-8: wide
+        ("「你好」", 4),  # CJK brackets U+300C/U+300D are wide
+        ("a—b", 2),  # em dash U+2014 (3 bytes, lead 0xE2) is narrow: 2 ASCII → 1, 1 narrow → 1
+        ("\ud800", 1),  # a lone surrogate never raises
+    ],
+    ids=["emoji", "cjk-punctuation", "em-dash", "lone-surrogate"],
+)
+def test_wide_and_narrow_boundaries(text: str, expected: int) -> None:
+    assert estimate_text_tokens(text) == expected

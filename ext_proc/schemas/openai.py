@@ -31,6 +31,21 @@ def openai_error_body(status: int, code: str, message: str, param: str | None) -
     return json.dumps({"error": err}, separators=(",", ":")).encode()
 
 
+def _tool_call_tokens(calls: list[Any]) -> int:
+    """Tokens of OpenAI ``tool_calls``: each call's function name and JSON arguments string,
+    plus ``PER_MESSAGE_TOKENS`` of framing per call."""
+    total = 0
+    for call in calls:
+        fn = call.get("function") if isinstance(call, dict) else None
+        if isinstance(fn, dict):
+            for key in ("name", "arguments"):
+                text = fn.get(key)
+                if isinstance(text, str):
+                    total += estimate_text_tokens(text)
+        total += PER_MESSAGE_TOKENS
+    return total
+
+
 def _model(body: dict[str, Any]) -> str | None:
     model = body.get("model")
     return model if isinstance(model, str) else None
@@ -58,8 +73,8 @@ class _OpenAIChat:
                 msg.get("content"), f"messages[{i}].content"
             )
             calls = msg.get("tool_calls")
-            if calls is not None:
-                tokens += estimate_text_tokens(json.dumps(calls))
+            if isinstance(calls, list):
+                tokens += _tool_call_tokens(calls)
         mct = optional_token_limit(body, "max_completion_tokens")
         mt = optional_token_limit(body, "max_tokens")
         if mct is not None and (mt is None or mct <= mt):

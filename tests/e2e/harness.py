@@ -1,0 +1,473 @@
+"""The e2e harness: the dev backend, ICE and real Envoy on free loopback ports, and clients.
+
+``running_stack`` starts the three processes (``ext_proc.stack.Stack``) with a test policy
+whose pool scrapes the test backend every 0.1 s, and yields an ``E2E`` that sends requests
+through Envoy, steers the backend's reported memory state and reads what the backend got.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import dataclasses
+import http.client
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from ext_proc.devbackend import DevState
+from ext_proc.server import worker_addresses
+from ext_proc.stack import ENVOY_DIR, Stack, free_port, render_envoy_config
+
+ENVOY_TEMPLATE = ENVOY_DIR / "envoy.yaml"
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+MESSAGES = "/v1/messages"
+
+# The test policy (see POLICY below).
+MAX_MODEL_LEN = 8192
+OUTPUT_BUFFER = 512
+CAP_HIGH = 1024
+CAP_CRITICAL = 256
+RETRY_AFTER_S = 2
+MAX_AGE_S = 1.0
+
+VERDICT_HEADERS = (
+    "x-mem-pressure",
+    "x-mem-pressure-score",
+    "x-ice-decision",
+    "x-ice-reason",
+    "x-downgraded",
+    "x-ice-original-max-tokens",
+)
+ICE_PREFIXES = ("x-mem-pressure", "x-ice-", "x-downgraded")
+
+# Backend states and what ICE must make of them with the policy's weights (kv 0.40, queue
+# 0.25, queue saturation 8): score = 100 × (0.40 × usage + 0.25 × min(1, waiting / 8)) / 0.65.
+IDLE = dataclasses.asdict(DevState())  # every field at its default: nothing running, usage 0
+LOW = {"kv_cache_usage_perc": 0.2, "num_requests_running": 2, "num_requests_waiting": 0}
+HIGH = {"kv_cache_usage_perc": 0.97, "num_requests_running": 24, "num_requests_waiting": 3}
+CRITICAL = {"kv_cache_usage_perc": 1.0, "num_requests_running": 32, "num_requests_waiting": 12}
+LOW_SCORE = "12"  # 100 × 0.08 / 0.65 = 12.3
+HIGH_SCORE = "74"  # 100 × (0.388 + 0.09375) / 0.65 = 74.1
+CRITICAL_SCORE = "100"
+
+POLICY = """\
+default_profile: default
+default_pool: default
+priority_header: x-priority
+profiles:
+  default:
+    max_model_len: {max_model_len}
+    output_buffer_tokens: {output_buffer}
+    min_output_tokens: 16
+    default_priority: standard
+    pressure:
+      weight_kv_cache: 0.40
+      weight_queue: 0.25
+      queue_saturation_requests: 8
+      thresholds: {{medium: 40, high: 65, critical: 85}}
+    max_tokens_cap: {{high: {cap_high}, critical: {cap_critical}}}
+    shed: {{sheddable: high, standard: critical}}
+    retry_after_s: {retry_after}
+    fail_mode: open
+pools:
+  default:
+    metrics_urls: ["http://127.0.0.1:{backend_port}/metrics"]
+    scrape_interval_s: 0.1
+    scrape_timeout_s: 0.5
+    max_age_s: {max_age}
+routes:
+  chat: {{profile: default, pool: default}}
+  completions: {{profile: default, pool: default, priority: sheddable}}
+  messages: {{profile: default, pool: default}}
+"""
+
+# A request every state lets through with its verdict headers (critical is never shed).
+PROBE = {"model": "dev-model", "messages": [{"role": "user", "content": "probe"}], "max_tokens": 1}
+PROBE_HEADERS = {"x-priority": "critical"}
+
+
+def write_policy(path: Path, backend_port: int) -> Path:
+    path.write_text(
+        POLICY.format(
+            max_model_len=MAX_MODEL_LEN,
+            output_buffer=OUTPUT_BUFFER,
+            cap_high=CAP_HIGH,
+            cap_critical=CAP_CRITICAL,
+            retry_after=RETRY_AFTER_S,
+            backend_port=backend_port,
+            max_age=MAX_AGE_S,
+        )
+    )
+    return path
+
+
+@dataclass(frozen=True)
+class Reply:
+    """An HTTP response: status, headers (lower-case names, in order) and the raw body."""
+
+    status: int
+    header_list: list[tuple[str, str]]
+    body: bytes
+
+    def header(self, name: str) -> str | None:
+        values = self.headers_named(name)
+        return values[-1] if values else None
+
+    def headers_named(self, name: str) -> list[str]:
+        return [v for k, v in self.header_list if k == name]
+
+    def ice_headers(self) -> dict[str, str]:
+        return {k: v for k, v in self.header_list if k.startswith(ICE_PREFIXES)}
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """A request the dev backend received: its headers (lower-case names) and raw body."""
+
+    method: str
+    path: str
+    header_list: list[tuple[str, str]]
+    body: bytes
+    time: float
+
+    def header(self, name: str) -> str | None:
+        values = self.headers_named(name)
+        return values[-1] if values else None
+
+    def headers_named(self, name: str) -> list[str]:
+        return [v for k, v in self.header_list if k == name]
+
+    def ice_headers(self) -> dict[str, str]:
+        return {k: v for k, v in self.header_list if k.startswith(ICE_PREFIXES)}
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def request(
+    port: int,
+    method: str,
+    path: str,
+    body: bytes | Iterable[bytes] | None = None,
+    headers: dict[str, str] | None = None,
+    timeout_s: float = 30.0,
+) -> Reply:
+    """One HTTP/1.1 request to 127.0.0.1:``port`` on a fresh connection."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        resp = conn.getresponse()
+        data = resp.read()
+        pairs = [(k.lower(), v) for k, v in resp.getheaders()]
+        return Reply(resp.status, pairs, data)
+    finally:
+        conn.close()
+
+
+def upload(
+    port: int,
+    path: str,
+    parts: Iterable[bytes],
+    *,
+    length: int | None,
+    headers: dict[str, str] | None = None,
+    timeout_s: float = 30.0,
+) -> Reply:
+    """POST ``parts`` (with ``content-length: length``, else chunked), reading the reply early.
+
+    The body is sent from a thread while this one reads, as a careful client does: a 413
+    comes back before the upload ends, and a client that only reads after sending the
+    whole body gets its connection reset once the proxy stops reading (send errors are
+    ignored here; the reply is what counts).
+    """
+    lines = [f"POST {path} HTTP/1.1", "host: e2e", "content-type: application/json"]
+    lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+    lines.append(
+        f"content-length: {length}" if length is not None else "transfer-encoding: chunked"
+    )
+    head = ("\r\n".join(lines) + "\r\n\r\n").encode()
+    sock = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
+
+    def send() -> None:
+        with contextlib.suppress(OSError):
+            sock.sendall(head)
+            for part in parts:
+                framed = f"{len(part):x}\r\n".encode() + part + b"\r\n" if length is None else part
+                sock.sendall(framed)
+            if length is None:
+                sock.sendall(b"0\r\n\r\n")
+
+    sender = threading.Thread(target=send, name="e2e-upload", daemon=True)
+    sender.start()
+    try:
+        resp = http.client.HTTPResponse(sock)
+        try:
+            resp.begin()
+            data = resp.read()
+            pairs = [(k.lower(), v) for k, v in resp.getheaders()]
+        finally:
+            resp.close()
+    finally:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+        sock.close()
+        sender.join(timeout_s)
+    return Reply(resp.status, pairs, data)
+
+
+def free_ports(count: int) -> int:
+    """The first of ``count`` consecutive free loopback ports."""
+    for _ in range(100):
+        first = free_port()
+        with contextlib.ExitStack() as held:
+            try:
+                for port in range(first, first + count):
+                    s = held.enter_context(socket.socket())
+                    s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return first
+    raise RuntimeError(f"no {count} consecutive free ports")
+
+
+def metric_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    return [
+        (s.name, dict(s.labels), float(s.value))
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    ]
+
+
+@dataclass
+class E2E:
+    """A running stack and the ways a test talks to it."""
+
+    stack: Stack
+    workdir: Path
+    envoy_port: int
+    admin_port: int
+    backend_port: int
+    ice_addresses: list[str]
+    ice_metrics_port: int
+    _dirty: bool = field(default=False, repr=False)
+
+    # --- through Envoy -----------------------------------------------------------------------
+    def post(
+        self,
+        path: str,
+        body: bytes | dict[str, Any] | None,
+        headers: dict[str, str] | None = None,
+        content_type: str | None = "application/json",
+    ) -> Reply:
+        raw = json.dumps(body).encode() if isinstance(body, dict) else body
+        sent = {"content-type": content_type} if content_type else {}
+        sent.update(headers or {})
+        return request(self.envoy_port, "POST", path, raw, sent)
+
+    def get(self, path: str, headers: dict[str, str] | None = None) -> Reply:
+        return request(self.envoy_port, "GET", path, None, headers)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.envoy_port}"
+
+    # --- the dev backend ---------------------------------------------------------------------
+    def backend(self, method: str, path: str, body: bytes | None = None) -> Reply:
+        reply = request(self.backend_port, method, path, body)
+        assert reply.status == 200, (method, path, reply)
+        return reply
+
+    def set_state(self, state: dict[str, Any], *, level: str, score: str | None = None) -> None:
+        """Set the backend's reported memory state and wait until ICE judges with it."""
+        self._dirty = True
+        self.backend("PUT", "/_dev/state", json.dumps(state).encode())
+        self.wait_pressure(level, score)
+
+    def set_raw_metrics(self, text: bytes) -> None:
+        """Serve ``text`` verbatim as the backend's /metrics page."""
+        self._dirty = True
+        self.backend("PUT", "/_dev/metrics", text)
+
+    def restore_metrics(self) -> None:
+        self.backend("DELETE", "/_dev/metrics")
+
+    def wait_pressure(self, level: str, score: str | None = None, timeout_s: float = 15.0) -> None:
+        """Probe through Envoy until ICE reports ``level`` (and ``score``); forget the probes."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            reply = self.post(CHAT, PROBE, PROBE_HEADERS)
+            seen = (reply.header("x-mem-pressure"), reply.header("x-mem-pressure-score"))
+            if seen[0] == level and (score is None or seen[1] == score):
+                break
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"ICE did not reach pressure {level}/{score} in {timeout_s} s: last "
+                    f"{reply.status} {seen}\n{self.log_tails()}"
+                )
+            time.sleep(0.05)
+        self.clear_received()
+
+    def received(self) -> list[Recorded]:
+        records = self.backend("GET", "/_dev/requests").json()
+        return [
+            Recorded(
+                method=r["method"],
+                path=r["path"],
+                header_list=[(k.lower(), v) for k, v in r["headers"]],
+                body=base64.b64decode(r["body_b64"]),
+                time=r["time"],
+            )
+            for r in records
+        ]
+
+    def only_received(self) -> Recorded:
+        """The one request the backend received since the last reset."""
+        got = self.received()
+        assert len(got) == 1, f"backend received {len(got)} requests, expected 1"
+        return got[0]
+
+    def clear_received(self) -> None:
+        self.backend("DELETE", "/_dev/requests")
+
+    def reset(self) -> None:
+        """Back to the idle state (pressure low, score 0) with no recorded requests."""
+        if self._dirty:
+            self.restore_metrics()
+            self.backend("PUT", "/_dev/state", json.dumps(IDLE).encode())
+            self.wait_pressure("low", "0")
+            self._dirty = False
+        self.clear_received()
+
+    # --- ICE's and Envoy's own views ---------------------------------------------------------
+    def ice_metric(self, name: str, **labels: str) -> float:
+        """Sum of ICE's samples called ``name`` whose labels include ``labels`` (0 if none)."""
+        reply = request(self.ice_metrics_port, "GET", "/metrics")
+        assert reply.status == 200
+        return sum(
+            value
+            for sample, got, value in metric_samples(reply.body.decode())
+            if sample == name and all(got.get(k) == v for k, v in labels.items())
+        )
+
+    def envoy_host_stats(self, cluster: str) -> dict[str, dict[str, str]]:
+        """Envoy's per-host stats of ``cluster`` (admin /clusters): host → stat → value."""
+        reply = request(self.admin_port, "GET", "/clusters")
+        hosts: dict[str, dict[str, str]] = {}
+        for line in reply.body.decode().splitlines():
+            parts = line.split("::")
+            if len(parts) == 4 and parts[0] == cluster:
+                hosts.setdefault(parts[1], {})[parts[2]] = parts[3]
+        return hosts
+
+    def log_tails(self, lines: int = 15) -> str:
+        out = []
+        for name, path in self.stack.logs.items():
+            with contextlib.suppress(OSError):
+                tail = path.read_text(errors="replace").splitlines()[-lines:]
+                out.append(f"--- {name} log ---\n" + "\n".join(tail))
+        return "\n".join(out)
+
+
+@contextlib.contextmanager
+def running_stack(
+    workdir: Path,
+    *,
+    start_ice: bool = True,
+    workers: int = 1,
+    ice_extra: list[str] | None = None,
+) -> Iterator[E2E]:
+    """Backend, ICE (unless ``start_ice`` is false: its address stays dead) and Envoy."""
+    with Stack(workdir) as stack:
+        backend_port = free_port()
+        stack.start_backend(backend_port)
+        policy = write_policy(workdir / "policy.yaml", backend_port)
+        address = f"127.0.0.1:{free_ports(workers)}"
+        addresses = worker_addresses(address, workers)
+        metrics_port = free_port()
+        if start_ice:
+            stack.start_ice(
+                address,
+                policy=policy,
+                workers=workers,
+                metrics_address=f"127.0.0.1:{metrics_port}",
+                extra=ice_extra,
+            )
+        envoy_port, admin_port = free_port(), free_port()
+        config = render_envoy_config(
+            ENVOY_TEMPLATE,
+            admin_port=admin_port,
+            listeners={"ingress": envoy_port},
+            clusters={"ice": addresses, "backend": [f"127.0.0.1:{backend_port}"]},
+        )
+        stack.start_envoy(config, admin_port)
+        e2e = E2E(
+            stack=stack,
+            workdir=workdir,
+            envoy_port=envoy_port,
+            admin_port=admin_port,
+            backend_port=backend_port,
+            ice_addresses=addresses,
+            ice_metrics_port=metrics_port,
+        )
+        if start_ice:
+            e2e.wait_pressure("low", "0")
+        yield e2e
+
+
+@dataclass
+class Sent:
+    """One request of a ``Load``: when it started and ended (wall clock), and its outcome."""
+
+    started: float
+    ended: float
+    reply: Reply | None
+    error: str | None
+
+
+class Load:
+    """Sends one request after another in a thread (a fresh connection each) until stopped."""
+
+    def __init__(self, e2e: E2E, path: str, body: dict[str, Any], headers: dict[str, str]):
+        self._e2e, self._path, self._body, self._headers = e2e, path, body, headers
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="e2e-load", daemon=True)
+        self.sent: list[Sent] = []
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.time()
+            try:
+                reply: Reply | None = self._e2e.post(self._path, self._body, self._headers)
+                error = None
+            except Exception as e:  # recorded and asserted on by the test
+                reply, error = None, f"{type(e).__name__}: {e}"
+            self.sent.append(Sent(started, time.time(), reply, error))
+            time.sleep(0.01)
+
+    def __enter__(self) -> Load:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def wait_for(self, count: int, timeout_s: float = 15.0) -> None:
+        """Wait until ``count`` more requests have completed."""
+        target = len(self.sent) + count
+        deadline = time.monotonic() + timeout_s
+        while len(self.sent) < target:
+            assert time.monotonic() < deadline, f"load stalled at {len(self.sent)} requests"
+            time.sleep(0.02)
