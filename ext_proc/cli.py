@@ -10,9 +10,6 @@ import json
 import sys
 from pathlib import Path
 
-from ext_proc.pipeline import DEFAULT_MAX_BODY_BYTES
-from ext_proc.policy.load import PolicyError
-
 __all__ = ["main"]
 
 
@@ -25,7 +22,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--policy", help="policy YAML (default: the built-in policy)")
     s.add_argument("--workers", type=int, default=1, help="worker processes (ports PORT..PORT+N-1)")
     s.add_argument("--metrics-address", help="HOST:PORT for ICE's own Prometheus /metrics")
-    s.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
+    s.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024)
     s.add_argument("--shutdown-grace-s", type=float, default=10.0)
     s.add_argument(
         "--heavy-containers",
@@ -46,6 +43,10 @@ def _parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="run Envoy + ICE + a local backend and walk through decisions")
     d.add_argument("--no-wait", action="store_true", help="exit after the walk-through")
 
+    sub.add_parser(
+        "plan", help="KV-cache capacity of one vLLM rank (ice plan --help)", add_help=False
+    )
+
     b = sub.add_parser("dev-backend", help="run the local OpenAI/Anthropic test backend")
     b.add_argument("--host", default="127.0.0.1")
     b.add_argument("--port", type=int, default=8000)
@@ -53,7 +54,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["plan"]:  # stdlib-only path: `ice plan` answers in well under 300 ms
+        from ext_proc.kv.cli import main as plan_main
+
+        return plan_main(argv[1:])
     args = _parser().parse_args(argv)
+    from ext_proc.policy.load import PolicyError
+
     try:
         if args.command == "serve":
             from ext_proc.server import ServeOptions, serve
