@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 
 from ext_proc import rawjson, telemetry
 from ext_proc.decision import Decision, Reject, verdict_headers
+from ext_proc.kv.geometry import KVGeometry, build_geometry
 from ext_proc.plan import Outcome, Respond, plan, reject_outcome
-from ext_proc.policy.evaluate import evaluate
+from ext_proc.policy.evaluate import KvFit, evaluate
 from ext_proc.policy.model import PRIORITIES, Policy, PressureModel, Priority, Profile
 from ext_proc.policy.pressure import Pressure, pressure_of
 from ext_proc.schemas import BadRequest, RequestFeatures, SchemaAdapter, adapter_for_path
@@ -163,6 +164,8 @@ class Pipeline:
         self.lookup = lookup
         self.max_body_bytes = max_body_bytes
         self._priority_header = policy.priority_header
+        self._kv_cache: dict[tuple[str, str], tuple[PoolSnapshot, KvFit | None]] = {}
+        self._geometries: dict[tuple[str, int], KVGeometry] = {}
         self._pressure_cache: dict[
             tuple[str, PressureModel], tuple[PoolSnapshot, Pressure | None]
         ] = {}
@@ -225,6 +228,42 @@ class Pipeline:
         self._pressure_cache[key] = (snapshot, pressure)
         return pressure
 
+    def _kv_fit(self, route: Route) -> KvFit | None:
+        """The pool's KV room for the route's model, built once per snapshot."""
+        snapshot = self.lookup(route.pool)
+        if snapshot is None:
+            return None
+        key = (route.pool, route.profile.name)
+        cached = self._kv_cache.get(key)
+        if cached is not None and cached[0] is snapshot:
+            return cached[1]
+        fit: KvFit | None = None
+        free, usable, bs = (
+            snapshot.max_free_blocks,
+            snapshot.max_usable_blocks,
+            snapshot.block_size,
+        )
+        if free is not None and usable is not None and bs is not None:
+            fit = KvFit(free, usable, bs, self._blocks_fn(route.profile, bs))
+        self._kv_cache[key] = (snapshot, fit)
+        return fit
+
+    def _blocks_fn(self, profile: Profile, block_size: int) -> Callable[[int, int], int]:
+        spec = profile.kv_model
+        if spec is None:
+            return lambda i, o: -(-(i + o) // block_size)
+        key = (profile.name, block_size)
+        geometry = self._geometries.get(key)
+        if geometry is None:
+            geometry = self._geometries[key] = build_geometry(
+                spec.shape,
+                tp=spec.tp,
+                kv_dtype=spec.kv_dtype,
+                block_size=block_size,
+                max_num_batched_tokens=spec.max_num_batched_tokens,
+            )
+        return geometry.request_blocks
+
     def _bad(
         self,
         route: Route,
@@ -269,5 +308,6 @@ class Pipeline:
             outcome = self._bad(route, adapter, 400, "invalid_json", message)
             return BodyVerdict(None, None, outcome, bad="invalid_json")
         pressure = self._pressure(route)
-        decision = evaluate(features, pressure, route.profile, facts.priority)
+        kv = self._kv_fit(route)
+        decision = evaluate(features, pressure, route.profile, facts.priority, kv)
         return BodyVerdict(decision, features, plan(decision, adapter, body, features))

@@ -8,7 +8,7 @@ from types import MappingProxyType
 import pytest
 
 from ext_proc.decision import Decision, Downgrade, Pass, Reject, verdict_headers
-from ext_proc.policy.evaluate import evaluate, safe_output_tokens
+from ext_proc.policy.evaluate import KvFit, evaluate, safe_output_tokens
 from ext_proc.policy.model import Level, Priority, Profile
 from ext_proc.policy.pressure import Pressure
 from ext_proc.schemas import RequestFeatures
@@ -210,3 +210,92 @@ def test_shedding_table_is_per_profile() -> None:
 )
 def test_verdict_headers(decision: Decision, headers: list[tuple[str, str]]) -> None:
     assert verdict_headers(decision) == headers
+
+
+# --- KV blocks: block size 16, full attention (blocks = ceil((in + out) / 16)) ---------------
+def kv(free: int, usable: int = 1000) -> KvFit:
+    return KvFit(
+        free_blocks=free, usable_blocks=usable, block_size=16, blocks=lambda i, o: -(-(i + o) // 16)
+    )
+
+
+KV_CASES: list[tuple[str, RequestFeatures, Priority, KvFit, Decision]] = [
+    # 100 + 256 = 356 tokens = 23 blocks ≤ 50 free
+    ("fits", feats(100, 256), "standard", kv(50), Pass(LOW)),
+    # 20 free blocks = 320 tokens: output ≤ 320 − 100 = 220
+    (
+        "downgrade-to-free-blocks",
+        feats(100, 4096),
+        "standard",
+        kv(20),
+        Downgrade(LOW, 220, 4096, "kv_free_blocks"),
+    ),
+    # free blocks bind before the context budget (7,580)
+    (
+        "kv-binds-before-budget",
+        feats(100, 100000),
+        "standard",
+        kv(20),
+        Downgrade(LOW, 220, 100000, "kv_free_blocks"),
+    ),
+    # input 300 + min_output 16 = 316 tokens = 20 blocks > 19 free → shed
+    (
+        "shed-when-min-output-does-not-fit",
+        feats(300, 64),
+        "standard",
+        kv(19),
+        Reject(LOW, 429, "kv_exhausted", "", retry_after_s=2),
+    ),
+    # critical is never shed: nothing fits, so the limit stays (the backend will queue it)
+    ("critical-not-shed", feats(300, 64), "critical", kv(0), Pass(LOW)),
+    # input + 1 token needs 1,001 blocks > 1,000 usable: even an idle backend cannot hold it
+    (
+        "beyond-idle-capacity-400",
+        feats(16000, 16),
+        "standard",
+        kv(1000, usable=1000),
+        Reject(LOW, 400, "kv_capacity_exceeded", "", param="messages"),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("features", "priority", "fit", "expected"),
+    [c[1:] for c in KV_CASES],
+    ids=[c[0] for c in KV_CASES],
+)
+def test_kv_rules(
+    features: RequestFeatures, priority: Priority, fit: KvFit, expected: Decision
+) -> None:
+    profile = replace(PROFILE, max_model_len=None if features.input_tokens > 8000 else 8192)
+    got = evaluate(features, LOW, profile, priority, fit)
+    if isinstance(expected, Reject):
+        assert isinstance(got, Reject)
+        assert (got.status, got.reason, got.retry_after_s) == (
+            expected.status,
+            expected.reason,
+            expected.retry_after_s,
+        )
+    else:
+        assert got == expected
+
+
+def test_kv_shed_mode_sheds_when_the_requested_output_does_not_fit() -> None:
+    profile = replace(PROFILE, on_kv_shortfall="shed")
+    got = evaluate(feats(100, 4096), LOW, profile, "standard", kv(20))
+    assert isinstance(got, Reject) and got.reason == "kv_exhausted"
+
+
+def test_kv_ignore_mode_skips_free_block_rules() -> None:
+    profile = replace(PROFILE, on_kv_shortfall="ignore")
+    assert evaluate(feats(300, 64), LOW, profile, "standard", kv(0)) == Pass(LOW)
+
+
+@pytest.mark.parametrize(
+    ("free", "wanted", "expected"), [(20, 4096, 220), (20, 100, 100), (6, 4096, 0), (7, 4096, 12)]
+)
+def test_output_fit_is_the_largest_output_in_whole_free_blocks(
+    free: int, wanted: int, expected: int
+) -> None:
+    # input 100 tokens: 7 blocks hold 112 tokens → 12 output tokens; 6 blocks hold none
+    assert kv(free).output_fit(100, wanted) == expected

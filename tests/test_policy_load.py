@@ -95,3 +95,50 @@ def test_generated_protobuf_code_is_current(tmp_path: Path) -> None:
         assert (tmp_path / name).read_text() == (committed / name).read_text(), (
             f"{name} is stale: run `make protos`"
         )
+
+
+KV_DATA = Path(__file__).parent / "data" / "kv"
+
+
+def test_kv_model_loads_the_config_and_checks_it(tmp_path: Path) -> None:
+    config = next(p for p in sorted(KV_DATA.glob("*.json")) if "llama" in p.name.lower())
+    policy = parse_policy(f"profiles: {{default: {{kv_model: {{config: '{config}', tp: 1}}}}}}")
+    spec = policy.profiles["default"].kv_model
+    assert spec is not None and spec.shape.num_layers > 0
+
+
+@pytest.mark.parametrize(
+    ("kv_model", "fragment"),
+    [
+        ("{}", "kv_model.config: the path of the model's config.json is required"),
+        ("{config: /nonexistent/config.json}", "kv_model.config: cannot read"),
+    ],
+    ids=["missing", "unreadable"],
+)
+def test_bad_kv_model_names_the_field(kv_model: str, fragment: str) -> None:
+    with pytest.raises(PolicyError) as info:
+        parse_policy(f"profiles: {{default: {{kv_model: {kv_model}}}}}")
+    assert fragment in str(info.value)
+
+
+def test_hybrid_model_config_is_refused_as_not_modelled(tmp_path: Path) -> None:
+    cfg = tmp_path / "config.json"
+    cfg.write_text(
+        '{"model_type": "jamba", "num_hidden_layers": 32, "hidden_size": 4096,'
+        ' "num_attention_heads": 32, "num_key_value_heads": 8}'
+    )
+    with pytest.raises(PolicyError) as info:
+        parse_policy(f"profiles: {{default: {{kv_model: {{config: '{cfg}'}}}}}}")
+    assert "profiles.default.kv_model" in str(info.value)
+    assert "jamba" in str(info.value).lower() or "not modelled" in str(info.value).lower()
+
+
+def test_on_kv_shortfall_values() -> None:
+    assert (
+        parse_policy("profiles: {default: {on_kv_shortfall: shed}}")
+        .profiles["default"]
+        .on_kv_shortfall
+        == "shed"
+    )
+    with pytest.raises(PolicyError, match="on_kv_shortfall"):
+        parse_policy("profiles: {default: {on_kv_shortfall: panic}}")

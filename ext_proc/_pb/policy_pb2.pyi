@@ -170,6 +170,8 @@ class Profile(_message.Message):
     SHED_FIELD_NUMBER: _builtins.int
     RETRY_AFTER_S_FIELD_NUMBER: _builtins.int
     FAIL_MODE_FIELD_NUMBER: _builtins.int
+    KV_MODEL_FIELD_NUMBER: _builtins.int
+    ON_KV_SHORTFALL_FIELD_NUMBER: _builtins.int
     max_model_len: _builtins.int
     """The model's context length in tokens. Unset: no context checks."""
     output_buffer_tokens: _builtins.int
@@ -182,6 +184,12 @@ class Profile(_message.Message):
     """Retry-After seconds on a 429. Default 2."""
     fail_mode: _builtins.str
     """"open" (default): an ICE fault lets the request through; "closed": it gets a 503."""
+    on_kv_shortfall: _builtins.str
+    """When a request's KV blocks (input + requested output) exceed the pool's free blocks:
+    "downgrade" (default): lower the output limit to what fits, shed (429) when not even
+    min_output_tokens fits; "shed": 429 at once; "ignore": no free-block check.
+    Critical-priority requests are never shed.
+    """
     @_builtins.property
     def pressure(self) -> Global___Pressure: ...
     @_builtins.property
@@ -192,6 +200,13 @@ class Profile(_message.Message):
     def shed(self) -> Global___Shedding:
         """Lowest level at which each priority is shed with 429 ("never" or absent: never).
         Default: sheddable at high, standard at critical; critical is never shed.
+        """
+
+    @_builtins.property
+    def kv_model(self) -> Global___KvModel:
+        """The served model's KV geometry, for sliding-window and hybrid-attention models. Unset:
+        full attention is assumed (blocks = ceil(tokens / block_size) per layer group), which is
+        exact for plain MHA/GQA/MQA/MLA models. The block size always comes from the backend.
         """
 
     def __init__(
@@ -206,10 +221,12 @@ class Profile(_message.Message):
         shed: Global___Shedding | None = ...,
         retry_after_s: _builtins.int | None = ...,
         fail_mode: _builtins.str = ...,
+        kv_model: Global___KvModel | None = ...,
+        on_kv_shortfall: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_model_len", b"_max_model_len", "_min_output_tokens", b"_min_output_tokens", "_output_buffer_tokens", b"_output_buffer_tokens", "_retry_after_s", b"_retry_after_s", "max_model_len", b"max_model_len", "max_tokens_cap", b"max_tokens_cap", "min_output_tokens", b"min_output_tokens", "output_buffer_tokens", b"output_buffer_tokens", "pressure", b"pressure", "retry_after_s", b"retry_after_s", "shed", b"shed"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_model_len", b"_max_model_len", "_min_output_tokens", b"_min_output_tokens", "_output_buffer_tokens", b"_output_buffer_tokens", "_retry_after_s", b"_retry_after_s", "kv_model", b"kv_model", "max_model_len", b"max_model_len", "max_tokens_cap", b"max_tokens_cap", "min_output_tokens", b"min_output_tokens", "output_buffer_tokens", b"output_buffer_tokens", "pressure", b"pressure", "retry_after_s", b"retry_after_s", "shed", b"shed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_model_len", b"_max_model_len", "_min_output_tokens", b"_min_output_tokens", "_output_buffer_tokens", b"_output_buffer_tokens", "_retry_after_s", b"_retry_after_s", "default_priority", b"default_priority", "fail_mode", b"fail_mode", "max_model_len", b"max_model_len", "max_tokens_cap", b"max_tokens_cap", "min_output_tokens", b"min_output_tokens", "output_buffer_tokens", b"output_buffer_tokens", "pressure", b"pressure", "retry_after_s", b"retry_after_s", "shed", b"shed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_model_len", b"_max_model_len", "_min_output_tokens", b"_min_output_tokens", "_output_buffer_tokens", b"_output_buffer_tokens", "_retry_after_s", b"_retry_after_s", "default_priority", b"default_priority", "fail_mode", b"fail_mode", "kv_model", b"kv_model", "max_model_len", b"max_model_len", "max_tokens_cap", b"max_tokens_cap", "min_output_tokens", b"min_output_tokens", "on_kv_shortfall", b"on_kv_shortfall", "output_buffer_tokens", b"output_buffer_tokens", "pressure", b"pressure", "retry_after_s", b"retry_after_s", "shed", b"shed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_model_len: _TypeAlias = _typing.Literal["max_model_len"]  # noqa: Y015
     _WhichOneofArgType__max_model_len: _TypeAlias = _typing.Literal["_max_model_len", b"_max_model_len"]  # noqa: Y015
@@ -229,6 +246,45 @@ class Profile(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__retry_after_s) -> _WhichOneofReturnType__retry_after_s | None: ...
 
 Global___Profile: _TypeAlias = Profile  # noqa: Y015
+
+@_typing.final
+class KvModel(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONFIG_FIELD_NUMBER: _builtins.int
+    KV_DTYPE_FIELD_NUMBER: _builtins.int
+    TP_FIELD_NUMBER: _builtins.int
+    MAX_NUM_BATCHED_TOKENS_FIELD_NUMBER: _builtins.int
+    config: _builtins.str
+    """Path to the model's Hugging Face config.json."""
+    kv_dtype: _builtins.str
+    """KV-cache dtype as served (auto | bf16 | fp16 | fp32 | fp8). Default auto."""
+    tp: _builtins.int
+    """Tensor-parallel size. Default 1."""
+    max_num_batched_tokens: _builtins.int
+    """vLLM's --max-num-batched-tokens (sliding-window reservation). Default 8192."""
+    def __init__(
+        self,
+        *,
+        config: _builtins.str = ...,
+        kv_dtype: _builtins.str = ...,
+        tp: _builtins.int | None = ...,
+        max_num_batched_tokens: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_num_batched_tokens", b"_max_num_batched_tokens", "_tp", b"_tp", "max_num_batched_tokens", b"max_num_batched_tokens", "tp", b"tp"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_num_batched_tokens", b"_max_num_batched_tokens", "_tp", b"_tp", "config", b"config", "kv_dtype", b"kv_dtype", "max_num_batched_tokens", b"max_num_batched_tokens", "tp", b"tp"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__max_num_batched_tokens: _TypeAlias = _typing.Literal["max_num_batched_tokens"]  # noqa: Y015
+    _WhichOneofArgType__max_num_batched_tokens: _TypeAlias = _typing.Literal["_max_num_batched_tokens", b"_max_num_batched_tokens"]  # noqa: Y015
+    _WhichOneofReturnType__tp: _TypeAlias = _typing.Literal["tp"]  # noqa: Y015
+    _WhichOneofArgType__tp: _TypeAlias = _typing.Literal["_tp", b"_tp"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_num_batched_tokens) -> _WhichOneofReturnType__max_num_batched_tokens | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__tp) -> _WhichOneofReturnType__tp | None: ...
+
+Global___KvModel: _TypeAlias = KvModel  # noqa: Y015
 
 @_typing.final
 class Pressure(_message.Message):

@@ -5,15 +5,27 @@ Pure: no I/O, no clock, no protobuf. ``evaluate`` is given everything it judges.
 The ladder, first match wins:
 1. ``reject_oversized_input`` → 400 ``context_length_exceeded`` when the estimated input
    alone leaves no room for output: input_tokens ≥ max_model_len.
-2. ``shed_by_priority`` → 429 ``memory_pressure`` when the pool's level is at or above the
+2. ``reject_beyond_kv_capacity`` → 400 ``kv_capacity_exceeded`` when the input plus one
+   output token needs more KV blocks than the pool's largest backend has when idle.
+3. ``shed_by_priority`` → 429 ``memory_pressure`` when the pool's level is at or above the
    profile's shedding level for the request's priority (``critical`` is never shed).
-3. ``cap_output_tokens`` → ``Downgrade`` when the requested output exceeds
-       limit = min(safe, cap[level])
+4. ``shed_on_kv_shortfall`` → 429 ``kv_exhausted`` (never for ``critical``) when the input
+   plus min_output_tokens needs more blocks than the fullest-free backend has free, or, with
+   ``on_kv_shortfall: shed``, when the client's requested output does not fit them.
+5. ``cap_output_tokens`` → ``Downgrade`` when the requested output exceeds
+       limit = min(safe, cap[level], kv_fit)
    where safe = max(min(min_output_tokens, max_model_len - input),
-                    max_model_len - input - output_buffer_tokens)
-   and cap[level] is the profile's cap for the current level (absent: no cap). When the
-   client set no limit and the level has a cap, the cap is injected.
-4. ``Pass``.
+                    max_model_len - input - output_buffer_tokens),
+   cap[level] is the profile's cap for the current level (absent: no cap), and kv_fit is the
+   largest output whose blocks, with the input's, fit the free blocks (``on_kv_shortfall:
+   downgrade``, only for a limit the client set). When the client set no limit and the level
+   has a cap, the cap is injected.
+6. ``Pass``.
+
+KV blocks of a request (``KvFit.blocks``): ceil((input + output) / block_size) for a
+full-attention model, or the ``ext_proc.kv`` geometry's ``request_blocks`` (sliding-window
+and hybrid layer groups) when the profile names the model's config. Free blocks are
+floor((num_gpu_blocks − 1) × (1 − kv_cache_usage)) of the backend with the most.
 """
 
 from __future__ import annotations
@@ -26,7 +38,33 @@ from ext_proc.policy.model import Priority, Profile
 from ext_proc.policy.pressure import Pressure
 from ext_proc.schemas.base import RequestFeatures
 
-__all__ = ["LADDER", "Case", "evaluate", "safe_output_tokens"]
+__all__ = ["LADDER", "Case", "KvFit", "evaluate", "safe_output_tokens"]
+
+
+@dataclass(frozen=True, slots=True)
+class KvFit:
+    """The pool's KV room and how many blocks a request of (input, output) tokens needs."""
+
+    free_blocks: int
+    usable_blocks: int
+    block_size: int
+    blocks: Callable[[int, int], int]
+
+    def output_fit(self, input_tokens: int, wanted: int) -> int:
+        """The largest output ≤ ``wanted`` whose blocks fit ``free_blocks`` (0: none does)."""
+        fits = self.free_blocks
+        if self.blocks(input_tokens, wanted) <= fits:
+            return wanted
+        if self.blocks(input_tokens, 1) > fits:
+            return 0
+        lo, hi = 1, wanted  # blocks() is monotone in output: binary search
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.blocks(input_tokens, mid) <= fits:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +75,7 @@ class Case:
     pressure: Pressure | None
     profile: Profile
     priority: Priority
+    kv: KvFit | None = None
 
 
 Rule = Callable[[Case], Decision | None]
@@ -64,6 +103,56 @@ def reject_oversized_input(case: Case) -> Decision | None:
             f"{case.features.input_tokens} tokens, which leaves no room for output."
         ),
         param="messages",
+    )
+
+
+def reject_beyond_kv_capacity(case: Case) -> Decision | None:
+    kv = case.kv
+    if kv is None:
+        return None
+    need = kv.blocks(case.features.input_tokens, 1)
+    if need <= kv.usable_blocks:
+        return None
+    return Reject(
+        pressure=case.pressure,
+        status=400,
+        reason="kv_capacity_exceeded",
+        message=(
+            f"The input (about {case.features.input_tokens} tokens) needs {need} KV-cache blocks "
+            f"of {kv.block_size} tokens; the largest backend holds {kv.usable_blocks} blocks "
+            f"even when idle."
+        ),
+        param="messages",
+    )
+
+
+def shed_on_kv_shortfall(case: Case) -> Decision | None:
+    kv = case.kv
+    mode = case.profile.on_kv_shortfall
+    if kv is None or mode == "ignore" or case.priority == "critical":
+        return None
+    f = case.features
+    min_out = case.profile.min_output_tokens
+    safe = safe_output_tokens(case.profile, f.input_tokens)
+    if safe is not None:
+        min_out = min(min_out, safe)
+    need = kv.blocks(f.input_tokens, min_out)
+    if need <= kv.free_blocks:
+        if mode != "shed" or f.max_tokens is None:
+            return None
+        need = kv.blocks(f.input_tokens, f.max_tokens)
+        if need <= kv.free_blocks:
+            return None
+    retry = case.profile.retry_after_s
+    return Reject(
+        pressure=case.pressure,
+        status=429,
+        reason="kv_exhausted",
+        message=(
+            f"The request needs {need} KV-cache blocks; the least-loaded backend has "
+            f"{kv.free_blocks} free. Retry after {retry} s."
+        ),
+        retry_after_s=retry,
     )
 
 
@@ -101,15 +190,25 @@ def cap_output_tokens(case: Case) -> Decision | None:
     candidates = [
         (v, why) for v, why in ((safe, "context_budget"), (cap, "pressure_cap")) if v is not None
     ]
-    if not candidates:
-        return None
-    limit, reason = min(candidates, key=lambda c: c[0])
+    limit, reason = min(candidates, key=lambda c: c[0]) if candidates else (f.max_tokens, "")
+    kv = case.kv
+    if kv is not None and case.profile.on_kv_shortfall == "downgrade":
+        wanted = min(limit, f.max_tokens)
+        fit = kv.output_fit(f.input_tokens, wanted)
+        if 0 < fit < wanted:
+            limit, reason = fit, "kv_free_blocks"
     if f.max_tokens <= limit:
         return None
     return Downgrade(pressure=case.pressure, max_tokens=limit, original=f.max_tokens, reason=reason)
 
 
-LADDER: tuple[Rule, ...] = (reject_oversized_input, shed_by_priority, cap_output_tokens)
+LADDER: tuple[Rule, ...] = (
+    reject_oversized_input,
+    reject_beyond_kv_capacity,
+    shed_by_priority,
+    shed_on_kv_shortfall,
+    cap_output_tokens,
+)
 
 
 def evaluate(
@@ -117,10 +216,11 @@ def evaluate(
     pressure: Pressure | None,
     profile: Profile,
     priority: Priority,
+    kv: KvFit | None = None,
     ladder: tuple[Rule, ...] = LADDER,
 ) -> Decision:
     """Judge one request; the first rule of the ladder that decides wins, else ``Pass``."""
-    case = Case(features=features, pressure=pressure, profile=profile, priority=priority)
+    case = Case(features=features, pressure=pressure, profile=profile, priority=priority, kv=kv)
     for rule in ladder:
         decision = rule(case)
         if decision is not None:

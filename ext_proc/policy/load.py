@@ -7,6 +7,7 @@ start-up with a message an operator can act on.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from importlib import resources
@@ -19,8 +20,11 @@ import yaml
 from google.protobuf import json_format
 
 from ext_proc._pb import policy_pb2
+from ext_proc.kv.geometry import build_geometry
+from ext_proc.kv.hfconfig import shape_from_config
 from ext_proc.policy.model import (
     PRIORITIES,
+    KvModelSpec,
     Level,
     Policy,
     Pool,
@@ -157,6 +161,12 @@ def _profile(name: str, msg: policy_pb2.Profile) -> Profile:
             shed_level = _level(text, f"{where}.shed.{prio}", allow_never=True) if text else None
             if shed_level is not None:
                 shed[prio] = shed_level
+    shortfall = msg.on_kv_shortfall or d.on_kv_shortfall
+    if shortfall not in ("downgrade", "shed", "ignore"):
+        raise PolicyError(
+            f"{where}.on_kv_shortfall: must be 'downgrade', 'shed' or 'ignore', got {shortfall!r}"
+        )
+    kv_model = _kv_model(msg.kv_model, f"{where}.kv_model") if msg.HasField("kv_model") else None
     max_model_len = _opt(msg, "max_model_len", None)
     if max_model_len == 0:
         raise PolicyError(f"{where}.max_model_len: must be > 0 (omit it for no context checks)")
@@ -174,7 +184,37 @@ def _profile(name: str, msg: policy_pb2.Profile) -> Profile:
         shed_at=MappingProxyType(shed),
         retry_after_s=retry_after_s,
         fail_mode="open" if fail_mode == "open" else "closed",
+        kv_model=kv_model,
+        on_kv_shortfall=(
+            "downgrade" if shortfall == "downgrade" else "shed" if shortfall == "shed" else "ignore"
+        ),
     )
+
+
+def _kv_model(msg: policy_pb2.KvModel, where: str) -> KvModelSpec:
+    if not msg.config:
+        raise PolicyError(f"{where}.config: the path of the model's config.json is required")
+    try:
+        config = json.loads(Path(msg.config).read_text("utf-8"))
+        shape = shape_from_config(config)
+        spec = KvModelSpec(
+            shape=shape,
+            kv_dtype=msg.kv_dtype or "auto",
+            tp=_opt(msg, "tp", 1),
+            max_num_batched_tokens=_opt(msg, "max_num_batched_tokens", 8192),
+        )
+        build_geometry(
+            shape,
+            tp=spec.tp,
+            kv_dtype=spec.kv_dtype,
+            block_size=16,
+            max_num_batched_tokens=spec.max_num_batched_tokens,
+        )
+    except OSError as e:
+        raise PolicyError(f"{where}.config: cannot read {msg.config}: {e.strerror}") from None
+    except ValueError as e:  # JSON errors, KVInputError, NotModelledError
+        raise PolicyError(f"{where}: {e}") from None
+    return spec
 
 
 def _pool(name: str, msg: policy_pb2.Pool) -> Pool:

@@ -11,9 +11,13 @@ from enum import IntEnum
 from types import MappingProxyType
 from typing import Literal
 
+from ext_proc.kv.hfconfig import ModelShape
+
 __all__ = [
     "PRIORITIES",
     "FailMode",
+    "KvModelSpec",
+    "KvShortfall",
     "Level",
     "Policy",
     "Pool",
@@ -26,6 +30,7 @@ __all__ = [
 Priority = Literal["critical", "standard", "sheddable"]
 PRIORITIES: tuple[Priority, ...] = ("critical", "standard", "sheddable")
 FailMode = Literal["open", "closed"]
+KvShortfall = Literal["downgrade", "shed", "ignore"]
 
 
 class Level(IntEnum):
@@ -58,6 +63,16 @@ class PressureModel:
 
 
 @dataclass(frozen=True, slots=True)
+class KvModelSpec:
+    """The served model's KV geometry inputs (the block size comes from the backend)."""
+
+    shape: ModelShape
+    kv_dtype: str = "auto"
+    tp: int = 1
+    max_num_batched_tokens: int = 8192
+
+
+@dataclass(frozen=True, slots=True)
 class Profile:
     """What one class of routes allows. Token figures are in tokens; times in seconds."""
 
@@ -79,6 +94,8 @@ class Profile:
     )
     retry_after_s: int = 2
     fail_mode: FailMode = "open"
+    kv_model: KvModelSpec | None = None
+    on_kv_shortfall: KvShortfall = "downgrade"
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,20 @@ class BackendSignals:
             return None
         return self.num_gpu_blocks * self.block_size
 
+    @property
+    def usable_blocks(self) -> int | None:
+        """Blocks a request can get on an idle server: vLLM keeps one null block aside, and
+        its ``kv_cache_usage_perc`` is used / (num_gpu_blocks − 1)."""
+        return self.num_gpu_blocks - 1 if self.num_gpu_blocks else None
+
+    @property
+    def free_blocks(self) -> int | None:
+        """floor((num_gpu_blocks − 1) × (1 − kv_cache_usage)): blocks free right now."""
+        usable = self.usable_blocks
+        if usable is None or self.kv_cache_usage is None:
+            return None
+        return int(usable * (1.0 - min(1.0, max(0.0, self.kv_cache_usage))) + 1e-9)
+
 
 @dataclass(frozen=True, slots=True)
 class PoolSnapshot:
@@ -48,6 +62,26 @@ class PoolSnapshot:
             used = sum((b.kv_cache_usage or 0.0) * (b.num_gpu_blocks or 0) for b in reports)
             return used / total
         return sum(b.kv_cache_usage or 0.0 for b in reports) / len(reports)
+
+    @property
+    def block_size(self) -> int | None:
+        """The pool's KV block size (its backends serve one model with one block size)."""
+        for b in self.backends:
+            if b.block_size:
+                return b.block_size
+        return None
+
+    @property
+    def max_free_blocks(self) -> int | None:
+        """Free blocks of the backend with the most: the best a new request can find."""
+        values = [f for f in (b.free_blocks for b in self.backends) if f is not None]
+        return max(values) if values else None
+
+    @property
+    def max_usable_blocks(self) -> int | None:
+        """Usable blocks of the largest backend: what the request would get on an idle one."""
+        values = [u for u in (b.usable_blocks for b in self.backends) if u is not None]
+        return max(values) if values else None
 
     @property
     def waiting_per_backend(self) -> float | None:

@@ -53,7 +53,22 @@ ICE_PREFIXES = ("x-mem-pressure", "x-ice-", "x-downgraded")
 # 0.25, queue saturation 8): score = 100 × (0.40 × usage + 0.25 × min(1, waiting / 8)) / 0.65.
 IDLE = dataclasses.asdict(DevState())  # every field at its default: nothing running, usage 0
 LOW = {"kv_cache_usage_perc": 0.2, "num_requests_running": 2, "num_requests_waiting": 0}
-HIGH = {"kv_cache_usage_perc": 0.97, "num_requests_running": 24, "num_requests_waiting": 3}
+# A big pool (200,000 blocks of 16 tokens): at 97% usage it still has 6,000 blocks free, so
+# the pressure rules bind, not the free-block fit (tested on its own with KV_TIGHT).
+HIGH = {
+    "kv_cache_usage_perc": 0.97,
+    "num_requests_running": 24,
+    "num_requests_waiting": 3,
+    "num_gpu_blocks": 200_000,
+}
+# Low pressure but little room: 101 blocks of 16 tokens, 10% used → floor(100 × 0.9) = 90
+# blocks = 1,440 tokens free. Score 100 × 0.40 × 0.1 / 0.65 = 6 (low).
+KV_TIGHT = {
+    "kv_cache_usage_perc": 0.1,
+    "num_requests_running": 1,
+    "num_requests_waiting": 0,
+    "num_gpu_blocks": 101,
+}
 CRITICAL = {"kv_cache_usage_perc": 1.0, "num_requests_running": 32, "num_requests_waiting": 12}
 LOW_SCORE = "12"  # 100 × 0.08 / 0.65 = 12.3
 HIGH_SCORE = "74"  # 100 × (0.388 + 0.09375) / 0.65 = 74.1
