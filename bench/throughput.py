@@ -1,36 +1,46 @@
 """ICE's throughput benchmark: the same requests through Envoy with ICE and with ext_proc off.
 
     .venv/bin/python bench/throughput.py [--duration 10] [--connections 1,8] [--workers 1]
-                                         [--envoy-concurrency 1] [--json]
+        [--envoy-concurrency 1] [--threads 1] [--repeat 1] [--settle 30] [--json]
+        [--py-spy FILE]
 
-One Envoy (``envoy/bench.yaml``) holds two routes to the same fast upstream (a second
-listener of that Envoy answering a fixed chat.completion): ``/v1/chat/completions`` with
-``x-bench-route: direct`` has ext_proc disabled (the baseline), the same path without it goes
-through ICE with the production ext_proc configuration. The request mix is one typical chat
-request (``bench/chat.lua``) that ICE parses, evaluates against a real low-pressure snapshot
-(the upstream also serves a vLLM-style ``/metrics`` page that ICE scrapes) and passes,
-annotated. wrk drives each configuration in turn, never both at once, after a 1 s warm-up.
+One Envoy (``envoy/bench.yaml``, run with ``--concurrency 1``) holds two routes to the same
+fast upstream (a second listener of that Envoy answering a fixed chat.completion):
+``/v1/chat/completions`` with ``x-bench-route: direct`` has ext_proc disabled (the baseline);
+the same path without it goes through ICE with the production ext_proc configuration. The
+request mix is one typical chat request (``bench/chat.lua``) that ICE parses, evaluates
+against a real low-pressure snapshot (the upstream also serves a vLLM-style ``/metrics`` page
+that ICE scrapes) and passes, annotated. wrk drives each configuration in turn, never both at
+once, each after a 1 s warm-up.
 
 Printed per connection count: req/s, p50/p99 for both routes, the ICE/direct throughput ratio,
 the added p50/p99, ICE's CPU time per request (utime+stime of ICE's process tree from
-/proc, over the measured run, divided by the requests wrk completed), ICE's RSS (VmRSS summed
-over its process tree) and Envoy's CPU per request for each route. ICE's CPU during the
-direct run is its idle background (the scraper); it is printed so it can be judged.
+/proc, over the measured run, divided by the requests wrk completed), ICE's RSS (VmRSS of
+each process of its tree: with ``--workers`` the supervisor, its multiprocessing helper and
+the workers), Envoy's CPU per request, and the "other load": CPU that neither Envoy, ICE nor
+wrk used during the run. On a shared machine that is other people's work, which skews the
+numbers: ``--settle`` waits for a quiet machine before each run, ``--repeat N`` keeps each
+route's fastest of N alternating runs, and a warning flags a busy run.
+ICE's CPU during the direct run is its idle background (the scraper).
 
-Before measuring, one request through each route must show ``x-ice-decision: pass`` with a
-real pressure level (ICE route) and no verdict header (direct route), else the run aborts.
-After each ICE run, Envoy's ext_proc counters must show no failures or timeouts (with
-``failure_mode_allow`` a failing ICE would silently turn into a fast pass-through).
+Checks (the run aborts otherwise): before measuring, one request through each route shows
+``x-ice-decision: pass`` with a real (low) pressure level on the ICE route and no ICE header on
+the direct route; after each ICE run, Envoy's ext_proc counters show one stream per request
+and no failure or timeout (with ``failure_mode_allow`` a failing ICE would silently turn into
+a fast pass-through), ICE's own counters show a pass for every request, and no scrape failed.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
 import re
+import resource
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -81,10 +91,8 @@ def process_tree(pid: int) -> list[int]:
             continue
         found.append(p)
         for task in Path(f"/proc/{p}/task").glob("*"):
-            try:
+            with contextlib.suppress(OSError):
                 todo += [int(c) for c in (task / "children").read_text().split()]
-            except OSError:
-                pass
     return found
 
 
@@ -101,6 +109,35 @@ def cpu_seconds(pids: list[int]) -> float:
     return ticks / CLK_TCK
 
 
+def machine_busy_seconds() -> float:
+    """CPU time all processes spent busy (first line of /proc/stat, without idle and iowait)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
+    return (user + nice + system + irq + softirq + steal) / CLK_TCK
+
+
+def wait_for_quiet(max_wait_s: float, threshold_cores: float = 0.15) -> float:
+    """Wait (at most ``max_wait_s``) for a second in which the machine is nearly idle.
+
+    On a shared machine other people's work takes cores from Envoy, ICE and wrk alike and
+    skews the ratio; returns the last measured load (cores).
+    """
+    deadline = time.monotonic() + max_wait_s
+    while True:
+        b0 = machine_busy_seconds()
+        time.sleep(1)
+        load = machine_busy_seconds() - b0
+        if load < threshold_cores or time.monotonic() >= deadline:
+            return load
+
+
+def children_cpu_seconds() -> float:
+    """CPU time of this process and its reaped children (wrk runs are reaped children)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def rss_kib(pid: int) -> int:
     """VmRSS of ``pid`` in KiB (0 when gone)."""
     try:
@@ -110,6 +147,17 @@ def rss_kib(pid: int) -> int:
     except OSError:
         pass
     return 0
+
+
+def role(pid: int, root: int) -> str:
+    """What a process of ICE's tree is: the started process, a worker, or a helper."""
+    if pid == root:
+        return "main"
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return "gone"
+    return "helper" if b"resource_tracker" in cmdline else "worker"
 
 
 def tree_cpu(pid: int) -> float:
@@ -150,7 +198,9 @@ def parse_wrk(output: str) -> WrkResult:
     if done is None or rps is None or len(pct) != 4:
         raise BenchError(f"cannot parse wrk output:\n{output}")
     non_2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", output)
-    sock = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", output)
+    sock = re.search(
+        r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", output
+    )
     return WrkResult(
         requests=int(done.group(1)),
         seconds=_ms(done.group(2) + done.group(3)) / 1e3,
@@ -189,8 +239,6 @@ def request_body() -> bytes:
 
 def free_ports(n: int) -> int:
     """A base port such that base .. base+n-1 are free right now (ICE workers use a range)."""
-    import socket
-
     for _ in range(50):
         base = free_port()
         try:
@@ -249,6 +297,25 @@ def envoy_stats(admin_port: int) -> dict[str, int]:
     }
 
 
+def ice_counters(metrics_port: int) -> dict[str, float]:
+    """ICE's own counters: passes, all decisions, scrape errors (summed over labels)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    url = f"http://127.0.0.1:{metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        text = resp.read().decode()
+    out = {"decisions": 0.0, "passes": 0.0, "scrape_errors": 0.0}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == "ice_decisions_total":
+                out["decisions"] += s.value
+                if s.labels.get("decision") == "pass":
+                    out["passes"] += s.value
+            elif s.name == "ice_scrape_errors_total":
+                out["scrape_errors"] += s.value
+    return out
+
+
 def probe(port: int, body: bytes, direct: bool) -> dict[str, str]:
     """One request through the ingress; its status and response headers."""
     headers = {"content-type": "application/json"}
@@ -296,7 +363,12 @@ class RouteRun:
     wrk: WrkResult
     ice_cpu_s: float
     envoy_cpu_s: float
+    other_cpu_s: float  # everything else on the machine: other people's work skews the run
     ext_proc: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def other_cores(self) -> float:
+        return self.other_cpu_s / self.wrk.seconds
 
     @property
     def ice_cpu_us_per_req(self) -> float:
@@ -312,8 +384,17 @@ class ConnResult:
     connections: int
     direct: RouteRun
     ice: RouteRun
-    ice_rss_mib: float
-    ice_processes: int
+    ice_rss: list[tuple[str, float]]  # (role, VmRSS MiB) per process of ICE's tree
+
+    @property
+    def rss_total_mib(self) -> float:
+        return sum(mib for _, mib in self.ice_rss)
+
+    @property
+    def rss_workers_mib(self) -> float:
+        """The serving processes: the workers, or the one process without --workers."""
+        workers = [mib for r, mib in self.ice_rss if r == "worker"]
+        return sum(workers) if workers else self.rss_total_mib
 
     @property
     def ratio(self) -> float:
@@ -322,21 +403,28 @@ class ConnResult:
     def summary(self) -> dict[str, Any]:
         return {
             "connections": self.connections,
-            "direct": {**asdict(self.direct.wrk), "envoy_cpu_us_per_req": self._r(self.direct)},
-            "ice": {**asdict(self.ice.wrk), "envoy_cpu_us_per_req": self._r(self.ice)},
+            "direct": self._route(self.direct),
+            "ice": self._route(self.ice),
             "ratio": round(self.ratio, 3),
             "added_p50_ms": round(self.ice.wrk.p50_ms - self.direct.wrk.p50_ms, 3),
             "added_p99_ms": round(self.ice.wrk.p99_ms - self.direct.wrk.p99_ms, 3),
             "ice_cpu_us_per_req": round(self.ice.ice_cpu_us_per_req, 1),
-            "ice_idle_cpu_ms_per_s": round(1e3 * self.direct.ice_cpu_s / self.direct.wrk.seconds, 2),
-            "ice_rss_mib": round(self.ice_rss_mib, 1),
-            "ice_processes": self.ice_processes,
+            "ice_idle_cpu_ms_per_s": round(
+                1e3 * self.direct.ice_cpu_s / self.direct.wrk.seconds, 2
+            ),
+            "ice_rss_total_mib": round(self.rss_total_mib, 1),
+            "ice_rss_workers_mib": round(self.rss_workers_mib, 1),
+            "ice_rss_by_process": [[r, round(mib, 1)] for r, mib in self.ice_rss],
             "ext_proc_counters": self.ice.ext_proc,
         }
 
     @staticmethod
-    def _r(run: RouteRun) -> float:
-        return round(run.envoy_cpu_us_per_req, 1)
+    def _route(run: RouteRun) -> dict[str, Any]:
+        return {
+            **asdict(run.wrk),
+            "envoy_cpu_us_per_req": round(run.envoy_cpu_us_per_req, 1),
+            "other_load_cores": round(run.other_cores, 2),
+        }
 
 
 def measure_route(
@@ -347,14 +435,29 @@ def measure_route(
     ice_pid: int,
     envoy_pid: int,
     admin_port: int,
+    metrics_port: int,
+    profile: Path | None = None,
 ) -> RouteRun:
+    if args.settle > 0:
+        wait_for_quiet(args.settle)
     run_wrk(url, connections, WARMUP_S, args.threads, direct)
-    stats0 = envoy_stats(admin_port)
+    stats0, counters0 = envoy_stats(admin_port), ice_counters(metrics_port)
+    spy = start_py_spy(profile, ice_pid, args.duration) if profile else None
     ice0, envoy0 = tree_cpu(ice_pid), cpu_seconds([envoy_pid])
+    busy0, self0 = machine_busy_seconds(), children_cpu_seconds()
     result = run_wrk(url, connections, args.duration, args.threads, direct)
+    busy1, self1 = machine_busy_seconds(), children_cpu_seconds()
     ice1, envoy1 = tree_cpu(ice_pid), cpu_seconds([envoy_pid])
-    stats1 = envoy_stats(admin_port)
+    ours = (ice1 - ice0) + (envoy1 - envoy0) + (self1 - self0)
+    if spy is not None:
+        out, _ = spy.communicate(timeout=60)
+        if spy.returncode != 0:
+            print(f"py-spy failed ({spy.returncode}): {out[-2000:]}", file=sys.stderr)
+        else:
+            print(f"py-spy profile of ICE under load written to {profile} (numbers below skewed)")
+    stats1, counters1 = envoy_stats(admin_port), ice_counters(metrics_port)
     delta = {k: v - stats0.get(k, 0) for k, v in stats1.items() if v - stats0.get(k, 0)}
+    ice = {k: counters1[k] - counters0[k] for k in counters1}
     if result.non_2xx or result.socket_errors:
         raise BenchError(f"{'direct' if direct else 'ICE'} run had errors: {result}")
     if not direct:
@@ -363,37 +466,64 @@ def measure_route(
             raise BenchError(f"ICE did not judge every request (Envoy ext_proc {failed})")
         if delta.get("streams_started", 0) < result.requests:
             raise BenchError(f"fewer ext_proc streams than requests: {delta} vs {result}")
+        # Every request evaluated and passed, against a fresh snapshot (no failed scrape).
+        if ice["passes"] < result.requests or ice["passes"] != ice["decisions"]:
+            raise BenchError(f"ICE did not pass every request: {ice} vs {result.requests}")
+    if ice["scrape_errors"]:
+        raise BenchError(f"ICE's scrapes of the fast upstream failed: {ice}")
     return RouteRun(
         route="direct" if direct else "ice",
         wrk=result,
         ice_cpu_s=ice1 - ice0,
         envoy_cpu_s=envoy1 - envoy0,
+        other_cpu_s=max(0.0, (busy1 - busy0) - ours),
         ext_proc=delta,
     )
+
+
+def start_py_spy(out: Path, pid: int, duration_s: int) -> subprocess.Popen[str]:
+    """Sample ICE's processes (native frames too) for the measured run: collapsed stacks."""
+    exe = Path(sys.executable).parent / "py-spy"
+    if not exe.exists():
+        raise BenchError("py-spy not installed: .venv/bin/pip install py-spy")
+    argv = [str(exe), "record", "--pid", str(pid), "--subprocesses", "--native"]
+    argv += ["--rate", "100", "--format", "raw", "-o", str(out), "-d", str(duration_s)]
+    spy = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    time.sleep(0.5)  # let it attach before the load starts
+    return spy
 
 
 def print_table(r: ConnResult, args: argparse.Namespace) -> None:
     d, i = r.direct.wrk, r.ice.wrk
     print(
-        f"\n== {r.connections} connection(s), {args.duration} s, ICE workers {args.workers}, "
+        f"\n== {r.connections} connection(s), {args.duration} s"
+        f"{f' (best of {args.repeat})' if args.repeat > 1 else ''}, ICE workers {args.workers}, "
         f"Envoy concurrency {args.envoy_concurrency}, wrk threads "
         f"{min(args.threads, r.connections)} =="
     )
-    print(f"{'':<8}{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'requests':>10}{'Envoy µs/req':>14}")
+    print(
+        f"{'':<8}{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'requests':>10}{'Envoy µs/req':>14}"
+        f"{'other load':>12}"
+    )
     for name, w, run in (("direct", d, r.direct), ("ICE", i, r.ice)):
         print(
             f"{name:<8}{w.rps:>10.0f}{w.p50_ms:>9.3f}{w.p99_ms:>9.3f}{w.requests:>10}"
-            f"{run.envoy_cpu_us_per_req:>14.0f}"
+            f"{run.envoy_cpu_us_per_req:>14.0f}{run.other_cores:>7.2f} cores"
         )
     print(
         f"ratio ICE/direct {r.ratio:.3f}   added p50 {i.p50_ms - d.p50_ms:+.3f} ms   "
         f"added p99 {i.p99_ms - d.p99_ms:+.3f} ms"
     )
+    busy = max(r.direct.other_cores, r.ice.other_cores)
+    if busy > 0.2:
+        print(f"WARNING: other processes used up to {busy:.2f} cores during these runs")
     idle = 1e3 * r.direct.ice_cpu_s / d.seconds
     print(
-        f"ICE CPU {r.ice.ice_cpu_us_per_req:.0f} µs/request   ICE RSS {r.ice_rss_mib:.1f} MiB "
-        f"({r.ice_processes} process(es))   ICE idle CPU {idle:.1f} ms/s (during direct run)"
+        f"ICE CPU {r.ice.ice_cpu_us_per_req:.0f} µs/request   "
+        f"ICE idle CPU {idle:.1f} ms/s (scraper, during the direct run)"
     )
+    parts = " + ".join(f"{mib:.1f} {role}" for role, mib in r.ice_rss)
+    print(f"ICE RSS {r.rss_total_mib:.1f} MiB = {parts}; serving processes {r.rss_workers_mib:.1f}")
 
 
 def run(args: argparse.Namespace) -> list[ConnResult]:
@@ -404,30 +534,46 @@ def run(args: argparse.Namespace) -> list[ConnResult]:
     body = request_body()
     with tempfile.TemporaryDirectory(prefix="ice-bench-") as tmp, Stack(Path(tmp)) as stack:
         ingress, upstream, admin = free_port(), free_port(), free_port()
+        ice_base, metrics_port = free_ports(args.workers), free_port()
         policy = write_policy(Path(tmp), f"http://127.0.0.1:{upstream}/metrics")
-        # Envoy first: ICE scrapes the fast upstream's /metrics from its first second.
+        # ICE first, so Envoy's first health check of the ice cluster finds it serving; ICE's
+        # scraper reaches the fast upstream's /metrics once Envoy is up (verify_routes waits).
+        ice_addresses = stack.start_ice(
+            f"127.0.0.1:{ice_base}",
+            policy=policy,
+            workers=args.workers,
+            metrics_address=f"127.0.0.1:{metrics_port}",
+        )
         config = render_envoy_config(
             BENCH_YAML,
             admin_port=admin,
             listeners={"ingress": ingress, "fast_upstream": upstream},
-            clusters={
-                "ice": [f"127.0.0.1:{p}" for p in range(ice_base := free_ports(args.workers), ice_base + args.workers)],
-                "fast_upstream": [f"127.0.0.1:{upstream}"],
-            },
+            clusters={"ice": ice_addresses, "fast_upstream": [f"127.0.0.1:{upstream}"]},
         )
         stack.start_envoy(config, admin, concurrency=args.envoy_concurrency)
-        stack.start_ice(f"127.0.0.1:{ice_base}", policy=policy, workers=args.workers)
         ice_pid, envoy_pid = stack.procs["ice"].pid, stack.procs["envoy"].pid
-        time.sleep(2.5)  # Envoy's health check of the ice cluster (interval 2 s) marks it up
         verify_routes(ingress, body)
         url = f"http://127.0.0.1:{ingress}{PATH}"
         results = []
         for c in args.connections:
-            direct = measure_route(args, url, c, True, ice_pid, envoy_pid, admin)
-            ice = measure_route(args, url, c, False, ice_pid, envoy_pid, admin)
+            # Alternate the routes; keep each route's fastest run (interference only slows).
+            directs, ices = [], []
+            for i in range(args.repeat):
+                last = c == args.connections[-1] and i == args.repeat - 1
+                directs.append(
+                    measure_route(args, url, c, True, ice_pid, envoy_pid, admin, metrics_port)
+                )
+                profile = args.py_spy if last else None
+                ices.append(
+                    measure_route(
+                        args, url, c, False, ice_pid, envoy_pid, admin, metrics_port, profile
+                    )
+                )
+            direct = max(directs, key=lambda r: r.wrk.rps)
+            ice = max(ices, key=lambda r: r.wrk.rps)
             tree = process_tree(ice_pid)
-            rss = sum(rss_kib(p) for p in tree) / 1024
-            result = ConnResult(c, direct, ice, rss, len(tree))
+            rss = [(role(p, ice_pid), rss_kib(p) / 1024) for p in sorted(tree)]
+            result = ConnResult(c, direct, ice, rss)
             print_table(result, args)
             results.append(result)
         return results
@@ -447,7 +593,28 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--envoy-concurrency", type=int, default=1, help="Envoy worker threads (default 1)"
     )
     ap.add_argument("--threads", type=int, default=1, help="wrk threads (at most connections)")
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        metavar="N",
+        help="measure each route N times, alternating, and keep each one's fastest run",
+    )
+    ap.add_argument(
+        "--settle",
+        type=float,
+        default=30,
+        metavar="S",
+        help="before each run, wait up to S seconds for an idle machine (0: do not wait)",
+    )
     ap.add_argument("--json", action="store_true", help="also print the results as JSON")
+    ap.add_argument(
+        "--py-spy",
+        type=Path,
+        metavar="FILE",
+        help="sample ICE with py-spy during the last ICE run (collapsed stacks to FILE; "
+        "summarise with bench/profile_hotpath.py --collapsed FILE)",
+    )
     return ap.parse_args(argv)
 
 
@@ -461,6 +628,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         doc = {
             "duration_s": args.duration,
+            "repeat": args.repeat,
             "workers": args.workers,
             "envoy_concurrency": args.envoy_concurrency,
             "wrk_threads": args.threads,

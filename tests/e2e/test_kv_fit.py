@@ -49,7 +49,7 @@ def test_a_request_that_fits_the_free_blocks_passes(stack: E2E) -> None:
 def test_input_beyond_the_free_blocks_is_shed_unless_critical(stack: E2E) -> None:
     stack.set_state(KV_TIGHT, level="low", score="6")
     body = chat("word " * 1200, max_tokens=16)  # 1,507 tokens: over 1,440 free, under 1,600
-    assert FREE_TOKENS < input_tokens(body) + 16 and input_tokens(body) + 1 <= USABLE_TOKENS
+    assert input_tokens(body) + 16 > FREE_TOKENS and input_tokens(body) + 1 <= USABLE_TOKENS
     reply = stack.post(CHAT, body)
     assert reply.status == 429, reply
     assert reply.json()["error"]["code"] == "kv_exhausted"
