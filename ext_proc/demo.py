@@ -109,8 +109,21 @@ def _walkthrough() -> None:
         "/v1/messages",
         {"model": "dev-model", "system": "Be brief.", "messages": msgs, "max_tokens": 128},
     )
+    # A small KV pool (101 blocks of 16 tokens, 10% used → 90 blocks free): low pressure, but
+    # a long answer would not fit the free blocks.
+    _set_backend({"kv_cache_usage_perc": 0.10, "num_gpu_blocks": 101, "num_requests_waiting": 0})
+    _step(
+        "downgrade: the requested output does not fit the free KV blocks (90 × 16 tokens)",
+        chat,
+        {"model": "dev-model", "messages": msgs, "max_tokens": 4000},
+    )
     _set_backend(
-        {"kv_cache_usage_perc": 0.97, "num_requests_running": 24, "num_requests_waiting": 3}
+        {
+            "kv_cache_usage_perc": 0.97,
+            "num_requests_running": 24,
+            "num_requests_waiting": 3,
+            "num_gpu_blocks": 200000,
+        }
     )
     _step(
         "downgrade: high pressure caps an unlimited request (cap injected)",
