@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test check lint format typecheck protos bench clean vllm-install test-vllm vllm-serve vllm-record
+.PHONY: demo test check lint format typecheck protos bench clean vllm-install test-vllm vllm-serve vllm-record vllm-record-tokens
 
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH (set PY=...)"; exit 1; }
@@ -48,7 +48,11 @@ vllm-install: $(STAMP)
 	$(BIN)/python -m ext_proc.vllm_local build-model --venv $(VLLM_VENV)
 
 test-vllm: vllm-install
-	ICE_VLLM=1 $(BIN)/pytest -q -m vllm tests/test_vllm_local.py
+	ICE_VLLM=1 $(BIN)/pytest -q -m vllm tests/test_vllm_local.py tests/test_tokencount.py
+
+# Re-record vLLM's prompt-token counts for tests/data/tokens/vllm_usage.json.
+vllm-record-tokens: vllm-install
+	ICE_VLLM=1 ICE_RECORD_TOKENS=1 $(BIN)/pytest -q -m vllm tests/test_tokencount.py
 
 vllm-serve: vllm-install
 	$(BIN)/python -m ext_proc.vllm_local serve --venv $(VLLM_VENV) --port 8000

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from ext_proc import rawjson, telemetry
 from ext_proc.decision import Decision, Reject, verdict_headers
@@ -164,6 +165,12 @@ class Pipeline:
         self.lookup = lookup
         self.max_body_bytes = max_body_bytes
         self._priority_header = policy.priority_header
+        self.policy = policy
+        self.counters: Any = None
+        if policy.tokenizers:  # loads every tokenizer now: a bad file stops start-up
+            from ext_proc.tokencount import CounterRegistry
+
+            self.counters = CounterRegistry(dict(policy.tokenizers))
         self._kv_cache: dict[tuple[str, str], tuple[PoolSnapshot, KvFit | None]] = {}
         self._geometries: dict[tuple[str, int], KVGeometry] = {}
         self._pressure_cache: dict[
@@ -228,6 +235,25 @@ class Pipeline:
         self._pressure_cache[key] = (snapshot, pressure)
         return pressure
 
+    def needs_helper(self, body: bytes) -> bool:
+        """Exact counting of a body this large belongs in the helper process."""
+        return self.counters is not None and len(body) > self.policy.exact_count_inline_bytes
+
+    def _exact_count(
+        self, adapter: SchemaAdapter, features: RequestFeatures, values: dict[str, Any], size: int
+    ) -> RequestFeatures:
+        """Replace the estimate with the model tokenizer's exact count, when one is set."""
+        from ext_proc.tokencount import TokenCountError
+
+        counter = self.counters.counter_for(features.model)
+        if counter is None:
+            return features
+        try:
+            exact = counter.count_request(adapter.name, values)
+        except TokenCountError:
+            return replace(features, input_tokens_source="fallback")
+        return replace(features, input_tokens=exact, input_tokens_source="exact")
+
     def _kv_fit(self, route: Route) -> KvFit | None:
         """The pool's KV room for the route's model, built once per snapshot."""
         snapshot = self.lookup(route.pool)
@@ -287,6 +313,8 @@ class Pipeline:
         elif verdict.decision is not None:
             d = verdict.decision
             telemetry.count_decision(route.name, d.decision, d.reason)
+        if verdict.features is not None:
+            telemetry.count_input_tokens(verdict.features.input_tokens_source)
 
     def on_body(self, route: Route, facts: HeaderFacts, body: bytes) -> BodyVerdict | None:
         adapter = facts.adapter
@@ -307,6 +335,8 @@ class Pipeline:
             message = "The request body is not valid JSON: the JSON is nested too deeply."
             outcome = self._bad(route, adapter, 400, "invalid_json", message)
             return BodyVerdict(None, None, outcome, bad="invalid_json")
+        if self.counters is not None:
+            features = self._exact_count(adapter, features, values, len(body))
         pressure = self._pressure(route)
         kv = self._kv_fit(route)
         decision = evaluate(features, pressure, route.profile, facts.priority, kv)

@@ -17,14 +17,17 @@ PROTO_FILES = ("ice/policy/v1/policy.proto",)
 
 def generate(out_dir: Path) -> None:
     """Write ``<name>_pb2.py`` and ``.pyi`` for each proto into ``out_dir`` (flat)."""
+    import grpc_tools
     from grpc_tools import protoc
 
+    well_known = Path(grpc_tools.__file__).parent / "_proto"  # google/protobuf/*.proto
     out_dir.mkdir(parents=True, exist_ok=True)
     for rel in PROTO_FILES:
         src = ROOT / "protos" / rel
         args = [
             "protoc",
             f"-I{src.parent}",
+            f"-I{well_known}",
             f"--python_out={out_dir}",
             f"--plugin=protoc-gen-mypy={Path(sys.executable).parent / 'protoc-gen-mypy'}",
             f"--mypy_out={out_dir}",

@@ -70,7 +70,12 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self, route: Route, facts: HeaderFacts, body: pb.HttpBody
     ) -> pb.ProcessingResponse:
         data = body.body
-        if self.offload is not None and facts.adapter is not None and self.offload.is_heavy(data):
+        heavy = (
+            self.offload is not None
+            and facts.adapter is not None
+            and (self.offload.is_heavy(data) or self.pipeline.needs_helper(data))
+        )
+        if heavy and self.offload is not None:
             verdict = await self.offload.on_body(self.pipeline, route, facts, data)
         else:
             verdict = self.pipeline.on_body(route, facts, data)

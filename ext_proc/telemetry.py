@@ -17,12 +17,14 @@ __all__ = [
     "BAD_REQUESTS",
     "DECISIONS",
     "ERRORS",
+    "INPUT_TOKENS",
     "KV_USAGE",
     "PASSTHROUGH",
     "PRESSURE",
     "SCRAPE_ERRORS",
     "SNAPSHOT_AGE",
     "count_decision",
+    "count_input_tokens",
     "observe_pool",
 ]
 
@@ -65,6 +67,23 @@ PRESSURE = Gauge(
     ["pool"],
     multiprocess_mode="mostrecent",
 )
+
+
+INPUT_TOKENS = Counter(
+    "ice_input_tokens_counted",
+    "Evaluated requests by how their input tokens were counted: exact (tokenizer + chat "
+    "template), estimate (no tokenizer for the model), fallback (the tokenizer failed).",
+    ["source"],
+)
+
+
+@functools.lru_cache(maxsize=8)
+def _input_child(source: str) -> Counter:
+    return INPUT_TOKENS.labels(source=source)
+
+
+def count_input_tokens(source: str) -> None:
+    _input_child(source).inc()
 
 
 @functools.lru_cache(maxsize=1024)

@@ -22,9 +22,10 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0cpolicy.proto\x12\rice.policy.v1\"\xc3\x03\n\x06Policy\x12\x17\n\x0f\x64\x65\x66\x61ult_profile\x18\x01 \x01(\t\x12\x14\n\x0c\x64\x65\x66\x61ult_pool\x18\x02 \x01(\t\x12\x17\n\x0fpriority_header\x18\x03 \x01(\t\x12\x35\n\x08profiles\x18\x04 \x03(\x0b\x32#.ice.policy.v1.Policy.ProfilesEntry\x12/\n\x05pools\x18\x05 \x03(\x0b\x32 .ice.policy.v1.Policy.PoolsEntry\x12\x31\n\x06routes\x18\x06 \x03(\x0b\x32!.ice.policy.v1.Policy.RoutesEntry\x1aG\n\rProfilesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12%\n\x05value\x18\x02 \x01(\x0b\x32\x16.ice.policy.v1.Profile:\x02\x38\x01\x1a\x41\n\nPoolsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\"\n\x05value\x18\x02 \x01(\x0b\x32\x13.ice.policy.v1.Pool:\x02\x38\x01\x1aJ\n\x0bRoutesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12*\n\x05value\x18\x02 \x01(\x0b\x32\x1b.ice.policy.v1.RouteBinding:\x02\x38\x01\"?\n\x0cRouteBinding\x12\x0f\n\x07profile\x18\x01 \x01(\t\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12\x10\n\x08priority\x18\x03 \x01(\t\"\xcb\x03\n\x07Profile\x12\x1a\n\rmax_model_len\x18\x01 \x01(\rH\x00\x88\x01\x01\x12!\n\x14output_buffer_tokens\x18\x02 \x01(\rH\x01\x88\x01\x01\x12\x1e\n\x11min_output_tokens\x18\x03 \x01(\rH\x02\x88\x01\x01\x12\x18\n\x10\x64\x65\x66\x61ult_priority\x18\x04 \x01(\t\x12)\n\x08pressure\x18\x05 \x01(\x0b\x32\x17.ice.policy.v1.Pressure\x12\x30\n\x0emax_tokens_cap\x18\x06 \x01(\x0b\x32\x18.ice.policy.v1.LevelCaps\x12%\n\x04shed\x18\x07 \x01(\x0b\x32\x17.ice.policy.v1.Shedding\x12\x1a\n\rretry_after_s\x18\x08 \x01(\rH\x03\x88\x01\x01\x12\x11\n\tfail_mode\x18\t \x01(\t\x12(\n\x08kv_model\x18\n \x01(\x0b\x32\x16.ice.policy.v1.KvModel\x12\x17\n\x0fon_kv_shortfall\x18\x0b \x01(\tB\x10\n\x0e_max_model_lenB\x17\n\x15_output_buffer_tokensB\x14\n\x12_min_output_tokensB\x10\n\x0e_retry_after_s\"\x83\x01\n\x07KvModel\x12\x0e\n\x06\x63onfig\x18\x01 \x01(\t\x12\x10\n\x08kv_dtype\x18\x02 \x01(\t\x12\x0f\n\x02tp\x18\x03 \x01(\rH\x00\x88\x01\x01\x12#\n\x16max_num_batched_tokens\x18\x04 \x01(\rH\x01\x88\x01\x01\x42\x05\n\x03_tpB\x19\n\x17_max_num_batched_tokens\"\xdd\x01\n\x08Pressure\x12\x1c\n\x0fweight_kv_cache\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x19\n\x0cweight_queue\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12&\n\x19queue_saturation_requests\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12-\n\nthresholds\x18\x04 \x01(\x0b\x32\x19.ice.policy.v1.ThresholdsB\x12\n\x10_weight_kv_cacheB\x0f\n\r_weight_queueB\x1c\n\x1a_queue_saturation_requests\"l\n\nThresholds\x12\x13\n\x06medium\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x11\n\x04high\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x15\n\x08\x63ritical\x18\x03 \x01(\x01H\x02\x88\x01\x01\x42\t\n\x07_mediumB\x07\n\x05_highB\x0b\n\t_critical\"\x85\x01\n\tLevelCaps\x12\x10\n\x03low\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x13\n\x06medium\x18\x02 \x01(\rH\x01\x88\x01\x01\x12\x11\n\x04high\x18\x03 \x01(\rH\x02\x88\x01\x01\x12\x15\n\x08\x63ritical\x18\x04 \x01(\rH\x03\x88\x01\x01\x42\x06\n\x04_lowB\t\n\x07_mediumB\x07\n\x05_highB\x0b\n\t_critical\"/\n\x08Shedding\x12\x10\n\x08standard\x18\x01 \x01(\t\x12\x11\n\tsheddable\x18\x02 \x01(\t\"\xac\x01\n\x04Pool\x12\x14\n\x0cmetrics_urls\x18\x01 \x03(\t\x12\x1e\n\x11scrape_interval_s\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x1d\n\x10scrape_timeout_s\x18\x03 \x01(\x01H\x01\x88\x01\x01\x12\x16\n\tmax_age_s\x18\x04 \x01(\x01H\x02\x88\x01\x01\x42\x14\n\x12_scrape_interval_sB\x13\n\x11_scrape_timeout_sB\x0c\n\n_max_age_sb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0cpolicy.proto\x12\rice.policy.v1\x1a\x1cgoogle/protobuf/struct.proto\"\x8f\x05\n\x06Policy\x12\x17\n\x0f\x64\x65\x66\x61ult_profile\x18\x01 \x01(\t\x12\x14\n\x0c\x64\x65\x66\x61ult_pool\x18\x02 \x01(\t\x12\x17\n\x0fpriority_header\x18\x03 \x01(\t\x12\x35\n\x08profiles\x18\x04 \x03(\x0b\x32#.ice.policy.v1.Policy.ProfilesEntry\x12/\n\x05pools\x18\x05 \x03(\x0b\x32 .ice.policy.v1.Policy.PoolsEntry\x12\x31\n\x06routes\x18\x06 \x03(\x0b\x32!.ice.policy.v1.Policy.RoutesEntry\x12\x39\n\ntokenizers\x18\x07 \x03(\x0b\x32%.ice.policy.v1.Policy.TokenizersEntry\x12%\n\x18\x65xact_count_inline_bytes\x18\x08 \x01(\rH\x00\x88\x01\x01\x1aG\n\rProfilesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12%\n\x05value\x18\x02 \x01(\x0b\x32\x16.ice.policy.v1.Profile:\x02\x38\x01\x1a\x41\n\nPoolsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\"\n\x05value\x18\x02 \x01(\x0b\x32\x13.ice.policy.v1.Pool:\x02\x38\x01\x1aJ\n\x0bRoutesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12*\n\x05value\x18\x02 \x01(\x0b\x32\x1b.ice.policy.v1.RouteBinding:\x02\x38\x01\x1aK\n\x0fTokenizersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\'\n\x05value\x18\x02 \x01(\x0b\x32\x18.ice.policy.v1.Tokenizer:\x02\x38\x01\x42\x1b\n\x19_exact_count_inline_bytes\"\xb1\x01\n\tTokenizer\x12\x11\n\tmodel_dir\x18\x01 \x01(\t\x12\x16\n\x0etokenizer_json\x18\x02 \x01(\t\x12\x18\n\x10tokenizer_config\x18\x03 \x01(\t\x12\x15\n\rchat_template\x18\x04 \x01(\t\x12\x16\n\x0e\x63ontent_format\x18\x05 \x01(\t\x12\x30\n\x0ftemplate_kwargs\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\"?\n\x0cRouteBinding\x12\x0f\n\x07profile\x18\x01 \x01(\t\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12\x10\n\x08priority\x18\x03 \x01(\t\"\xcb\x03\n\x07Profile\x12\x1a\n\rmax_model_len\x18\x01 \x01(\rH\x00\x88\x01\x01\x12!\n\x14output_buffer_tokens\x18\x02 \x01(\rH\x01\x88\x01\x01\x12\x1e\n\x11min_output_tokens\x18\x03 \x01(\rH\x02\x88\x01\x01\x12\x18\n\x10\x64\x65\x66\x61ult_priority\x18\x04 \x01(\t\x12)\n\x08pressure\x18\x05 \x01(\x0b\x32\x17.ice.policy.v1.Pressure\x12\x30\n\x0emax_tokens_cap\x18\x06 \x01(\x0b\x32\x18.ice.policy.v1.LevelCaps\x12%\n\x04shed\x18\x07 \x01(\x0b\x32\x17.ice.policy.v1.Shedding\x12\x1a\n\rretry_after_s\x18\x08 \x01(\rH\x03\x88\x01\x01\x12\x11\n\tfail_mode\x18\t \x01(\t\x12(\n\x08kv_model\x18\n \x01(\x0b\x32\x16.ice.policy.v1.KvModel\x12\x17\n\x0fon_kv_shortfall\x18\x0b \x01(\tB\x10\n\x0e_max_model_lenB\x17\n\x15_output_buffer_tokensB\x14\n\x12_min_output_tokensB\x10\n\x0e_retry_after_s\"\x83\x01\n\x07KvModel\x12\x0e\n\x06\x63onfig\x18\x01 \x01(\t\x12\x10\n\x08kv_dtype\x18\x02 \x01(\t\x12\x0f\n\x02tp\x18\x03 \x01(\rH\x00\x88\x01\x01\x12#\n\x16max_num_batched_tokens\x18\x04 \x01(\rH\x01\x88\x01\x01\x42\x05\n\x03_tpB\x19\n\x17_max_num_batched_tokens\"\xdd\x01\n\x08Pressure\x12\x1c\n\x0fweight_kv_cache\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x19\n\x0cweight_queue\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12&\n\x19queue_saturation_requests\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12-\n\nthresholds\x18\x04 \x01(\x0b\x32\x19.ice.policy.v1.ThresholdsB\x12\n\x10_weight_kv_cacheB\x0f\n\r_weight_queueB\x1c\n\x1a_queue_saturation_requests\"l\n\nThresholds\x12\x13\n\x06medium\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x11\n\x04high\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x15\n\x08\x63ritical\x18\x03 \x01(\x01H\x02\x88\x01\x01\x42\t\n\x07_mediumB\x07\n\x05_highB\x0b\n\t_critical\"\x85\x01\n\tLevelCaps\x12\x10\n\x03low\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x13\n\x06medium\x18\x02 \x01(\rH\x01\x88\x01\x01\x12\x11\n\x04high\x18\x03 \x01(\rH\x02\x88\x01\x01\x12\x15\n\x08\x63ritical\x18\x04 \x01(\rH\x03\x88\x01\x01\x42\x06\n\x04_lowB\t\n\x07_mediumB\x07\n\x05_highB\x0b\n\t_critical\"/\n\x08Shedding\x12\x10\n\x08standard\x18\x01 \x01(\t\x12\x11\n\tsheddable\x18\x02 \x01(\t\"\xac\x01\n\x04Pool\x12\x14\n\x0cmetrics_urls\x18\x01 \x03(\t\x12\x1e\n\x11scrape_interval_s\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x1d\n\x10scrape_timeout_s\x18\x03 \x01(\x01H\x01\x88\x01\x01\x12\x16\n\tmax_age_s\x18\x04 \x01(\x01H\x02\x88\x01\x01\x42\x14\n\x12_scrape_interval_sB\x13\n\x11_scrape_timeout_sB\x0c\n\n_max_age_sb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,28 +38,34 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_POLICY_POOLSENTRY']._serialized_options = b'8\001'
   _globals['_POLICY_ROUTESENTRY']._loaded_options = None
   _globals['_POLICY_ROUTESENTRY']._serialized_options = b'8\001'
-  _globals['_POLICY']._serialized_start=32
-  _globals['_POLICY']._serialized_end=483
-  _globals['_POLICY_PROFILESENTRY']._serialized_start=269
-  _globals['_POLICY_PROFILESENTRY']._serialized_end=340
-  _globals['_POLICY_POOLSENTRY']._serialized_start=342
-  _globals['_POLICY_POOLSENTRY']._serialized_end=407
-  _globals['_POLICY_ROUTESENTRY']._serialized_start=409
-  _globals['_POLICY_ROUTESENTRY']._serialized_end=483
-  _globals['_ROUTEBINDING']._serialized_start=485
-  _globals['_ROUTEBINDING']._serialized_end=548
-  _globals['_PROFILE']._serialized_start=551
-  _globals['_PROFILE']._serialized_end=1010
-  _globals['_KVMODEL']._serialized_start=1013
-  _globals['_KVMODEL']._serialized_end=1144
-  _globals['_PRESSURE']._serialized_start=1147
-  _globals['_PRESSURE']._serialized_end=1368
-  _globals['_THRESHOLDS']._serialized_start=1370
-  _globals['_THRESHOLDS']._serialized_end=1478
-  _globals['_LEVELCAPS']._serialized_start=1481
-  _globals['_LEVELCAPS']._serialized_end=1614
-  _globals['_SHEDDING']._serialized_start=1616
-  _globals['_SHEDDING']._serialized_end=1663
-  _globals['_POOL']._serialized_start=1666
-  _globals['_POOL']._serialized_end=1838
+  _globals['_POLICY_TOKENIZERSENTRY']._loaded_options = None
+  _globals['_POLICY_TOKENIZERSENTRY']._serialized_options = b'8\001'
+  _globals['_POLICY']._serialized_start=62
+  _globals['_POLICY']._serialized_end=717
+  _globals['_POLICY_PROFILESENTRY']._serialized_start=397
+  _globals['_POLICY_PROFILESENTRY']._serialized_end=468
+  _globals['_POLICY_POOLSENTRY']._serialized_start=470
+  _globals['_POLICY_POOLSENTRY']._serialized_end=535
+  _globals['_POLICY_ROUTESENTRY']._serialized_start=537
+  _globals['_POLICY_ROUTESENTRY']._serialized_end=611
+  _globals['_POLICY_TOKENIZERSENTRY']._serialized_start=613
+  _globals['_POLICY_TOKENIZERSENTRY']._serialized_end=688
+  _globals['_TOKENIZER']._serialized_start=720
+  _globals['_TOKENIZER']._serialized_end=897
+  _globals['_ROUTEBINDING']._serialized_start=899
+  _globals['_ROUTEBINDING']._serialized_end=962
+  _globals['_PROFILE']._serialized_start=965
+  _globals['_PROFILE']._serialized_end=1424
+  _globals['_KVMODEL']._serialized_start=1427
+  _globals['_KVMODEL']._serialized_end=1558
+  _globals['_PRESSURE']._serialized_start=1561
+  _globals['_PRESSURE']._serialized_end=1782
+  _globals['_THRESHOLDS']._serialized_start=1784
+  _globals['_THRESHOLDS']._serialized_end=1892
+  _globals['_LEVELCAPS']._serialized_start=1895
+  _globals['_LEVELCAPS']._serialized_end=2028
+  _globals['_SHEDDING']._serialized_start=2030
+  _globals['_SHEDDING']._serialized_end=2077
+  _globals['_POOL']._serialized_start=2080
+  _globals['_POOL']._serialized_end=2252
 # @@protoc_insertion_point(module_scope)

@@ -10,6 +10,7 @@ values (see ext_proc/policy/load.py). The configuration reference is docs/config
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf.internal import containers as _containers
 import builtins as _builtins
 import sys
@@ -89,18 +90,45 @@ class Policy(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class TokenizersEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        @_builtins.property
+        def value(self) -> Global___Tokenizer: ...
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: Global___Tokenizer | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     DEFAULT_PROFILE_FIELD_NUMBER: _builtins.int
     DEFAULT_POOL_FIELD_NUMBER: _builtins.int
     PRIORITY_HEADER_FIELD_NUMBER: _builtins.int
     PROFILES_FIELD_NUMBER: _builtins.int
     POOLS_FIELD_NUMBER: _builtins.int
     ROUTES_FIELD_NUMBER: _builtins.int
+    TOKENIZERS_FIELD_NUMBER: _builtins.int
+    EXACT_COUNT_INLINE_BYTES_FIELD_NUMBER: _builtins.int
     default_profile: _builtins.str
     """Profile used by routes that name none (gRPC metadata x-ice-profile). Default "default"."""
     default_pool: _builtins.str
     """Pool used by routes that name none (gRPC metadata x-ice-pool). Default "default"."""
     priority_header: _builtins.str
     """Request header that carries the priority: critical | standard | sheddable. Default "x-priority"."""
+    exact_count_inline_bytes: _builtins.int
+    """Bodies up to this size are counted exactly in the worker; larger ones in the helper
+    process (exact counting costs ~2-3.5 µs a token). Default 32768.
+    """
     @_builtins.property
     def profiles(self) -> _containers.MessageMap[_builtins.str, Global___Profile]: ...
     @_builtins.property
@@ -109,6 +137,12 @@ class Policy(_message.Message):
     def routes(self) -> _containers.MessageMap[_builtins.str, Global___RouteBinding]:
         """Route bindings by the name Envoy sends as gRPC metadata x-ice-route. Metadata
         x-ice-profile / x-ice-pool / x-ice-priority, when present, override the binding.
+        """
+
+    @_builtins.property
+    def tokenizers(self) -> _containers.MessageMap[_builtins.str, Global___Tokenizer]:
+        """Exact prompt-token counting per model (key = the request's "model"). Models not listed
+        use the estimator (ext_proc/tokens.py).
         """
 
     def __init__(
@@ -120,14 +154,60 @@ class Policy(_message.Message):
         profiles: _abc.Mapping[_builtins.str, Global___Profile] | None = ...,
         pools: _abc.Mapping[_builtins.str, Global___Pool] | None = ...,
         routes: _abc.Mapping[_builtins.str, Global___RouteBinding] | None = ...,
+        tokenizers: _abc.Mapping[_builtins.str, Global___Tokenizer] | None = ...,
+        exact_count_inline_bytes: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_exact_count_inline_bytes", b"_exact_count_inline_bytes", "exact_count_inline_bytes", b"exact_count_inline_bytes"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["default_pool", b"default_pool", "default_profile", b"default_profile", "pools", b"pools", "priority_header", b"priority_header", "profiles", b"profiles", "routes", b"routes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exact_count_inline_bytes", b"_exact_count_inline_bytes", "default_pool", b"default_pool", "default_profile", b"default_profile", "exact_count_inline_bytes", b"exact_count_inline_bytes", "pools", b"pools", "priority_header", b"priority_header", "profiles", b"profiles", "routes", b"routes", "tokenizers", b"tokenizers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__exact_count_inline_bytes: _TypeAlias = _typing.Literal["exact_count_inline_bytes"]  # noqa: Y015
+    _WhichOneofArgType__exact_count_inline_bytes: _TypeAlias = _typing.Literal["_exact_count_inline_bytes", b"_exact_count_inline_bytes"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__exact_count_inline_bytes) -> _WhichOneofReturnType__exact_count_inline_bytes | None: ...
+
+Global___Policy: _TypeAlias = Policy  # noqa: Y015
+
+@_typing.final
+class Tokenizer(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODEL_DIR_FIELD_NUMBER: _builtins.int
+    TOKENIZER_JSON_FIELD_NUMBER: _builtins.int
+    TOKENIZER_CONFIG_FIELD_NUMBER: _builtins.int
+    CHAT_TEMPLATE_FIELD_NUMBER: _builtins.int
+    CONTENT_FORMAT_FIELD_NUMBER: _builtins.int
+    TEMPLATE_KWARGS_FIELD_NUMBER: _builtins.int
+    model_dir: _builtins.str
+    """A Hugging Face model folder: tokenizer.json, tokenizer_config.json, chat_template.jinja."""
+    tokenizer_json: _builtins.str
+    """Overrides <model_dir>/tokenizer.json."""
+    tokenizer_config: _builtins.str
+    """Overrides <model_dir>/tokenizer_config.json."""
+    chat_template: _builtins.str
+    """A .jinja chat template, as `vllm serve --chat-template`."""
+    content_format: _builtins.str
+    """auto (default) | string | openai, as `--chat-template-content-format`."""
+    @_builtins.property
+    def template_kwargs(self) -> _struct_pb2.Struct:
+        """As `--default-chat-template-kwargs`."""
+
+    def __init__(
+        self,
+        *,
+        model_dir: _builtins.str = ...,
+        tokenizer_json: _builtins.str = ...,
+        tokenizer_config: _builtins.str = ...,
+        chat_template: _builtins.str = ...,
+        content_format: _builtins.str = ...,
+        template_kwargs: _struct_pb2.Struct | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["template_kwargs", b"template_kwargs"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chat_template", b"chat_template", "content_format", b"content_format", "model_dir", b"model_dir", "template_kwargs", b"template_kwargs", "tokenizer_config", b"tokenizer_config", "tokenizer_json", b"tokenizer_json"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___Policy: _TypeAlias = Policy  # noqa: Y015
+Global___Tokenizer: _TypeAlias = Tokenizer  # noqa: Y015
 
 @_typing.final
 class RouteBinding(_message.Message):

@@ -55,10 +55,10 @@ def load_policy(path: str | Path | None) -> Policy:
         text = p.read_text("utf-8")
     except OSError as e:
         raise PolicyError(f"{p}: cannot read: {e.strerror}") from None
-    return parse_policy(text, source=str(p))
+    return parse_policy(text, source=str(p), base_dir=p.resolve().parent)
 
 
-def parse_policy(text: str, *, source: str = "<policy>") -> Policy:
+def parse_policy(text: str, *, source: str = "<policy>", base_dir: Path | None = None) -> Policy:
     """Parse policy YAML text; raise ``PolicyError`` naming the first bad field."""
     try:
         data = yaml.safe_load(text)
@@ -74,7 +74,7 @@ def parse_policy(text: str, *, source: str = "<policy>") -> Policy:
     except json_format.ParseError as e:
         raise PolicyError(f"{source}: {_schema_message(str(e))}") from None
     try:
-        return _build(msg)
+        return _build(msg, base_dir or Path.cwd())
     except PolicyError as e:
         raise PolicyError(f"{source}: {e}") from None
 
@@ -238,7 +238,51 @@ def _pool(name: str, msg: policy_pb2.Pool) -> Pool:
     return pool
 
 
-def _build(msg: policy_pb2.Policy) -> Policy:
+def _tokenizers(msg: policy_pb2.Policy, base_dir: Path) -> dict[str, Any]:
+    """Tokenizer specs by model; paths relative to the policy file's folder."""
+    if not msg.tokenizers:
+        return {}
+    from ext_proc.tokencount import TokenizerSpec
+
+    specs: dict[str, Any] = {}
+    for model, t in msg.tokenizers.items():
+        where = f"tokenizers.{model}"
+
+        def path(text: str) -> Path:
+            p = Path(text)
+            return p if p.is_absolute() else base_dir / p
+
+        overrides: dict[str, Any] = {}
+        for field in ("tokenizer_json", "tokenizer_config", "chat_template"):
+            value = getattr(t, field)
+            if value:
+                overrides[field] = path(value)
+        if t.content_format:
+            if t.content_format not in ("auto", "string", "openai"):
+                raise PolicyError(
+                    f"{where}.content_format: must be auto, string or openai, got "
+                    f"{t.content_format!r}"
+                )
+            overrides["content_format"] = t.content_format
+        if t.HasField("template_kwargs"):
+            overrides["template_kwargs"] = MappingProxyType(
+                json_format.MessageToDict(t.template_kwargs)
+            )
+        if t.model_dir:
+            spec = TokenizerSpec.from_model_dir(path(t.model_dir), **overrides)
+        elif "tokenizer_json" in overrides:
+            spec = TokenizerSpec(**overrides)
+        else:
+            raise PolicyError(f"{where}: give model_dir or tokenizer_json")
+        for field in ("tokenizer_json", "tokenizer_config", "chat_template"):
+            value = getattr(spec, field)
+            if value is not None and not Path(value).is_file():
+                raise PolicyError(f"{where}.{field}: no such file: {value}")
+        specs[model] = spec
+    return specs
+
+
+def _build(msg: policy_pb2.Policy, base_dir: Path) -> Policy:
     profiles: Mapping[str, Profile] = {n: _profile(n, p) for n, p in msg.profiles.items()}
     pools: Mapping[str, Pool] = {n: _pool(n, p) for n, p in msg.pools.items()}
     default_profile = msg.default_profile or "default"
@@ -278,6 +322,8 @@ def _build(msg: policy_pb2.Policy) -> Policy:
         default_pool=default_pool,
         priority_header=header,
         routes=MappingProxyType(routes),
+        tokenizers=MappingProxyType(_tokenizers(msg, base_dir)),
+        exact_count_inline_bytes=_opt(msg, "exact_count_inline_bytes", 32768),
     )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import IntEnum
 from types import MappingProxyType
-from typing import Literal
+from typing import Any, Literal
 
 from ext_proc.kv.hfconfig import ModelShape
 
@@ -130,3 +130,7 @@ class Policy:
     routes: MappingProxyType[str, RouteBinding] = field(
         default_factory=lambda: MappingProxyType({})
     )
+    # model name → ext_proc.tokencount.TokenizerSpec (typed loosely: that module is imported
+    # only when a policy names tokenizers).
+    tokenizers: MappingProxyType[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    exact_count_inline_bytes: int = 32768

@@ -46,6 +46,9 @@ class RequestFeatures:
     max_tokens_field: str | None
     stream: bool
     message_count: int
+    # "estimate" (ext_proc/tokens.py), "exact" (the model's tokenizer and chat template) or
+    # "fallback" (a tokenizer is configured but could not count this request).
+    input_tokens_source: str = "estimate"
 
 
 class SchemaAdapter(Protocol):
