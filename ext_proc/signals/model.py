@@ -1,0 +1,94 @@
+"""Normalised signals: what one scrape of one source says, in ICE's names and units.
+
+Every source (vLLM, SGLang, DCGM exporter, NVML, a Prometheus server) is turned into these
+frozen records by a pure parser; the collector keeps a short history of them per backend and
+derives rates and quantiles over a sliding window (``Derived``).
+
+Units are in the names: ``_s`` seconds, ``_bytes`` bytes, ``_tokens`` tokens; fractions are
+0-1. ``None`` always means "the source did not say", never zero. Counters are cumulative
+since the source started (a decrease is a reset). ``at_s`` is ``time.monotonic()`` of the
+scrape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Derived", "EngineScrape", "GpuScrape", "Histogram"]
+
+
+@dataclass(frozen=True, slots=True)
+class Histogram:
+    """A cumulative Prometheus histogram: ``counts[i]`` observations ≤ ``bounds[i]``."""
+
+    bounds: tuple[float, ...]  # ascending upper bounds; the last is +inf
+    counts: tuple[float, ...]  # cumulative, same length as bounds
+    count: float
+    sum: float
+
+
+@dataclass(frozen=True, slots=True)
+class EngineScrape:
+    """One scrape of one inference server (all its engines and models combined)."""
+
+    source: str
+    kind: str  # "vllm" | "sglang"
+    at_s: float
+    models: tuple[str, ...] = ()
+    # gauges
+    kv_cache_usage: float | None = None  # used fraction of the KV cache
+    num_requests_running: float | None = None
+    num_requests_waiting: float | None = None
+    waiting_by_reason: tuple[tuple[str, float], ...] = ()
+    # capacity (vllm:cache_config_info, sglang:max_total_num_tokens)
+    num_gpu_blocks: int | None = None
+    block_size: int | None = None
+    kv_capacity_tokens: int | None = None
+    # counters, cumulative
+    preemptions: float | None = None
+    prefix_cache_queries_tokens: float | None = None
+    prefix_cache_hits_tokens: float | None = None
+    prompt_tokens: float | None = None
+    generation_tokens: float | None = None
+    request_success: float | None = None
+    # histograms, cumulative
+    ttft_s: Histogram | None = None
+    queue_time_s: Histogram | None = None
+    # ratios some engines publish directly (SGLang's cache_hit_rate)
+    cache_hit_rate: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuScrape:
+    """One GPU as the DCGM exporter or NVML reports it."""
+
+    source: str
+    at_s: float
+    gpu: str  # index as a string
+    uuid: str | None = None
+    host: str | None = None
+    pod: str | None = None
+    namespace: str | None = None
+    model_name: str | None = None
+    fb_used_bytes: float | None = None
+    fb_free_bytes: float | None = None
+    fb_total_bytes: float | None = None
+    gpu_util: float | None = None  # fraction 0-1
+    pcie_tx_bytes_s: float | None = None
+    pcie_rx_bytes_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Derived:
+    """Rates and quantiles of one backend over a sliding window (from two or more scrapes)."""
+
+    window_s: float
+    prefix_cache_hit_ratio: float | None = None  # Δhits / Δqueries (tokens)
+    preemptions_per_s: float | None = None
+    prompt_tokens_per_s: float | None = None
+    generation_tokens_per_s: float | None = None
+    completions_per_s: float | None = None
+    ttft_p50_s: float | None = None
+    ttft_p95_s: float | None = None
+    queue_time_p95_s: float | None = None
+    ttft_delta: Histogram | None = None  # the window's own TTFT observations
