@@ -18,6 +18,7 @@ __all__ = [
     "H_PRESSURE",
     "H_PRESSURE_SCORE",
     "H_REASON",
+    "H_STALE",
     "VERDICT_HEADERS",
     "Decision",
     "Downgrade",
@@ -32,7 +33,9 @@ H_DECISION = "x-ice-decision"
 H_DOWNGRADED = "x-downgraded"
 H_ORIGINAL_MAX_TOKENS = "x-ice-original-max-tokens"
 H_REASON = "x-ice-reason"
+H_STALE = "x-ice-stale"
 VERDICT_HEADERS = (
+    H_STALE,
     H_PRESSURE,
     H_PRESSURE_SCORE,
     H_DECISION,
@@ -98,4 +101,6 @@ def verdict_headers(decision: Decision) -> list[tuple[str, str]]:
             headers.append((H_ORIGINAL_MAX_TOKENS, str(decision.original)))
     if not isinstance(decision, Pass):
         headers.append((H_REASON, decision.reason))
+    if p is not None and p.stale:
+        headers.append((H_STALE, "true"))
     return headers

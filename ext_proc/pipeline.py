@@ -26,6 +26,7 @@ from ext_proc.plan import Outcome, Respond, plan, reject_outcome
 from ext_proc.policy.evaluate import KvFit, evaluate
 from ext_proc.policy.model import PRIORITIES, Policy, PressureModel, Priority, Profile
 from ext_proc.policy.pressure import Pressure, pressure_of
+from ext_proc.policy.scores import DrainInputs, drain_inputs
 from ext_proc.schemas import BadRequest, RequestFeatures, SchemaAdapter, adapter_for_path
 from ext_proc.signals.snapshot import PoolSnapshot
 
@@ -171,6 +172,7 @@ class Pipeline:
             from ext_proc.tokencount import CounterRegistry
 
             self.counters = CounterRegistry(dict(policy.tokenizers))
+        self._drain_cache: dict[str, tuple[PoolSnapshot, DrainInputs | None]] = {}
         self._kv_cache: dict[tuple[str, str], tuple[PoolSnapshot, KvFit | None]] = {}
         self._geometries: dict[tuple[str, int], KVGeometry] = {}
         self._pressure_cache: dict[
@@ -253,6 +255,14 @@ class Pipeline:
         except TokenCountError:
             return replace(features, input_tokens_source="fallback")
         return replace(features, input_tokens=exact, input_tokens_source="exact")
+
+    def _drain(self, snapshot: PoolSnapshot) -> DrainInputs | None:
+        cached = self._drain_cache.get(snapshot.pool)
+        if cached is not None and cached[0] is snapshot:
+            return cached[1]
+        drain = drain_inputs(snapshot)
+        self._drain_cache[snapshot.pool] = (snapshot, drain)
+        return drain
 
     def _kv_fit(self, route: Route) -> KvFit | None:
         """The pool's KV room for the route's model, built once per snapshot."""
@@ -339,5 +349,7 @@ class Pipeline:
             features = self._exact_count(adapter, features, values, len(body))
         pressure = self._pressure(route)
         kv = self._kv_fit(route)
-        decision = evaluate(features, pressure, route.profile, facts.priority, kv)
+        snapshot = self.lookup(route.pool)
+        drain = self._drain(snapshot) if snapshot is not None else None
+        decision = evaluate(features, pressure, route.profile, facts.priority, kv, drain)
         return BodyVerdict(decision, features, plan(decision, adapter, body, features))

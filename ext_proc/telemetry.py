@@ -15,14 +15,17 @@ from ext_proc.signals.snapshot import PoolSnapshot
 
 __all__ = [
     "BAD_REQUESTS",
+    "CACHE_EFFICIENCY",
     "DECISIONS",
     "ERRORS",
     "INPUT_TOKENS",
     "KV_USAGE",
     "PASSTHROUGH",
+    "POOL_STALE",
     "PRESSURE",
     "SCRAPE_ERRORS",
     "SNAPSHOT_AGE",
+    "TOKENIZE_RISK",
     "count_decision",
     "count_input_tokens",
     "observe_pool",
@@ -94,6 +97,26 @@ def _decision_child(route: str, decision: str, reason: str) -> Counter:
 def count_decision(route: str, decision: str, reason: str) -> None:
     """Count one evaluated request (label lookups cached: this is on the request path)."""
     _decision_child(route, decision, reason).inc()
+
+
+POOL_STALE = Gauge(
+    "ice_pool_stale",
+    "1 while the pool's view holds or lacks stale sources (see the pool's `stale` policy).",
+    ["pool"],
+    multiprocess_mode="mostrecent",
+)
+CACHE_EFFICIENCY = Gauge(
+    "ice_cache_efficiency_ratio",
+    "cache_efficiency_ratio (0-1) of the pool: prefix-cache hit ratio over the window.",
+    ["pool"],
+    multiprocess_mode="mostrecent",
+)
+TOKENIZE_RISK = Gauge(
+    "ice_tokenize_latency_risk",
+    "tokenize_latency_risk (0-1): share of the window's TTFTs above the default profile's target.",
+    ["pool"],
+    multiprocess_mode="mostrecent",
+)
 
 
 def observe_pool(snapshot: PoolSnapshot) -> None:

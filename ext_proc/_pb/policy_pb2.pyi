@@ -252,6 +252,9 @@ class Profile(_message.Message):
     FAIL_MODE_FIELD_NUMBER: _builtins.int
     KV_MODEL_FIELD_NUMBER: _builtins.int
     ON_KV_SHORTFALL_FIELD_NUMBER: _builtins.int
+    TTFT_TARGET_S_FIELD_NUMBER: _builtins.int
+    RETRY_AFTER_MIN_S_FIELD_NUMBER: _builtins.int
+    RETRY_AFTER_MAX_S_FIELD_NUMBER: _builtins.int
     max_model_len: _builtins.int
     """The model's context length in tokens. Unset: no context checks."""
     output_buffer_tokens: _builtins.int
@@ -270,6 +273,15 @@ class Profile(_message.Message):
     min_output_tokens fits; "shed": 429 at once; "ignore": no free-block check.
     Critical-priority requests are never shed.
     """
+    ttft_target_s: _builtins.float
+    """The route's time-to-first-token target, seconds: tokenize_latency_risk is the share of
+    recent TTFTs above it. Default 2.
+    """
+    retry_after_min_s: _builtins.int
+    """Bounds of the drain-rate Retry-After (retry_after_s is used when no rate is known yet).
+    Defaults 1 and 60.
+    """
+    retry_after_max_s: _builtins.int
     @_builtins.property
     def pressure(self) -> Global___Pressure: ...
     @_builtins.property
@@ -303,10 +315,13 @@ class Profile(_message.Message):
         fail_mode: _builtins.str = ...,
         kv_model: Global___KvModel | None = ...,
         on_kv_shortfall: _builtins.str = ...,
+        ttft_target_s: _builtins.float | None = ...,
+        retry_after_min_s: _builtins.int | None = ...,
+        retry_after_max_s: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_model_len", b"_max_model_len", "_min_output_tokens", b"_min_output_tokens", "_output_buffer_tokens", b"_output_buffer_tokens", "_retry_after_s", b"_retry_after_s", "kv_model", b"kv_model", "max_model_len", b"max_model_len", "max_tokens_cap", b"max_tokens_cap", "min_output_tokens", b"min_output_tokens", "output_buffer_tokens", b"output_buffer_tokens", "pressure", b"pressure", "retry_after_s", b"retry_after_s", "shed", b"shed"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_model_len", b"_max_model_len", "_min_output_tokens", b"_min_output_tokens", "_output_buffer_tokens", b"_output_buffer_tokens", "_retry_after_max_s", b"_retry_after_max_s", "_retry_after_min_s", b"_retry_after_min_s", "_retry_after_s", b"_retry_after_s", "_ttft_target_s", b"_ttft_target_s", "kv_model", b"kv_model", "max_model_len", b"max_model_len", "max_tokens_cap", b"max_tokens_cap", "min_output_tokens", b"min_output_tokens", "output_buffer_tokens", b"output_buffer_tokens", "pressure", b"pressure", "retry_after_max_s", b"retry_after_max_s", "retry_after_min_s", b"retry_after_min_s", "retry_after_s", b"retry_after_s", "shed", b"shed", "ttft_target_s", b"ttft_target_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_model_len", b"_max_model_len", "_min_output_tokens", b"_min_output_tokens", "_output_buffer_tokens", b"_output_buffer_tokens", "_retry_after_s", b"_retry_after_s", "default_priority", b"default_priority", "fail_mode", b"fail_mode", "kv_model", b"kv_model", "max_model_len", b"max_model_len", "max_tokens_cap", b"max_tokens_cap", "min_output_tokens", b"min_output_tokens", "on_kv_shortfall", b"on_kv_shortfall", "output_buffer_tokens", b"output_buffer_tokens", "pressure", b"pressure", "retry_after_s", b"retry_after_s", "shed", b"shed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_model_len", b"_max_model_len", "_min_output_tokens", b"_min_output_tokens", "_output_buffer_tokens", b"_output_buffer_tokens", "_retry_after_max_s", b"_retry_after_max_s", "_retry_after_min_s", b"_retry_after_min_s", "_retry_after_s", b"_retry_after_s", "_ttft_target_s", b"_ttft_target_s", "default_priority", b"default_priority", "fail_mode", b"fail_mode", "kv_model", b"kv_model", "max_model_len", b"max_model_len", "max_tokens_cap", b"max_tokens_cap", "min_output_tokens", b"min_output_tokens", "on_kv_shortfall", b"on_kv_shortfall", "output_buffer_tokens", b"output_buffer_tokens", "pressure", b"pressure", "retry_after_max_s", b"retry_after_max_s", "retry_after_min_s", b"retry_after_min_s", "retry_after_s", b"retry_after_s", "shed", b"shed", "ttft_target_s", b"ttft_target_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_model_len: _TypeAlias = _typing.Literal["max_model_len"]  # noqa: Y015
     _WhichOneofArgType__max_model_len: _TypeAlias = _typing.Literal["_max_model_len", b"_max_model_len"]  # noqa: Y015
@@ -314,8 +329,14 @@ class Profile(_message.Message):
     _WhichOneofArgType__min_output_tokens: _TypeAlias = _typing.Literal["_min_output_tokens", b"_min_output_tokens"]  # noqa: Y015
     _WhichOneofReturnType__output_buffer_tokens: _TypeAlias = _typing.Literal["output_buffer_tokens"]  # noqa: Y015
     _WhichOneofArgType__output_buffer_tokens: _TypeAlias = _typing.Literal["_output_buffer_tokens", b"_output_buffer_tokens"]  # noqa: Y015
+    _WhichOneofReturnType__retry_after_max_s: _TypeAlias = _typing.Literal["retry_after_max_s"]  # noqa: Y015
+    _WhichOneofArgType__retry_after_max_s: _TypeAlias = _typing.Literal["_retry_after_max_s", b"_retry_after_max_s"]  # noqa: Y015
+    _WhichOneofReturnType__retry_after_min_s: _TypeAlias = _typing.Literal["retry_after_min_s"]  # noqa: Y015
+    _WhichOneofArgType__retry_after_min_s: _TypeAlias = _typing.Literal["_retry_after_min_s", b"_retry_after_min_s"]  # noqa: Y015
     _WhichOneofReturnType__retry_after_s: _TypeAlias = _typing.Literal["retry_after_s"]  # noqa: Y015
     _WhichOneofArgType__retry_after_s: _TypeAlias = _typing.Literal["_retry_after_s", b"_retry_after_s"]  # noqa: Y015
+    _WhichOneofReturnType__ttft_target_s: _TypeAlias = _typing.Literal["ttft_target_s"]  # noqa: Y015
+    _WhichOneofArgType__ttft_target_s: _TypeAlias = _typing.Literal["_ttft_target_s", b"_ttft_target_s"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_model_len) -> _WhichOneofReturnType__max_model_len | None: ...
     @_typing.overload
@@ -323,7 +344,13 @@ class Profile(_message.Message):
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__output_buffer_tokens) -> _WhichOneofReturnType__output_buffer_tokens | None: ...
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__retry_after_max_s) -> _WhichOneofReturnType__retry_after_max_s | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__retry_after_min_s) -> _WhichOneofReturnType__retry_after_min_s | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__retry_after_s) -> _WhichOneofReturnType__retry_after_s | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__ttft_target_s) -> _WhichOneofReturnType__ttft_target_s | None: ...
 
 Global___Profile: _TypeAlias = Profile  # noqa: Y015
 
@@ -520,15 +547,34 @@ class Pool(_message.Message):
     SCRAPE_INTERVAL_S_FIELD_NUMBER: _builtins.int
     SCRAPE_TIMEOUT_S_FIELD_NUMBER: _builtins.int
     MAX_AGE_S_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    STALE_FIELD_NUMBER: _builtins.int
+    STALE_AFTER_S_FIELD_NUMBER: _builtins.int
+    WINDOW_S_FIELD_NUMBER: _builtins.int
+    DNS_FIELD_NUMBER: _builtins.int
     scrape_interval_s: _builtins.float
     """Seconds between scrapes. Default 0.2."""
     scrape_timeout_s: _builtins.float
     """Seconds a scrape may take. Default 1."""
     max_age_s: _builtins.float
-    """A view older than this is stale and counts as unknown pressure. Default 2."""
+    """With `stale: last_known`, a stale source's last values are used this long. Default 5."""
+    kind: _builtins.str
+    """Source kind: vllm (default) | sglang."""
+    stale: _builtins.str
+    """What a stale source counts as: ignore (default: left out; no fresh source → pressure
+    unknown) | last_known | saturated (full KV cache, saturated queue).
+    """
+    stale_after_s: _builtins.float
+    """A source whose last good scrape is older than this is stale. Default 2 × scrape_interval_s."""
+    window_s: _builtins.float
+    """Window of derived rates and quantiles (prefix-cache hit ratio, TTFT, drain rate). Default 10."""
     @_builtins.property
     def metrics_urls(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Prometheus endpoints of the pool's backends (vLLM /metrics)."""
+
+    @_builtins.property
+    def dns(self) -> Global___DnsSource:
+        """A headless Service: every address of this name is a backend, re-resolved periodically."""
 
     def __init__(
         self,
@@ -537,10 +583,15 @@ class Pool(_message.Message):
         scrape_interval_s: _builtins.float | None = ...,
         scrape_timeout_s: _builtins.float | None = ...,
         max_age_s: _builtins.float | None = ...,
+        kind: _builtins.str = ...,
+        stale: _builtins.str = ...,
+        stale_after_s: _builtins.float | None = ...,
+        window_s: _builtins.float | None = ...,
+        dns: Global___DnsSource | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_age_s", b"_max_age_s", "_scrape_interval_s", b"_scrape_interval_s", "_scrape_timeout_s", b"_scrape_timeout_s", "max_age_s", b"max_age_s", "scrape_interval_s", b"scrape_interval_s", "scrape_timeout_s", b"scrape_timeout_s"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_age_s", b"_max_age_s", "_scrape_interval_s", b"_scrape_interval_s", "_scrape_timeout_s", b"_scrape_timeout_s", "_stale_after_s", b"_stale_after_s", "_window_s", b"_window_s", "dns", b"dns", "max_age_s", b"max_age_s", "scrape_interval_s", b"scrape_interval_s", "scrape_timeout_s", b"scrape_timeout_s", "stale_after_s", b"stale_after_s", "window_s", b"window_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_age_s", b"_max_age_s", "_scrape_interval_s", b"_scrape_interval_s", "_scrape_timeout_s", b"_scrape_timeout_s", "max_age_s", b"max_age_s", "metrics_urls", b"metrics_urls", "scrape_interval_s", b"scrape_interval_s", "scrape_timeout_s", b"scrape_timeout_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_age_s", b"_max_age_s", "_scrape_interval_s", b"_scrape_interval_s", "_scrape_timeout_s", b"_scrape_timeout_s", "_stale_after_s", b"_stale_after_s", "_window_s", b"_window_s", "dns", b"dns", "kind", b"kind", "max_age_s", b"max_age_s", "metrics_urls", b"metrics_urls", "scrape_interval_s", b"scrape_interval_s", "scrape_timeout_s", b"scrape_timeout_s", "stale", b"stale", "stale_after_s", b"stale_after_s", "window_s", b"window_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_age_s: _TypeAlias = _typing.Literal["max_age_s"]  # noqa: Y015
     _WhichOneofArgType__max_age_s: _TypeAlias = _typing.Literal["_max_age_s", b"_max_age_s"]  # noqa: Y015
@@ -548,11 +599,61 @@ class Pool(_message.Message):
     _WhichOneofArgType__scrape_interval_s: _TypeAlias = _typing.Literal["_scrape_interval_s", b"_scrape_interval_s"]  # noqa: Y015
     _WhichOneofReturnType__scrape_timeout_s: _TypeAlias = _typing.Literal["scrape_timeout_s"]  # noqa: Y015
     _WhichOneofArgType__scrape_timeout_s: _TypeAlias = _typing.Literal["_scrape_timeout_s", b"_scrape_timeout_s"]  # noqa: Y015
+    _WhichOneofReturnType__stale_after_s: _TypeAlias = _typing.Literal["stale_after_s"]  # noqa: Y015
+    _WhichOneofArgType__stale_after_s: _TypeAlias = _typing.Literal["_stale_after_s", b"_stale_after_s"]  # noqa: Y015
+    _WhichOneofReturnType__window_s: _TypeAlias = _typing.Literal["window_s"]  # noqa: Y015
+    _WhichOneofArgType__window_s: _TypeAlias = _typing.Literal["_window_s", b"_window_s"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_age_s) -> _WhichOneofReturnType__max_age_s | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__scrape_interval_s) -> _WhichOneofReturnType__scrape_interval_s | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__scrape_timeout_s) -> _WhichOneofReturnType__scrape_timeout_s | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__stale_after_s) -> _WhichOneofReturnType__stale_after_s | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__window_s) -> _WhichOneofReturnType__window_s | None: ...
 
 Global___Pool: _TypeAlias = Pool  # noqa: Y015
+
+@_typing.final
+class DnsSource(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    PORT_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    SCHEME_FIELD_NUMBER: _builtins.int
+    REFRESH_S_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    port: _builtins.int
+    """Default 8000."""
+    path: _builtins.str
+    """Default "/metrics"."""
+    scheme: _builtins.str
+    """Default "http"."""
+    refresh_s: _builtins.float
+    """Seconds between lookups. Default 5."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        port: _builtins.int | None = ...,
+        path: _builtins.str = ...,
+        scheme: _builtins.str = ...,
+        refresh_s: _builtins.float | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_port", b"_port", "_refresh_s", b"_refresh_s", "port", b"port", "refresh_s", b"refresh_s"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_port", b"_port", "_refresh_s", b"_refresh_s", "name", b"name", "path", b"path", "port", b"port", "refresh_s", b"refresh_s", "scheme", b"scheme"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__port: _TypeAlias = _typing.Literal["port"]  # noqa: Y015
+    _WhichOneofArgType__port: _TypeAlias = _typing.Literal["_port", b"_port"]  # noqa: Y015
+    _WhichOneofReturnType__refresh_s: _TypeAlias = _typing.Literal["refresh_s"]  # noqa: Y015
+    _WhichOneofArgType__refresh_s: _TypeAlias = _typing.Literal["_refresh_s", b"_refresh_s"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__port) -> _WhichOneofReturnType__port | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__refresh_s) -> _WhichOneofReturnType__refresh_s | None: ...
+
+Global___DnsSource: _TypeAlias = DnsSource  # noqa: Y015

@@ -9,6 +9,8 @@ The ladder, first match wins:
    output token needs more KV blocks than the pool's largest backend has when idle.
 3. ``shed_by_priority`` → 429 ``memory_pressure`` when the pool's level is at or above the
    profile's shedding level for the request's priority (``critical`` is never shed).
+   Retry-After comes from the pool's drain rate (``policy/scores.py``), bounded by the
+   profile's retry_after_min_s..retry_after_max_s.
 4. ``shed_on_kv_shortfall`` → 429 ``kv_exhausted`` (never for ``critical``) when the input
    plus min_output_tokens needs more blocks than the fullest-free backend has free, or, with
    ``on_kv_shortfall: shed``, when the client's requested output does not fit them.
@@ -36,6 +38,7 @@ from dataclasses import dataclass
 from ext_proc.decision import Decision, Downgrade, Pass, Reject
 from ext_proc.policy.model import Priority, Profile
 from ext_proc.policy.pressure import Pressure
+from ext_proc.policy.scores import DrainInputs, retry_after_s
 from ext_proc.schemas.base import RequestFeatures
 
 __all__ = ["LADDER", "Case", "KvFit", "evaluate", "safe_output_tokens"]
@@ -76,6 +79,18 @@ class Case:
     profile: Profile
     priority: Priority
     kv: KvFit | None = None
+    drain: DrainInputs | None = None
+
+    def retry_after(self, need_tokens: int) -> int:
+        """Retry-After for this request from the pool's drain rate (see policy/scores.py)."""
+        p = self.profile
+        return retry_after_s(
+            self.drain,
+            need_tokens,
+            min_s=p.retry_after_min_s,
+            max_s=p.retry_after_max_s,
+            fallback_s=p.retry_after_s,
+        )
 
 
 Rule = Callable[[Case], Decision | None]
@@ -143,7 +158,7 @@ def shed_on_kv_shortfall(case: Case) -> Decision | None:
         need = kv.blocks(f.input_tokens, f.max_tokens)
         if need <= kv.free_blocks:
             return None
-    retry = case.profile.retry_after_s
+    retry = case.retry_after(need * kv.block_size)
     return Reject(
         pressure=case.pressure,
         status=429,
@@ -163,6 +178,8 @@ def shed_by_priority(case: Case) -> Decision | None:
     shed_level = case.profile.shed_at.get(case.priority)
     if shed_level is None or p.level < shed_level:
         return None
+    f = case.features
+    retry = case.retry_after(f.input_tokens + (f.max_tokens or case.profile.min_output_tokens))
     return Reject(
         pressure=p,
         status=429,
@@ -170,9 +187,9 @@ def shed_by_priority(case: Case) -> Decision | None:
         message=(
             f"The inference backend is under {p.level.label} memory pressure "
             f"(score {p.score:.0f}/100); {case.priority}-priority requests are shed. "
-            f"Retry after {case.profile.retry_after_s} s."
+            f"Retry after {retry} s."
         ),
-        retry_after_s=case.profile.retry_after_s,
+        retry_after_s=retry,
     )
 
 
@@ -217,10 +234,11 @@ def evaluate(
     profile: Profile,
     priority: Priority,
     kv: KvFit | None = None,
+    drain: DrainInputs | None = None,
     ladder: tuple[Rule, ...] = LADDER,
 ) -> Decision:
     """Judge one request; the first rule of the ladder that decides wins, else ``Pass``."""
-    case = Case(features=features, pressure=pressure, profile=profile, priority=priority, kv=kv)
+    case = Case(features, pressure, profile, priority, kv, drain)
     for rule in ladder:
         decision = rule(case)
         if decision is not None:

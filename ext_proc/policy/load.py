@@ -167,6 +167,12 @@ def _profile(name: str, msg: policy_pb2.Profile) -> Profile:
             f"{where}.on_kv_shortfall: must be 'downgrade', 'shed' or 'ignore', got {shortfall!r}"
         )
     kv_model = _kv_model(msg.kv_model, f"{where}.kv_model") if msg.HasField("kv_model") else None
+    ra_min = _opt(msg, "retry_after_min_s", d.retry_after_min_s)
+    ra_max = _opt(msg, "retry_after_max_s", d.retry_after_max_s)
+    if not 1 <= ra_min <= ra_max:
+        raise PolicyError(
+            f"{where}.retry_after_max_s: must be ≥ retry_after_min_s ≥ 1, got {ra_min}..{ra_max}"
+        )
     max_model_len = _opt(msg, "max_model_len", None)
     if max_model_len == 0:
         raise PolicyError(f"{where}.max_model_len: must be > 0 (omit it for no context checks)")
@@ -185,6 +191,9 @@ def _profile(name: str, msg: policy_pb2.Profile) -> Profile:
         retry_after_s=retry_after_s,
         fail_mode="open" if fail_mode == "open" else "closed",
         kv_model=kv_model,
+        ttft_target_s=_positive(msg, "ttft_target_s", d.ttft_target_s, where),
+        retry_after_min_s=ra_min,
+        retry_after_max_s=ra_max,
         on_kv_shortfall=(
             "downgrade" if shortfall == "downgrade" else "shed" if shortfall == "shed" else "ignore"
         ),
@@ -217,6 +226,13 @@ def _kv_model(msg: policy_pb2.KvModel, where: str) -> KvModelSpec:
     return spec
 
 
+def _positive(msg: Any, name: str, default: float, where: str) -> float:
+    value = float(_opt(msg, name, default))
+    if not (math.isfinite(value) and value > 0):
+        raise PolicyError(f"{where}.{name}: must be a number > 0, got {value}")
+    return value
+
+
 def _pool(name: str, msg: policy_pb2.Pool) -> Pool:
     where = f"pools.{name}"
     d = Pool(name=name, metrics_urls=())
@@ -224,14 +240,46 @@ def _pool(name: str, msg: policy_pb2.Pool) -> Pool:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise PolicyError(f"{where}.metrics_urls[{i}]: not an http(s) URL: {url!r}")
+    interval = _positive(msg, "scrape_interval_s", d.scrape_interval_s, where)
+    kind = msg.kind or d.kind
+    if kind not in ("vllm", "sglang"):
+        raise PolicyError(f"{where}.kind: must be vllm or sglang, got {kind!r}")
+    stale = msg.stale or d.stale
+    if stale not in ("ignore", "last_known", "saturated"):
+        raise PolicyError(f"{where}.stale: must be ignore, last_known or saturated, got {stale!r}")
+    dns = msg.dns
+    if msg.HasField("dns") and not dns.name:
+        raise PolicyError(f"{where}.dns.name: required")
     pool = Pool(
         name=name,
         metrics_urls=tuple(msg.metrics_urls),
-        scrape_interval_s=_opt(msg, "scrape_interval_s", d.scrape_interval_s),
+        scrape_interval_s=interval,
         scrape_timeout_s=_opt(msg, "scrape_timeout_s", d.scrape_timeout_s),
         max_age_s=_opt(msg, "max_age_s", d.max_age_s),
+        kind=kind,
+        stale="ignore"
+        if stale == "ignore"
+        else "last_known"
+        if stale == "last_known"
+        else "saturated",
+        stale_after_s=_opt(msg, "stale_after_s", 2 * interval),
+        window_s=_opt(msg, "window_s", d.window_s),
+        dns_name=dns.name,
+        dns_port=_opt(dns, "port", d.dns_port) if msg.HasField("dns") else d.dns_port,
+        dns_path=dns.path or d.dns_path,
+        dns_scheme=dns.scheme or d.dns_scheme,
+        dns_refresh_s=_opt(dns, "refresh_s", d.dns_refresh_s)
+        if msg.HasField("dns")
+        else d.dns_refresh_s,
     )
-    for field in ("scrape_interval_s", "scrape_timeout_s", "max_age_s"):
+    for field in (
+        "scrape_interval_s",
+        "scrape_timeout_s",
+        "max_age_s",
+        "stale_after_s",
+        "window_s",
+        "dns_refresh_s",
+    ):
         value = getattr(pool, field)
         if not (math.isfinite(value) and value > 0):
             raise PolicyError(f"{where}.{field}: must be a number > 0, got {value}")

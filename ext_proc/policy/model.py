@@ -25,6 +25,7 @@ __all__ = [
     "Priority",
     "Profile",
     "RouteBinding",
+    "StalePolicy",
 ]
 
 Priority = Literal["critical", "standard", "sheddable"]
@@ -96,6 +97,12 @@ class Profile:
     fail_mode: FailMode = "open"
     kv_model: KvModelSpec | None = None
     on_kv_shortfall: KvShortfall = "downgrade"
+    ttft_target_s: float = 2.0
+    retry_after_min_s: int = 1
+    retry_after_max_s: int = 60
+
+
+StalePolicy = Literal["ignore", "last_known", "saturated"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +113,16 @@ class Pool:
     metrics_urls: tuple[str, ...]
     scrape_interval_s: float = 0.2
     scrape_timeout_s: float = 1.0
-    max_age_s: float = 2.0
+    max_age_s: float = 5.0  # `last_known` keeps a stale source's values this long
+    kind: str = "vllm"  # vllm | sglang
+    stale: StalePolicy = "ignore"
+    stale_after_s: float = 0.4  # default: two scrape intervals
+    window_s: float = 10.0  # window of derived rates and quantiles
+    dns_name: str = ""  # headless Service: one backend per address
+    dns_port: int = 8000
+    dns_path: str = "/metrics"
+    dns_scheme: str = "http"
+    dns_refresh_s: float = 5.0
 
 
 @dataclass(frozen=True, slots=True)

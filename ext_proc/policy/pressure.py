@@ -34,6 +34,7 @@ class Pressure:
 
     score: float
     level: Level
+    stale: bool = False  # the pool's view holds or lacks stale sources
 
 
 def level_for(score: float, model: PressureModel) -> Level:
@@ -63,4 +64,4 @@ def pressure_of(snapshot: PoolSnapshot, model: PressureModel) -> Pressure | None
     if den == 0.0:
         return None
     score = round(100.0 * num / den, 2)
-    return Pressure(score=score, level=level_for(score, model))
+    return Pressure(score=score, level=level_for(score, model), stale=snapshot.stale)

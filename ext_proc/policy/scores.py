@@ -29,10 +29,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ext_proc.signals.model import Derived, Histogram
+from ext_proc.signals.snapshot import PoolSnapshot
 
 __all__ = [
     "DrainInputs",
     "cache_efficiency_ratio",
+    "drain_inputs",
     "exceedance",
     "retry_after_s",
     "tokenize_latency_risk",
@@ -123,3 +125,23 @@ def retry_after_s(
     backlog = drain.waiting * per_request + need_tokens - drain.free_tokens
     seconds = math.ceil(max(0.0, backlog) / rate)
     return max(min_s, min(max_s, seconds))
+
+
+def drain_inputs(snapshot: PoolSnapshot) -> DrainInputs | None:
+    """Pool totals for ``retry_after_s``: rates summed over backends with a derived window."""
+    prompt = gen = done = waiting = free = 0.0
+    seen = False
+    for b in snapshot.backends:
+        d = b.derived
+        if d is None or d.completions_per_s is None:
+            continue
+        seen = True
+        prompt += d.prompt_tokens_per_s or 0.0
+        gen += d.generation_tokens_per_s or 0.0
+        done += d.completions_per_s
+        waiting += b.num_requests_waiting or 0.0
+        if b.free_blocks is not None and b.block_size:
+            free += b.free_blocks * b.block_size
+    if not seen:
+        return None
+    return DrainInputs(prompt, gen, done, waiting, free)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ext_proc.signals.model import Derived
+
 __all__ = ["BackendSignals", "PoolSnapshot"]
 
 
@@ -21,6 +23,10 @@ class BackendSignals:
     num_requests_waiting: float | None = None
     num_gpu_blocks: int | None = None
     block_size: int | None = None
+    derived: Derived | None = None  # rates and quantiles over the pool's window
+    cache_hit_rate: float | None = None  # an engine's own prefix-cache hit gauge (SGLang)
+    age_s: float = 0.0  # age of the scrape these values come from, when the view was built
+    stale: bool = False  # the values are older than the pool's stale_after_s
 
     @property
     def kv_capacity_tokens(self) -> int | None:
@@ -50,6 +56,7 @@ class PoolSnapshot:
     pool: str
     backends: tuple[BackendSignals, ...]
     taken_at_s: float
+    stale: bool = False  # some source is stale (kept as last known or saturated, or left out)
 
     @property
     def kv_cache_usage(self) -> float | None:
