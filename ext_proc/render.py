@@ -43,8 +43,13 @@ def _metadata(headers: list[tuple[str, str]]) -> struct_pb2.Struct:
     return md
 
 
+_HEADERS_CONTINUE = pb.ProcessingResponse(request_headers=pb.HeadersResponse())
+
+
 def headers_continue(remove: list[str] | None = None) -> pb.ProcessingResponse:
     """Answer the request-headers message: continue, removing the named headers."""
+    if not remove:
+        return _HEADERS_CONTINUE  # prebuilt, never mutated
     resp = pb.ProcessingResponse(request_headers=pb.HeadersResponse())
     if remove:
         resp.request_headers.response.header_mutation.remove_headers.extend(remove)
@@ -53,7 +58,9 @@ def headers_continue(remove: list[str] | None = None) -> pb.ProcessingResponse:
 
 def skip_body(remove: list[str] | None = None) -> pb.ProcessingResponse:
     """Continue without sending the body to ICE (mode override: request body NONE)."""
-    resp = headers_continue(remove)
+    resp = pb.ProcessingResponse(request_headers=pb.HeadersResponse())
+    if remove:
+        resp.request_headers.response.header_mutation.remove_headers.extend(remove)
     resp.mode_override.request_body_mode = _BODY_MODE_NONE
     return resp
 
