@@ -10,7 +10,7 @@ requests, including long single strings (documents, base64 images), stay in-proc
 
 Invariants: the helper receives only picklable plain data (route key, adapter name,
 priority, body bytes, pool snapshot) and returns a ``BodyVerdict``; metrics are counted by the
-caller. The helper starts lazily on the first heavy body, and a broken helper is replaced.
+caller. The server starts the helper at start-up (``warm``), and a broken helper is replaced.
 """
 
 from __future__ import annotations
@@ -56,6 +56,10 @@ def _judge(
     return helper.on_body(route, facts, body)
 
 
+def _ready() -> bool:
+    return bool(_HELPER)
+
+
 def _path_of(facts: HeaderFacts) -> str | None:
     for path, adapter in ADAPTERS.items():
         if adapter is facts.adapter:
@@ -76,6 +80,11 @@ class Offload:
         self._max_body_bytes = max_body_bytes
         self.heavy_containers = heavy_containers
         self._pool: ProcessPoolExecutor | None = None
+
+    def warm(self) -> None:
+        """Start the helper now (its imports take about a second), so that the first heavy
+        body is not the one that waits for it past Envoy's message timeout."""
+        self._executor().submit(_ready)
 
     def is_heavy(self, body: bytes) -> bool:
         return body.count(b"{") + body.count(b"[") > self.heavy_containers

@@ -7,7 +7,9 @@
   limit (8 MiB by default, Envoy's buffer is set to match) pass.
 - SIGTERM/SIGINT: health turns NOT_SERVING, new streams are refused, in-flight streams get
   ``shutdown_grace_s`` to finish, then the process exits 0.
-- Each worker runs its own background scraper; the request path only reads snapshots.
+- One collector per host (``ext_proc.signals.collector``): in the worker itself when there is
+  one worker, else in the supervisor, which publishes through shared memory
+  (``ext_proc.signals.shm``) to every worker. The request path only reads snapshots.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import multiprocessing
 import os
 import signal
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
@@ -31,10 +35,14 @@ from ext_proc import telemetry
 from ext_proc.offload import DEFAULT_HEAVY_CONTAINERS, Offload
 from ext_proc.pipeline import DEFAULT_MAX_BODY_BYTES, Pipeline
 from ext_proc.policy.load import load_policy
+from ext_proc.policy.model import Policy
 from ext_proc.policy.pressure import pressure_of
+from ext_proc.policy.scores import cache_efficiency_ratio, tokenize_latency_risk
 from ext_proc.servicer import ExtProcServicer
-from ext_proc.signals.scraper import Scraper, SnapshotStore
+from ext_proc.signals.collector import Collector
+from ext_proc.signals.shm import SnapshotReader, SnapshotWriter
 from ext_proc.signals.snapshot import PoolSnapshot
+from ext_proc.signals.store import SharedSnapshotStore, SnapshotStore
 
 __all__ = ["ServeOptions", "serve", "worker_addresses"]
 
@@ -69,18 +77,54 @@ def _split_host_port(address: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
-async def _run_worker(opts: ServeOptions, address: str) -> None:
+def _observer(policy: Policy) -> Callable[[dict[str, PoolSnapshot]], None]:
+    """Export each published view's scores (default profile) as ICE's pool gauges."""
+    default = policy.profiles[policy.default_profile]
+
+    def observe(views: dict[str, PoolSnapshot]) -> None:
+        for snapshot in views.values():
+            p = pressure_of(snapshot, default.pressure)
+            if p is not None:
+                telemetry.PRESSURE.labels(pool=snapshot.pool).set(p.score)
+            ratio = cache_efficiency_ratio(
+                (b.derived, b.derived.prompt_tokens_per_s if b.derived else None, b.cache_hit_rate)
+                for b in snapshot.backends
+            )
+            if ratio is not None:
+                telemetry.CACHE_EFFICIENCY.labels(pool=snapshot.pool).set(ratio)
+            risk = tokenize_latency_risk(
+                (b.derived.ttft_delta if b.derived else None for b in snapshot.backends),
+                default.ttft_target_s,
+            )
+            if risk is not None:
+                telemetry.TOKENIZE_RISK.labels(pool=snapshot.pool).set(risk)
+
+    return observe
+
+
+def _max_ages(policy: Policy) -> dict[str, float]:
+    return {name: pool.max_age_s for name, pool in policy.pools.items()}
+
+
+async def _run_worker(opts: ServeOptions, address: str, shm_name: str | None = None) -> None:
     policy = load_policy(opts.policy_path)
-    store = SnapshotStore({name: pool.max_age_s for name, pool in policy.pools.items()})
-    default_model = policy.profiles[policy.default_profile].pressure
+    collector: Collector | None = None
+    reader: SnapshotReader | None = None
+    lookup: Callable[[str], PoolSnapshot | None]
+    if shm_name is None:  # the only worker: collect in-process
+        store = SnapshotStore(_max_ages(policy))
+        observe = _observer(policy)
 
-    def on_snapshot(snapshot: PoolSnapshot) -> None:
-        p = pressure_of(snapshot, default_model)
-        if p is not None:
-            telemetry.PRESSURE.labels(pool=snapshot.pool).set(p.score)
+        def publish(views: dict[str, PoolSnapshot]) -> None:
+            store.put_all(views)
+            observe(views)
 
-    scraper = Scraper(policy.pools, store, on_snapshot=on_snapshot)
-    pipeline = Pipeline(policy, store.get, max_body_bytes=opts.max_body_bytes)
+        collector = Collector(policy.pools, publish)
+        lookup = store.get
+    else:  # the supervisor collects; read its views from shared memory
+        reader = SnapshotReader(shm_name)
+        lookup = SharedSnapshotStore(reader, _max_ages(policy)).get
+    pipeline = Pipeline(policy, lookup, max_body_bytes=opts.max_body_bytes)
     limit = opts.max_body_bytes + 1024 * 1024
     server = grpc.aio.server(
         options=[
@@ -90,11 +134,13 @@ async def _run_worker(opts: ServeOptions, address: str) -> None:
         ]
     )
     offload = Offload(opts.policy_path, opts.max_body_bytes, opts.heavy_containers)
+    offload.warm()
     pb_grpc.add_ExternalProcessorServicer_to_server(ExtProcServicer(pipeline, offload), server)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     server.add_insecure_port(address)
-    await scraper.start()
+    if collector is not None:
+        await collector.start()
     await server.start()
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
     await health.set(
@@ -110,13 +156,43 @@ async def _run_worker(opts: ServeOptions, address: str) -> None:
     log.info("shutting down: draining in-flight streams (grace %.1f s)", opts.shutdown_grace_s)
     await health.enter_graceful_shutdown()
     await server.stop(grace=opts.shutdown_grace_s)
-    await scraper.stop()
+    if collector is not None:
+        await collector.stop()
+    if reader is not None:
+        reader.close()
     offload.close()
 
 
-def _worker_main(opts: ServeOptions, address: str) -> None:
+def _worker_main(opts: ServeOptions, address: str, shm_name: str | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    asyncio.run(_run_worker(opts, address))
+    asyncio.run(_run_worker(opts, address, shm_name))
+
+
+def _collector_thread(
+    policy: Policy, writer: SnapshotWriter
+) -> tuple[threading.Thread, Callable[[], None]]:
+    """The supervisor's collector: an asyncio loop in a thread publishing to shared memory."""
+    loop = asyncio.new_event_loop()
+    observe = _observer(policy)
+    stopped = asyncio.Event()
+
+    def publish(views: dict[str, PoolSnapshot]) -> None:
+        writer.publish(views)
+        observe(views)
+
+    async def run() -> None:
+        collector = Collector(policy.pools, publish)
+        await collector.start()
+        await stopped.wait()
+        await collector.stop()
+
+    thread = threading.Thread(target=loop.run_until_complete, args=(run(),), name="collector")
+    thread.daemon = True
+
+    def stop() -> None:
+        loop.call_soon_threadsafe(stopped.set)
+
+    return thread, stop
 
 
 def _start_metrics(address: str, registry: object | None = None) -> None:
@@ -144,8 +220,14 @@ def serve(opts: ServeOptions) -> int:
 def _supervise(opts: ServeOptions, addresses: list[str]) -> int:
     """Run one process per worker address; restart a worker that dies; forward signals."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    with tempfile.TemporaryDirectory(prefix="ice-metrics-") as metrics_dir:
+    policy = load_policy(opts.policy_path)
+    with (
+        tempfile.TemporaryDirectory(prefix="ice-metrics-") as metrics_dir,
+        SnapshotWriter(None) as writer,
+    ):
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+        collector, stop_collector = _collector_thread(policy, writer)
+        collector.start()
         if opts.metrics_address:
             from prometheus_client import CollectorRegistry, multiprocess
 
@@ -167,7 +249,9 @@ def _supervise(opts: ServeOptions, addresses: list[str]) -> int:
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
         for addr in addresses:
-            procs[addr] = ctx.Process(target=_worker_main, args=(opts, addr), name=f"ice-{addr}")
+            procs[addr] = ctx.Process(
+                target=_worker_main, args=(opts, addr, writer.name), name=f"ice-{addr}"
+            )
             procs[addr].start()
         while not stopping:
             time.sleep(0.2)
@@ -178,11 +262,13 @@ def _supervise(opts: ServeOptions, addresses: list[str]) -> int:
                         from prometheus_client import multiprocess
 
                         multiprocess.mark_process_dead(p.pid, metrics_dir)  # type: ignore[no-untyped-call]
-                    procs[addr] = ctx.Process(target=_worker_main, args=(opts, addr))
+                    procs[addr] = ctx.Process(target=_worker_main, args=(opts, addr, writer.name))
                     procs[addr].start()
         deadline = time.monotonic() + opts.shutdown_grace_s + 5
         for p in procs.values():
             p.join(max(0.1, deadline - time.monotonic()))
             if p.is_alive():
                 p.kill()
+        stop_collector()
+        collector.join(5)
         return 0

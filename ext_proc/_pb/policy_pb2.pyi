@@ -561,8 +561,9 @@ class Pool(_message.Message):
     kind: _builtins.str
     """Source kind: vllm (default) | sglang."""
     stale: _builtins.str
-    """What a stale source counts as: ignore (default: left out; no fresh source → pressure
-    unknown) | last_known | saturated (full KV cache, saturated queue).
+    """What a stale source counts as: last_known (default: its last values, flagged stale, until
+    max_age_s; then left out) | ignore (left out at once; no fresh source → pressure unknown)
+    | saturated (a full KV cache and a saturated queue: shed rather than fly blind).
     """
     stale_after_s: _builtins.float
     """A source whose last good scrape is older than this is stale. Default 2 × scrape_interval_s."""

@@ -92,6 +92,9 @@ profiles:
     max_tokens_cap: {{high: {cap_high}, critical: {cap_critical}}}
     shed: {{sheddable: high, standard: critical}}
     retry_after_s: {retry_after}
+    # Pinned: the drain-rate Retry-After is checked by unit tests, not through the dev backend.
+    retry_after_min_s: {retry_after}
+    retry_after_max_s: {retry_after}
     fail_mode: open
 pools:
   default:

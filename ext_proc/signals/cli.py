@@ -1,0 +1,235 @@
+"""``ice signals SOURCE``: what does ICE see from this source?
+
+SOURCE is a ``/metrics`` URL, a saved page (``-`` for stdin), or ``nvml`` (this host's GPUs).
+The page's kind (vLLM, SGLang, DCGM exporter) is detected unless ``--kind`` says it. Prints
+the normalised record(s) as a table, or with ``--json`` every field as JSON (histogram bounds
+as numbers, the last one ``"+Inf"``). ``--window S`` (URLs) scrapes twice, S seconds apart,
+and adds the rates and windowed quantiles ICE derives.
+
+Exit status: 0 shown; 1 the source could not be read or parsed (one line on stderr);
+2 bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import time
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ext_proc.signals.model import Derived, EngineScrape, GpuScrape, Histogram
+from ext_proc.signals.parse import SourceParseError, detect_kind, parse_dcgm, parse_engine
+from ext_proc.signals.window import derive, histogram_quantile
+
+__all__ = ["main"]
+
+
+class SourceError(Exception):
+    """The source could not be read."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="ice signals", description="Show the signals ICE reads from one source."
+    )
+    ap.add_argument("source", help="a /metrics URL, a saved page ('-' for stdin), or 'nvml'")
+    ap.add_argument("--kind", choices=("vllm", "sglang", "dcgm"), help="default: detected")
+    ap.add_argument("--json", action="store_true", help="every field, as JSON")
+    ap.add_argument("--timeout", type=float, default=5.0, help="fetch timeout, seconds")
+    ap.add_argument(
+        "--window", type=float, metavar="S", help="URL only: scrape twice S seconds apart"
+    )
+    return ap
+
+
+def _is_url(source: str) -> bool:
+    return source.startswith(("http://", "https://"))
+
+
+def _read(source: str, timeout_s: float) -> str:
+    try:
+        if _is_url(source):
+            req = urllib.request.Request(source, headers={"Accept": "text/plain"})
+            with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+                body: bytes = resp.read()
+            return body.decode("utf-8", errors="replace")
+        if source == "-":
+            return sys.stdin.read()
+        return Path(source).read_text(encoding="utf-8", errors="replace")
+    except (OSError, ValueError) as e:  # URLError is an OSError
+        raise SourceError(f"cannot read {source}: {e}") from None
+
+
+# -- rendering -----------------------------------------------------------------------------
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float):
+        if math.isinf(value):
+            return "+Inf" if value > 0 else "-Inf"
+        return None if math.isnan(value) else value
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _record(obj: Any) -> Any:
+    return _jsonable(dataclasses.asdict(obj))
+
+
+def _num(value: float | int | None, unit: str = "") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        text = str(int(value))
+    elif isinstance(value, float):
+        text = f"{value:.4g}"
+    else:
+        text = str(value)
+    return f"{text} {unit}".rstrip()
+
+
+def _bytes(value: float | None) -> str:
+    return "-" if value is None else f"{value / 2**30:.2f} GiB"
+
+
+def _hist(h: Histogram | None) -> str:
+    if h is None:
+        return "-"
+    p50, p95 = histogram_quantile(0.5, h), histogram_quantile(0.95, h)
+    return f"{_num(h.count)} observations, p50 {_num(p50, 's')}, p95 {_num(p95, 's')}"
+
+
+def _engine_table(s: EngineScrape) -> list[tuple[str, str]]:
+    return [
+        ("source", s.source),
+        ("kind", s.kind),
+        ("models", ", ".join(s.models) or "-"),
+        ("kv_cache_usage", _num(s.kv_cache_usage)),
+        ("num_requests_running", _num(s.num_requests_running)),
+        ("num_requests_waiting", _num(s.num_requests_waiting)),
+        ("waiting_by_reason", ", ".join(f"{r}={_num(v)}" for r, v in s.waiting_by_reason) or "-"),
+        ("num_gpu_blocks", _num(s.num_gpu_blocks)),
+        ("block_size", _num(s.block_size, "tokens")),
+        ("kv_capacity_tokens", _num(s.kv_capacity_tokens)),
+        ("cache_hit_rate", _num(s.cache_hit_rate)),
+        ("preemptions (total)", _num(s.preemptions)),
+        ("prefix_cache_queries_tokens (total)", _num(s.prefix_cache_queries_tokens)),
+        ("prefix_cache_hits_tokens (total)", _num(s.prefix_cache_hits_tokens)),
+        ("prompt_tokens (total)", _num(s.prompt_tokens)),
+        ("generation_tokens (total)", _num(s.generation_tokens)),
+        ("request_success (total)", _num(s.request_success)),
+        ("ttft_s (since start)", _hist(s.ttft_s)),
+        ("queue_time_s (since start)", _hist(s.queue_time_s)),
+    ]
+
+
+def _derived_table(d: Derived) -> list[tuple[str, str]]:
+    return [
+        ("window_s", _num(d.window_s, "s")),
+        ("prefix_cache_hit_ratio", _num(d.prefix_cache_hit_ratio)),
+        ("preemptions_per_s", _num(d.preemptions_per_s)),
+        ("prompt_tokens_per_s", _num(d.prompt_tokens_per_s)),
+        ("generation_tokens_per_s", _num(d.generation_tokens_per_s)),
+        ("completions_per_s", _num(d.completions_per_s)),
+        ("ttft_p50_s", _num(d.ttft_p50_s, "s")),
+        ("ttft_p95_s", _num(d.ttft_p95_s, "s")),
+        ("queue_time_p95_s", _num(d.queue_time_p95_s, "s")),
+        ("ttft observations in window", _num(d.ttft_delta.count if d.ttft_delta else None)),
+    ]
+
+
+def _table(rows: Sequence[tuple[str, str]]) -> str:
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _gpu_table(gpus: Sequence[GpuScrape]) -> str:
+    head = ("gpu", "uuid", "host", "pod", "fb_used", "fb_free", "fb_total", "util", "pcie_tx/rx")
+    rows = [head] + [
+        (
+            g.gpu,
+            g.uuid or "-",
+            g.host or "-",
+            f"{g.namespace}/{g.pod}" if g.pod else "-",
+            _bytes(g.fb_used_bytes),
+            _bytes(g.fb_free_bytes),
+            _bytes(g.fb_total_bytes),
+            "-" if g.gpu_util is None else f"{g.gpu_util:.0%}",
+            f"{_num(g.pcie_tx_bytes_s)}/{_num(g.pcie_rx_bytes_s)} B/s",
+        )
+        for g in gpus
+    ]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
+
+
+# -- the command ---------------------------------------------------------------------------
+
+
+def _nvml(as_json: bool) -> int:
+    from ext_proc.signals.nvml import NvmlSource
+
+    src = NvmlSource()
+    gpus = src.read(time.monotonic())
+    src.close()
+    if not gpus and src.reason:
+        print(f"ice signals: {src.reason}", file=sys.stderr)
+        return 1
+    print(json.dumps([_record(g) for g in gpus], indent=2) if as_json else _gpu_table(gpus))
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.source == "nvml":
+        return _nvml(args.json)
+    text = _read(args.source, args.timeout)
+    at_s = time.monotonic()
+    kind = args.kind or detect_kind(text)
+    if kind == "dcgm":
+        gpus = parse_dcgm(args.source, text, at_s)
+        print(json.dumps([_record(g) for g in gpus], indent=2) if args.json else _gpu_table(gpus))
+        return 0
+    first = parse_engine(kind, args.source, text, at_s)
+    derived: Derived | None = None
+    newest = first
+    if args.window:
+        time.sleep(args.window)
+        text = _read(args.source, args.timeout)
+        newest = parse_engine(kind, args.source, text, time.monotonic())
+        derived = derive([first, newest], args.window + 1.0)
+    if args.json:
+        out: dict[str, Any] = {"scrape": _record(newest)}
+        if derived is not None:
+            out["derived"] = _record(derived)
+        print(json.dumps(out, indent=2))
+    else:
+        print(_table(_engine_table(newest)))
+        if derived is not None:
+            print()
+            print(_table(_derived_table(derived)))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(sys.argv[1:] if argv is None else list(argv))
+    if args.window is not None and (args.window <= 0 or not _is_url(args.source)):
+        print("ice signals: --window needs a URL and a positive number of seconds", file=sys.stderr)
+        return 2
+    try:
+        return _run(args)
+    except (SourceError, SourceParseError) as e:
+        print(f"ice signals: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,255 @@
+"""The collector: scrapes every pool's sources and publishes whole pool snapshots.
+
+One collector runs per host (in the ``ice serve`` supervisor; in the worker itself when there
+is one worker). Each cycle, per pool, every ``scrape_interval_s`` (±10 % jitter):
+1. endpoints: the pool's static ``metrics_urls`` plus, for a DNS source, one URL per address
+   of the name (re-resolved every ``refresh_s``; a failed lookup keeps the last set);
+2. fetch each endpoint concurrently with the pool's ``scrape_timeout_s``; a failing source is
+   retried after an exponential backoff (interval × 2^failures, at most ``MAX_BACKOFF_S``),
+   logged once per change of state and counted in ``ice_scrape_errors_total``;
+3. parse (pure: ``ext_proc.signals.parse``), keep a per-source history of the last
+   ``window_s`` seconds, derive rates and quantiles (``ext_proc.signals.window``);
+4. build the pool view (``PoolSnapshot``) and hand it to ``publish``.
+
+Staleness, per source: a source whose last good scrape is older than ``stale_after_s``
+(default two intervals) is stale. The pool's ``stale`` policy says what a stale source counts
+as: ``last_known`` (default: its last values, until ``max_age_s``, then left out),
+``ignore`` (left out at once; a pool with no fresh source has no view → pressure "unknown"),
+``saturated`` (a full KV cache and a saturated queue: the safe choice when losing sight of a
+backend should shed load). Detection is quick (two intervals) while the default action is
+tolerant, so a scrape delayed by a busy backend flags the view without blinding ICE. The view records that it contains stale data (header ``x-ice-stale``, metric
+``ice_pool_stale``).
+
+Invariant: the request path never calls into this module; it only reads published snapshots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field, replace
+
+import aiohttp
+
+from ext_proc import telemetry
+from ext_proc.policy.model import Pool
+from ext_proc.signals.model import EngineScrape
+from ext_proc.signals.parse import SourceParseError, parse_engine
+from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
+from ext_proc.signals.window import derive
+
+__all__ = ["MAX_BACKOFF_S", "Collector", "Fetch", "Resolve", "backend_from_scrape"]
+
+log = logging.getLogger("ice.collector")
+
+MAX_BACKOFF_S = 5.0
+SATURATED_WAITING = 1e6  # a stale source under `stale: saturated` reports this queue
+
+Fetch = Callable[[str, float], Awaitable[str]]
+Resolve = Callable[[str, int], Awaitable[list[str]]]
+
+
+def backend_from_scrape(
+    scrape: EngineScrape, history: list[EngineScrape], window_s: float
+) -> BackendSignals:
+    """The evaluator's view of one backend from its newest scrape and recent history."""
+    blocks, block_size = scrape.num_gpu_blocks, scrape.block_size
+    if blocks is None and scrape.kv_capacity_tokens is not None:
+        blocks, block_size = scrape.kv_capacity_tokens, 1  # token-granular caches (SGLang)
+    return BackendSignals(
+        url=scrape.source,
+        kv_cache_usage=scrape.kv_cache_usage,
+        num_requests_running=scrape.num_requests_running,
+        num_requests_waiting=scrape.num_requests_waiting,
+        num_gpu_blocks=blocks,
+        block_size=block_size,
+        derived=derive(history, window_s) if len(history) >= 2 else None,
+        cache_hit_rate=scrape.cache_hit_rate,
+        age_s=0.0,
+    )
+
+
+@dataclass
+class _Source:
+    url: str
+    history: deque[EngineScrape] = field(default_factory=deque)
+    failures: int = 0
+    retry_at: float = 0.0
+    failing: str | None = None  # the logged failure reason, for log-once
+
+
+class Collector:
+    """Scrapes pools until ``stop``; publishes ``{pool: PoolSnapshot}`` after every cycle."""
+
+    def __init__(
+        self,
+        pools: Mapping[str, Pool],
+        publish: Callable[[dict[str, PoolSnapshot]], None],
+        *,
+        fetch: Fetch | None = None,
+        resolve: Resolve | None = None,
+    ) -> None:
+        self._pools = pools
+        self._publish = publish
+        self._fetch = fetch
+        self._resolve = resolve or _resolve_dns
+        self._session: aiohttp.ClientSession | None = None
+        self._sources: dict[tuple[str, str], _Source] = {}
+        self._dns: dict[str, tuple[float, list[str]]] = {}
+        self._views: dict[str, PoolSnapshot] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._logged: dict[tuple[str, ...], str] = {}
+
+    # --- life cycle ------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._fetch is None:
+            self._session = aiohttp.ClientSession()
+            self._fetch = self._http_fetch
+        for pool in self._pools.values():
+            if pool.metrics_urls or pool.dns_name:
+                self._tasks.append(
+                    asyncio.create_task(self._run(pool), name=f"collect-{pool.name}")
+                )
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        if self._session is not None:
+            await self._session.close()
+
+    async def _http_fetch(self, url: str, timeout_s: float) -> str:
+        assert self._session is not None
+        async with self._session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            if resp.status != 200:
+                raise OSError(f"HTTP {resp.status}")
+            return await resp.text(errors="replace")
+
+    async def _run(self, pool: Pool) -> None:
+        while True:
+            started = time.monotonic()
+            with contextlib.suppress(Exception):  # a cycle never kills the loop
+                await self.collect_once(pool)
+            interval = pool.scrape_interval_s * random.uniform(0.9, 1.1)
+            await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
+
+    # --- one cycle ---------------------------------------------------------------------------
+    async def endpoints(self, pool: Pool) -> list[str]:
+        urls = list(pool.metrics_urls)
+        if pool.dns_name:
+            now = time.monotonic()
+            cached = self._dns.get(pool.name)
+            if cached is None or now - cached[0] >= pool.dns_refresh_s:
+                try:
+                    hosts = await self._resolve(pool.dns_name, pool.dns_port)
+                    self._dns[pool.name] = (now, hosts)
+                    self._recovered(("dns", pool.name), f"dns {pool.dns_name}")
+                except OSError as e:
+                    self._failed(("dns", pool.name), f"dns {pool.dns_name}", f"{e}", pool.name)
+                    self._dns[pool.name] = (now, cached[1] if cached else [])
+            for host in self._dns[pool.name][1]:
+                h = f"[{host}]" if ":" in host else host
+                urls.append(f"{pool.dns_scheme}://{h}:{pool.dns_port}{pool.dns_path}")
+        return urls
+
+    async def collect_once(self, pool: Pool) -> PoolSnapshot | None:
+        """Scrape every endpoint of ``pool`` once, then build and publish its view."""
+        urls = await self.endpoints(pool)
+        now = time.monotonic()
+        due = [u for u in urls if self._source(pool, u).retry_at <= now]
+        await asyncio.gather(*(self._scrape(pool, u) for u in due))
+        view = self.view(pool, urls, time.monotonic())
+        if view is None:
+            self._views.pop(pool.name, None)
+        else:
+            self._views[pool.name] = view
+            telemetry.observe_pool(view)
+        telemetry.POOL_STALE.labels(pool=pool.name).set(1.0 if view is None or view.stale else 0.0)
+        self._publish(dict(self._views))
+        return view
+
+    def _source(self, pool: Pool, url: str) -> _Source:
+        key = (pool.name, url)
+        src = self._sources.get(key)
+        if src is None:
+            src = self._sources[key] = _Source(url)
+        return src
+
+    async def _scrape(self, pool: Pool, url: str) -> None:
+        assert self._fetch is not None
+        src = self._source(pool, url)
+        try:
+            async with asyncio.timeout(pool.scrape_timeout_s):
+                text = await self._fetch(url, pool.scrape_timeout_s)
+            scrape = parse_engine(pool.kind, url, text, time.monotonic())
+        except (OSError, TimeoutError, aiohttp.ClientError, SourceParseError) as e:
+            src.failures += 1
+            backoff = min(MAX_BACKOFF_S, pool.scrape_interval_s * 2 ** (src.failures - 1))
+            src.retry_at = time.monotonic() + backoff * random.uniform(0.9, 1.1)
+            reason = type(e).__name__ if not str(e) else f"{type(e).__name__}: {e!s:.160}"
+            self._failed(("src", pool.name, url), f"scrape of {url}", reason, pool.name)
+            return
+        src.failures, src.retry_at = 0, 0.0
+        self._recovered(("src", pool.name, url), f"scrape of {url}")
+        src.history.append(scrape)
+        while src.history and scrape.at_s - src.history[0].at_s > pool.window_s:
+            src.history.popleft()
+
+    # --- log once per change of state ------------------------------------------------------------
+    def _failed(self, key: tuple[str, ...], what: str, reason: str, pool: str) -> None:
+        telemetry.SCRAPE_ERRORS.labels(pool=pool).inc()
+        if self._logged.get(key) != reason:
+            log.warning("%s failed: %s", what, reason)
+            self._logged[key] = reason
+
+    def _recovered(self, key: tuple[str, ...], what: str) -> None:
+        if key in self._logged:
+            log.info("%s recovered", what)
+            del self._logged[key]
+
+    # --- the pool view -------------------------------------------------------------------------
+    def view(self, pool: Pool, urls: list[str], now: float) -> PoolSnapshot | None:
+        """The pool's snapshot from each source's newest good scrape, by the stale policy."""
+        backends: list[BackendSignals] = []
+        stale_seen = False
+        for url in urls:
+            src = self._sources.get((pool.name, url))
+            if src is None or not src.history:
+                stale_seen = True
+                if pool.stale == "saturated":
+                    backends.append(_saturated(url, None))
+                continue
+            newest = src.history[-1]
+            age = now - newest.at_s
+            backend = backend_from_scrape(newest, list(src.history), pool.window_s)
+            backend = replace(backend, age_s=age)
+            if age <= pool.stale_after_s:
+                backends.append(backend)
+                continue
+            stale_seen = True
+            if pool.stale == "last_known" and age <= pool.max_age_s:
+                backends.append(replace(backend, stale=True))
+            elif pool.stale == "saturated":
+                backends.append(_saturated(url, backend))
+        if not backends:
+            return None
+        return PoolSnapshot(
+            pool=pool.name, backends=tuple(backends), taken_at_s=now, stale=stale_seen
+        )
+
+
+def _saturated(url: str, last: BackendSignals | None) -> BackendSignals:
+    base = last or BackendSignals(url=url)
+    return replace(base, kv_cache_usage=1.0, num_requests_waiting=SATURATED_WAITING, stale=True)
+
+
+async def _resolve_dns(name: str, port: int) -> list[str]:
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(name, port, type=0, proto=6)
+    return sorted({str(info[4][0]) for info in infos})

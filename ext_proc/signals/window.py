@@ -1,0 +1,193 @@
+"""Rates and quantiles of one backend over a sliding window of its scrapes (pure).
+
+Job: ``derive(history, window_s)`` looks at the scrapes whose ``at_s`` lies within
+``window_s`` of the newest (``history`` oldest first) and turns their cumulative counters and
+histograms into a ``Derived``. Every figure is None when the window cannot say: fewer than two
+scrapes carrying the field, no time between them, or no observations.
+
+Formulas (the ones Prometheus uses, so ICE and a dashboard agree):
+- Counter increase over the window, walking consecutive scrapes a → b: ``b − a`` when
+  ``b ≥ a``, else ``b`` (the counter was reset — the server restarted — and everything it
+  counted since then is new). ``rate = increase / (t_newest − t_oldest)`` over the scrapes
+  that carry the counter.
+- ``prefix_cache_hit_ratio = increase(hits) / increase(queries)`` (tokens), None when no
+  token was queried in the window; clamped to [0, 1].
+- Histogram delta: the newest minus the oldest, bucket by bucket, with the same reset rule on
+  the observation count (a scrape whose count fell, or whose bucket bounds changed, starts a
+  new segment that counts from zero). Bounds that changed inside the window: only the
+  segments with the newest bounds count.
+- ``histogram_quantile(q, h)``, Prometheus's linear interpolation: ``N`` = count of the +Inf
+  bucket, ``rank = q·N``; ``b`` = the first bucket whose cumulative count ``c_b ≥ rank``.
+  If ``b`` is the +Inf bucket the answer is the highest finite bound; else, with
+  ``lower = upper_{b−1}`` (0 for the first bucket) and ``c_below = c_{b−1}`` (0 for the
+  first), ``q̂ = lower + (upper_b − lower)·(rank − c_below)/(c_b − c_below)``. A first
+  bucket whose bound is ≤ 0 answers its bound.
+- ``exceedance(h, t)``: the fraction of the window's observations above ``t``, with the
+  count at or below ``t`` interpolated linearly inside the bucket holding ``t`` (same lower
+  bound rule); every observation in the +Inf bucket counts as above a ``t`` past the highest
+  finite bound.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Sequence
+
+from ext_proc.signals.model import Derived, EngineScrape, Histogram
+
+__all__ = ["derive", "exceedance", "histogram_delta", "histogram_quantile", "increase"]
+
+
+def increase(values: Sequence[float]) -> float:
+    """Increase of a cumulative counter over consecutive readings, resets counted (see the
+    module docstring)."""
+    total = 0.0
+    for a, b in itertools.pairwise(values):
+        total += b - a if b >= a else b
+    return total
+
+
+def _counter(
+    window: Sequence[EngineScrape], get: Callable[[EngineScrape], float | None]
+) -> tuple[float, float] | None:
+    """(increase, seconds) of one counter over the window, or None."""
+    points = [(s.at_s, v) for s in window if (v := get(s)) is not None]
+    if len(points) < 2:
+        return None
+    span = points[-1][0] - points[0][0]
+    if span <= 0:
+        return None
+    return increase([v for _, v in points]), span
+
+
+def _rate(
+    window: Sequence[EngineScrape], get: Callable[[EngineScrape], float | None]
+) -> float | None:
+    found = _counter(window, get)
+    return found[0] / found[1] if found else None
+
+
+def _add(acc: list[float], h: Histogram, sign: float) -> None:
+    for i, c in enumerate(h.counts):
+        acc[i] += sign * c
+
+
+def histogram_delta(hs: Sequence[Histogram]) -> Histogram | None:
+    """The observations between the first and the last of ``hs`` (oldest first), resets and
+    bound changes handled; None for fewer than two histograms."""
+    if len(hs) < 2:
+        return None
+    bounds = hs[-1].bounds
+    start = len(hs) - 1
+    while start > 0 and hs[start - 1].bounds == bounds:
+        start -= 1
+    run = hs[start:]
+    counts = [0.0] * len(bounds)
+    total_sum = 0.0
+    seg_first = run[0]
+    if start > 0:  # the bounds changed just before the run: it counts from zero
+        _add(counts, seg_first, 1.0)
+        total_sum += seg_first.sum
+    for a, b in itertools.pairwise(run):
+        if b.count < a.count:  # reset: close the segment, the new one counts from zero
+            _add(counts, a, 1.0)
+            _add(counts, seg_first, -1.0)
+            _add(counts, b, 1.0)
+            total_sum += a.sum - seg_first.sum + b.sum
+            seg_first = b
+    last = run[-1]
+    _add(counts, last, 1.0)
+    _add(counts, seg_first, -1.0)
+    total_sum += last.sum - seg_first.sum
+    cumulative: list[float] = []
+    running = 0.0
+    for c in counts:  # keep cumulative counts non-negative and non-decreasing
+        running = max(running, c)
+        cumulative.append(running)
+    return Histogram(
+        bounds=bounds,
+        counts=tuple(cumulative),
+        count=cumulative[-1] if cumulative else 0.0,
+        sum=total_sum,
+    )
+
+
+def _usable(h: Histogram) -> bool:
+    return len(h.bounds) >= 2 and len(h.counts) == len(h.bounds) and h.bounds[-1] == math.inf
+
+
+def histogram_quantile(q: float, h: Histogram) -> float | None:
+    """Prometheus's ``histogram_quantile`` (see the module docstring); None without
+    observations or with fewer than two buckets."""
+    if not _usable(h) or not 0.0 <= q <= 1.0:
+        return None
+    n = h.counts[-1]
+    if n <= 0:
+        return None
+    rank = q * n
+    b = next((i for i, c in enumerate(h.counts[:-1]) if c >= rank), len(h.counts) - 1)
+    if b == len(h.counts) - 1:
+        return h.bounds[-2]
+    if b == 0 and h.bounds[0] <= 0:
+        return h.bounds[0]
+    lower = h.bounds[b - 1] if b > 0 else 0.0
+    below = h.counts[b - 1] if b > 0 else 0.0
+    width = h.counts[b] - below
+    if width <= 0:
+        return lower
+    return lower + (h.bounds[b] - lower) * (rank - below) / width
+
+
+def exceedance(delta: Histogram, threshold_s: float) -> float | None:
+    """Fraction of the histogram's observations above ``threshold_s`` (see the module
+    docstring); None without observations."""
+    if not _usable(delta):
+        return None
+    n = delta.counts[-1]
+    if n <= 0:
+        return None
+    finite = len(delta.bounds) - 1
+    if threshold_s >= delta.bounds[finite - 1]:
+        at_or_below = delta.counts[finite - 1]
+    else:
+        i = next(i for i in range(finite) if delta.bounds[i] >= threshold_s)
+        lower = delta.bounds[i - 1] if i > 0 else min(0.0, delta.bounds[0])
+        below = delta.counts[i - 1] if i > 0 else 0.0
+        upper = delta.bounds[i]
+        if upper <= lower:
+            at_or_below = delta.counts[i]
+        else:
+            frac = (max(threshold_s, lower) - lower) / (upper - lower)
+            at_or_below = below + (delta.counts[i] - below) * frac
+    return min(1.0, max(0.0, (n - at_or_below) / n))
+
+
+def derive(history: Sequence[EngineScrape], window_s: float) -> Derived:
+    """Rates and quantiles over the scrapes within ``window_s`` of the newest one (history
+    oldest first). ``Derived.window_s`` is the span those scrapes actually cover."""
+    if not history:
+        return Derived(window_s=0.0)
+    newest = history[-1].at_s
+    window = [s for s in history if newest - window_s <= s.at_s <= newest]
+    if len(window) < 2:
+        return Derived(window_s=0.0)
+    hits = _counter(window, lambda s: s.prefix_cache_hits_tokens)
+    queries = _counter(window, lambda s: s.prefix_cache_queries_tokens)
+    ratio: float | None = None
+    if hits is not None and queries is not None and queries[0] > 0:
+        ratio = min(1.0, max(0.0, hits[0] / queries[0]))
+    ttft = histogram_delta([s.ttft_s for s in window if s.ttft_s is not None])
+    queue = histogram_delta([s.queue_time_s for s in window if s.queue_time_s is not None])
+    return Derived(
+        window_s=window[-1].at_s - window[0].at_s,
+        prefix_cache_hit_ratio=ratio,
+        preemptions_per_s=_rate(window, lambda s: s.preemptions),
+        prompt_tokens_per_s=_rate(window, lambda s: s.prompt_tokens),
+        generation_tokens_per_s=_rate(window, lambda s: s.generation_tokens),
+        completions_per_s=_rate(window, lambda s: s.request_success),
+        ttft_p50_s=histogram_quantile(0.5, ttft) if ttft else None,
+        ttft_p95_s=histogram_quantile(0.95, ttft) if ttft else None,
+        queue_time_p95_s=histogram_quantile(0.95, queue) if queue else None,
+        ttft_delta=ttft,
+    )
