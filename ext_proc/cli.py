@@ -46,6 +46,11 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "plan", help="KV-cache capacity of one vLLM rank (ice plan --help)", add_help=False
     )
+    sub.add_parser(
+        "signals",
+        help="the normalised signals ICE derives from a /metrics URL or saved page",
+        add_help=False,
+    )
 
     b = sub.add_parser("dev-backend", help="run the local OpenAI/Anthropic test backend")
     b.add_argument("--host", default="127.0.0.1")
@@ -59,6 +64,10 @@ def main(argv: list[str] | None = None) -> int:
         from ext_proc.kv.cli import main as plan_main
 
         return plan_main(argv[1:])
+    if argv[:1] == ["signals"]:
+        from ext_proc.signals.cli import main as signals_main
+
+        return signals_main(argv[1:])
     args = _parser().parse_args(argv)
     from ext_proc.policy.load import PolicyError
 
