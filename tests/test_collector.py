@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -166,3 +167,22 @@ def test_a_hanging_source_is_cut_at_its_timeout() -> None:
     _, published = collect(pool, pages)
     assert "p" not in published[-1]
     assert pages.finished_hangs == 0  # cancelled, not awaited
+
+
+DCGM = (Path(__file__).parent / "data" / "signals" / "dcgm_metrics.txt").read_text()
+
+
+@pytest.mark.parametrize(
+    ("join", "backend_host", "expected"),
+    [("pool", "a", 2), ("host", "gpu-node-07", 2), ("host", "a", 0)],
+)
+def test_gpu_sources_join_the_pool_view(join: str, backend_host: str, expected: int) -> None:
+    url = f"http://{backend_host}:8000/metrics"
+    pool = Pool(
+        name="p", metrics_urls=(url,), gpu_metrics_urls=("http://dcgm/metrics",), gpu_join=join
+    )
+    _, published = collect(pool, Pages({url: PAGE, "http://dcgm/metrics": DCGM}))
+    view = published[-1]["p"]
+    assert len(view.gpus) == expected
+    if expected:
+        assert view.pcie_utilization is not None

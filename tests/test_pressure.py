@@ -102,3 +102,20 @@ def test_custom_weights_and_thresholds() -> None:
 )
 def test_level_boundaries_are_inclusive_lower_bounds(score: float, level: Level) -> None:
     assert level_for(score, DEFAULT) is level
+
+
+def test_pcie_term_joins_when_the_pool_has_gpus() -> None:
+    from ext_proc.signals.model import GpuScrape
+
+    gpus = (
+        GpuScrape(source="d", at_s=0, gpu="0", pcie_tx_bytes_s=16e9, pcie_rx_bytes_s=8e9),
+        GpuScrape(source="d", at_s=0, gpu="1", pcie_tx_bytes_s=0.0, pcie_rx_bytes_s=8e9),
+    )
+    snap = PoolSnapshot(
+        pool="p", backends=(b(0.5, 2),), taken_at_s=0.0, gpus=gpus, pcie_bandwidth_bytes_s=32e9
+    )
+    # s_pcie = mean(16/32, 8/32) = 0.375; s_kv = 0.5; s_queue = 2/8 = 0.25
+    # 100 × (0.40 × 0.5 + 0.35 × 0.375 + 0.25 × 0.25) / 1.00 = 39.375
+    assert snap.pcie_utilization == pytest.approx(0.375)
+    p = pressure_of(snap, DEFAULT)
+    assert p is not None and p.score == pytest.approx(39.38, abs=0.01)

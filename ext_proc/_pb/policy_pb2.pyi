@@ -399,12 +399,15 @@ class Pressure(_message.Message):
 
     WEIGHT_KV_CACHE_FIELD_NUMBER: _builtins.int
     WEIGHT_QUEUE_FIELD_NUMBER: _builtins.int
+    WEIGHT_PCIE_FIELD_NUMBER: _builtins.int
     QUEUE_SATURATION_REQUESTS_FIELD_NUMBER: _builtins.int
     THRESHOLDS_FIELD_NUMBER: _builtins.int
     weight_kv_cache: _builtins.float
     """Weight of KV-cache usage (used fraction). Default 0.40."""
     weight_queue: _builtins.float
     """Weight of the queue signal. Default 0.25."""
+    weight_pcie: _builtins.float
+    """Weight of PCIe traffic (needs the pool's gpu_metrics_urls). Default 0.35."""
     queue_saturation_requests: _builtins.float
     """Waiting requests per backend at which the queue signal saturates at 1. Default 8."""
     @_builtins.property
@@ -414,23 +417,28 @@ class Pressure(_message.Message):
         *,
         weight_kv_cache: _builtins.float | None = ...,
         weight_queue: _builtins.float | None = ...,
+        weight_pcie: _builtins.float | None = ...,
         queue_saturation_requests: _builtins.float | None = ...,
         thresholds: Global___Thresholds | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_queue_saturation_requests", b"_queue_saturation_requests", "_weight_kv_cache", b"_weight_kv_cache", "_weight_queue", b"_weight_queue", "queue_saturation_requests", b"queue_saturation_requests", "thresholds", b"thresholds", "weight_kv_cache", b"weight_kv_cache", "weight_queue", b"weight_queue"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_queue_saturation_requests", b"_queue_saturation_requests", "_weight_kv_cache", b"_weight_kv_cache", "_weight_pcie", b"_weight_pcie", "_weight_queue", b"_weight_queue", "queue_saturation_requests", b"queue_saturation_requests", "thresholds", b"thresholds", "weight_kv_cache", b"weight_kv_cache", "weight_pcie", b"weight_pcie", "weight_queue", b"weight_queue"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_queue_saturation_requests", b"_queue_saturation_requests", "_weight_kv_cache", b"_weight_kv_cache", "_weight_queue", b"_weight_queue", "queue_saturation_requests", b"queue_saturation_requests", "thresholds", b"thresholds", "weight_kv_cache", b"weight_kv_cache", "weight_queue", b"weight_queue"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_queue_saturation_requests", b"_queue_saturation_requests", "_weight_kv_cache", b"_weight_kv_cache", "_weight_pcie", b"_weight_pcie", "_weight_queue", b"_weight_queue", "queue_saturation_requests", b"queue_saturation_requests", "thresholds", b"thresholds", "weight_kv_cache", b"weight_kv_cache", "weight_pcie", b"weight_pcie", "weight_queue", b"weight_queue"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__queue_saturation_requests: _TypeAlias = _typing.Literal["queue_saturation_requests"]  # noqa: Y015
     _WhichOneofArgType__queue_saturation_requests: _TypeAlias = _typing.Literal["_queue_saturation_requests", b"_queue_saturation_requests"]  # noqa: Y015
     _WhichOneofReturnType__weight_kv_cache: _TypeAlias = _typing.Literal["weight_kv_cache"]  # noqa: Y015
     _WhichOneofArgType__weight_kv_cache: _TypeAlias = _typing.Literal["_weight_kv_cache", b"_weight_kv_cache"]  # noqa: Y015
+    _WhichOneofReturnType__weight_pcie: _TypeAlias = _typing.Literal["weight_pcie"]  # noqa: Y015
+    _WhichOneofArgType__weight_pcie: _TypeAlias = _typing.Literal["_weight_pcie", b"_weight_pcie"]  # noqa: Y015
     _WhichOneofReturnType__weight_queue: _TypeAlias = _typing.Literal["weight_queue"]  # noqa: Y015
     _WhichOneofArgType__weight_queue: _TypeAlias = _typing.Literal["_weight_queue", b"_weight_queue"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__queue_saturation_requests) -> _WhichOneofReturnType__queue_saturation_requests | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__weight_kv_cache) -> _WhichOneofReturnType__weight_kv_cache | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__weight_pcie) -> _WhichOneofReturnType__weight_pcie | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__weight_queue) -> _WhichOneofReturnType__weight_queue | None: ...
 
@@ -552,6 +560,9 @@ class Pool(_message.Message):
     STALE_AFTER_S_FIELD_NUMBER: _builtins.int
     WINDOW_S_FIELD_NUMBER: _builtins.int
     DNS_FIELD_NUMBER: _builtins.int
+    GPU_METRICS_URLS_FIELD_NUMBER: _builtins.int
+    GPU_JOIN_FIELD_NUMBER: _builtins.int
+    PCIE_BANDWIDTH_BYTES_S_FIELD_NUMBER: _builtins.int
     scrape_interval_s: _builtins.float
     """Seconds between scrapes. Default 0.2."""
     scrape_timeout_s: _builtins.float
@@ -569,6 +580,12 @@ class Pool(_message.Message):
     """A source whose last good scrape is older than this is stale. Default 2 × scrape_interval_s."""
     window_s: _builtins.float
     """Window of derived rates and quantiles (prefix-cache hit ratio, TTFT, drain rate). Default 10."""
+    gpu_join: _builtins.str
+    """Which of their GPUs belong to the pool: pool (default: all of them) | host (those whose
+    Hostname label is the host of one of the pool's backends).
+    """
+    pcie_bandwidth_bytes_s: _builtins.float
+    """PCIe bandwidth per direction, bytes/s, for the PCIe pressure term. Default 32e9 (Gen4 x16)."""
     @_builtins.property
     def metrics_urls(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Prometheus endpoints of the pool's backends (vLLM /metrics)."""
@@ -576,6 +593,10 @@ class Pool(_message.Message):
     @_builtins.property
     def dns(self) -> Global___DnsSource:
         """A headless Service: every address of this name is a backend, re-resolved periodically."""
+
+    @_builtins.property
+    def gpu_metrics_urls(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """NVIDIA DCGM exporter endpoints: GPU framebuffer, utilisation and PCIe traffic."""
 
     def __init__(
         self,
@@ -589,13 +610,18 @@ class Pool(_message.Message):
         stale_after_s: _builtins.float | None = ...,
         window_s: _builtins.float | None = ...,
         dns: Global___DnsSource | None = ...,
+        gpu_metrics_urls: _abc.Iterable[_builtins.str] | None = ...,
+        gpu_join: _builtins.str = ...,
+        pcie_bandwidth_bytes_s: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_age_s", b"_max_age_s", "_scrape_interval_s", b"_scrape_interval_s", "_scrape_timeout_s", b"_scrape_timeout_s", "_stale_after_s", b"_stale_after_s", "_window_s", b"_window_s", "dns", b"dns", "max_age_s", b"max_age_s", "scrape_interval_s", b"scrape_interval_s", "scrape_timeout_s", b"scrape_timeout_s", "stale_after_s", b"stale_after_s", "window_s", b"window_s"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_age_s", b"_max_age_s", "_pcie_bandwidth_bytes_s", b"_pcie_bandwidth_bytes_s", "_scrape_interval_s", b"_scrape_interval_s", "_scrape_timeout_s", b"_scrape_timeout_s", "_stale_after_s", b"_stale_after_s", "_window_s", b"_window_s", "dns", b"dns", "max_age_s", b"max_age_s", "pcie_bandwidth_bytes_s", b"pcie_bandwidth_bytes_s", "scrape_interval_s", b"scrape_interval_s", "scrape_timeout_s", b"scrape_timeout_s", "stale_after_s", b"stale_after_s", "window_s", b"window_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_age_s", b"_max_age_s", "_scrape_interval_s", b"_scrape_interval_s", "_scrape_timeout_s", b"_scrape_timeout_s", "_stale_after_s", b"_stale_after_s", "_window_s", b"_window_s", "dns", b"dns", "kind", b"kind", "max_age_s", b"max_age_s", "metrics_urls", b"metrics_urls", "scrape_interval_s", b"scrape_interval_s", "scrape_timeout_s", b"scrape_timeout_s", "stale", b"stale", "stale_after_s", b"stale_after_s", "window_s", b"window_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_age_s", b"_max_age_s", "_pcie_bandwidth_bytes_s", b"_pcie_bandwidth_bytes_s", "_scrape_interval_s", b"_scrape_interval_s", "_scrape_timeout_s", b"_scrape_timeout_s", "_stale_after_s", b"_stale_after_s", "_window_s", b"_window_s", "dns", b"dns", "gpu_join", b"gpu_join", "gpu_metrics_urls", b"gpu_metrics_urls", "kind", b"kind", "max_age_s", b"max_age_s", "metrics_urls", b"metrics_urls", "pcie_bandwidth_bytes_s", b"pcie_bandwidth_bytes_s", "scrape_interval_s", b"scrape_interval_s", "scrape_timeout_s", b"scrape_timeout_s", "stale", b"stale", "stale_after_s", b"stale_after_s", "window_s", b"window_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_age_s: _TypeAlias = _typing.Literal["max_age_s"]  # noqa: Y015
     _WhichOneofArgType__max_age_s: _TypeAlias = _typing.Literal["_max_age_s", b"_max_age_s"]  # noqa: Y015
+    _WhichOneofReturnType__pcie_bandwidth_bytes_s: _TypeAlias = _typing.Literal["pcie_bandwidth_bytes_s"]  # noqa: Y015
+    _WhichOneofArgType__pcie_bandwidth_bytes_s: _TypeAlias = _typing.Literal["_pcie_bandwidth_bytes_s", b"_pcie_bandwidth_bytes_s"]  # noqa: Y015
     _WhichOneofReturnType__scrape_interval_s: _TypeAlias = _typing.Literal["scrape_interval_s"]  # noqa: Y015
     _WhichOneofArgType__scrape_interval_s: _TypeAlias = _typing.Literal["_scrape_interval_s", b"_scrape_interval_s"]  # noqa: Y015
     _WhichOneofReturnType__scrape_timeout_s: _TypeAlias = _typing.Literal["scrape_timeout_s"]  # noqa: Y015
@@ -606,6 +632,8 @@ class Pool(_message.Message):
     _WhichOneofArgType__window_s: _TypeAlias = _typing.Literal["_window_s", b"_window_s"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_age_s) -> _WhichOneofReturnType__max_age_s | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__pcie_bandwidth_bytes_s) -> _WhichOneofReturnType__pcie_bandwidth_bytes_s | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__scrape_interval_s) -> _WhichOneofReturnType__scrape_interval_s | None: ...
     @_typing.overload

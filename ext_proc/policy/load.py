@@ -106,6 +106,7 @@ def _pressure(msg: policy_pb2.Pressure, where: str) -> PressureModel:
     model = PressureModel(
         weight_kv_cache=_opt(msg, "weight_kv_cache", d.weight_kv_cache),
         weight_queue=_opt(msg, "weight_queue", d.weight_queue),
+        weight_pcie=_opt(msg, "weight_pcie", d.weight_pcie),
         queue_saturation_requests=_opt(
             msg, "queue_saturation_requests", d.queue_saturation_requests
         ),
@@ -113,11 +114,11 @@ def _pressure(msg: policy_pb2.Pressure, where: str) -> PressureModel:
         high_at=_opt(t, "high", d.high_at),
         critical_at=_opt(t, "critical", d.critical_at),
     )
-    for name in ("weight_kv_cache", "weight_queue"):
+    for name in ("weight_kv_cache", "weight_queue", "weight_pcie"):
         value = getattr(model, name)
         if not math.isfinite(value) or value < 0:
             raise PolicyError(f"{where}.{name}: must be a finite number ≥ 0, got {value}")
-    if model.weight_kv_cache + model.weight_queue <= 0:
+    if model.weight_kv_cache + model.weight_queue + model.weight_pcie <= 0:
         raise PolicyError(f"{where}: at least one weight must be > 0")
     if not model.queue_saturation_requests > 0:
         raise PolicyError(
@@ -247,6 +248,13 @@ def _pool(name: str, msg: policy_pb2.Pool) -> Pool:
     stale = msg.stale or d.stale
     if stale not in ("ignore", "last_known", "saturated"):
         raise PolicyError(f"{where}.stale: must be ignore, last_known or saturated, got {stale!r}")
+    gpu_join = msg.gpu_join or d.gpu_join
+    if gpu_join not in ("pool", "host"):
+        raise PolicyError(f"{where}.gpu_join: must be pool or host, got {gpu_join!r}")
+    for i, url in enumerate(msg.gpu_metrics_urls):
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise PolicyError(f"{where}.gpu_metrics_urls[{i}]: not an http(s) URL: {url!r}")
     dns = msg.dns
     if msg.HasField("dns") and not dns.name:
         raise PolicyError(f"{where}.dns.name: required")
@@ -268,6 +276,11 @@ def _pool(name: str, msg: policy_pb2.Pool) -> Pool:
         dns_port=_opt(dns, "port", d.dns_port) if msg.HasField("dns") else d.dns_port,
         dns_path=dns.path or d.dns_path,
         dns_scheme=dns.scheme or d.dns_scheme,
+        gpu_metrics_urls=tuple(msg.gpu_metrics_urls),
+        gpu_join=gpu_join,
+        pcie_bandwidth_bytes_s=_positive(
+            msg, "pcie_bandwidth_bytes_s", d.pcie_bandwidth_bytes_s, where
+        ),
         dns_refresh_s=_opt(dns, "refresh_s", d.dns_refresh_s)
         if msg.HasField("dns")
         else d.dns_refresh_s,

@@ -56,6 +56,7 @@ class PressureModel:
     """Weights and thresholds of ``mem_pressure_score`` (see ``ext_proc.policy.pressure``)."""
 
     weight_kv_cache: float = 0.40
+    weight_pcie: float = 0.35
     weight_queue: float = 0.25
     queue_saturation_requests: float = 8.0
     medium_at: float = 40.0
@@ -123,6 +124,9 @@ class Pool:
     dns_path: str = "/metrics"
     dns_scheme: str = "http"
     dns_refresh_s: float = 5.0
+    gpu_metrics_urls: tuple[str, ...] = ()  # DCGM exporters
+    gpu_join: str = "pool"  # pool: every GPU they report | host: GPUs on the backends' hosts
+    pcie_bandwidth_bytes_s: float = 32e9  # per direction; PCIe Gen4 x16 ≈ 32 GB/s
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,8 +17,12 @@ as: ``last_known`` (default: its last values, until ``max_age_s``, then left out
 ``ignore`` (left out at once; a pool with no fresh source has no view → pressure "unknown"),
 ``saturated`` (a full KV cache and a saturated queue: the safe choice when losing sight of a
 backend should shed load). Detection is quick (two intervals) while the default action is
-tolerant, so a scrape delayed by a busy backend flags the view without blinding ICE. The view records that it contains stale data (header ``x-ice-stale``, metric
-``ice_pool_stale``).
+tolerant, so a scrape delayed by a busy backend flags the view without blinding ICE. The
+view records that it contains stale data (header ``x-ice-stale``, metric ``ice_pool_stale``).
+
+GPU sources (the pool's ``gpu_metrics_urls``, DCGM exporters) are scraped alongside; their
+GPUs join the view by ``gpu_join``: ``pool`` (all of them) or ``host`` (those whose
+``Hostname`` label is the host of one of the pool's backends).
 
 Invariant: the request path never calls into this module; it only reads published snapshots.
 """
@@ -33,13 +37,14 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
+from urllib.parse import urlsplit
 
 import aiohttp
 
 from ext_proc import telemetry
 from ext_proc.policy.model import Pool
-from ext_proc.signals.model import EngineScrape
-from ext_proc.signals.parse import SourceParseError, parse_engine
+from ext_proc.signals.model import EngineScrape, GpuScrape
+from ext_proc.signals.parse import SourceParseError, parse_dcgm, parse_engine
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
 from ext_proc.signals.window import derive
 
@@ -78,6 +83,8 @@ def backend_from_scrape(
 class _Source:
     url: str
     history: deque[EngineScrape] = field(default_factory=deque)
+    gpus: tuple[GpuScrape, ...] = ()  # a DCGM exporter's newest GPUs
+    gpus_at_s: float = 0.0
     failures: int = 0
     retry_at: float = 0.0
     failing: str | None = None  # the logged failure reason, for log-once
@@ -163,7 +170,11 @@ class Collector:
         urls = await self.endpoints(pool)
         now = time.monotonic()
         due = [u for u in urls if self._source(pool, u).retry_at <= now]
-        await asyncio.gather(*(self._scrape(pool, u) for u in due))
+        gpu_due = [u for u in pool.gpu_metrics_urls if self._source(pool, u).retry_at <= now]
+        await asyncio.gather(
+            *(self._scrape(pool, u) for u in due),
+            *(self._scrape(pool, u, gpu=True) for u in gpu_due),
+        )
         view = self.view(pool, urls, time.monotonic())
         if view is None:
             self._views.pop(pool.name, None)
@@ -181,13 +192,17 @@ class Collector:
             src = self._sources[key] = _Source(url)
         return src
 
-    async def _scrape(self, pool: Pool, url: str) -> None:
+    async def _scrape(self, pool: Pool, url: str, *, gpu: bool = False) -> None:
         assert self._fetch is not None
         src = self._source(pool, url)
         try:
             async with asyncio.timeout(pool.scrape_timeout_s):
                 text = await self._fetch(url, pool.scrape_timeout_s)
-            scrape = parse_engine(pool.kind, url, text, time.monotonic())
+            if gpu:
+                at = time.monotonic()
+                src.gpus, src.gpus_at_s = tuple(parse_dcgm(url, text, at)), at
+            else:
+                scrape = parse_engine(pool.kind, url, text, time.monotonic())
         except (OSError, TimeoutError, aiohttp.ClientError, SourceParseError) as e:
             src.failures += 1
             backoff = min(MAX_BACKOFF_S, pool.scrape_interval_s * 2 ** (src.failures - 1))
@@ -197,6 +212,8 @@ class Collector:
             return
         src.failures, src.retry_at = 0, 0.0
         self._recovered(("src", pool.name, url), f"scrape of {url}")
+        if gpu:
+            return
         src.history.append(scrape)
         while src.history and scrape.at_s - src.history[0].at_s > pool.window_s:
             src.history.popleft()
@@ -240,8 +257,24 @@ class Collector:
         if not backends:
             return None
         return PoolSnapshot(
-            pool=pool.name, backends=tuple(backends), taken_at_s=now, stale=stale_seen
+            pool=pool.name,
+            backends=tuple(backends),
+            taken_at_s=now,
+            stale=stale_seen,
+            gpus=self._gpus(pool, urls, now),
+            pcie_bandwidth_bytes_s=pool.pcie_bandwidth_bytes_s,
         )
+
+    def _gpus(self, pool: Pool, urls: list[str], now: float) -> tuple[GpuScrape, ...]:
+        """The pool's GPUs from fresh DCGM sources, joined by ``pool.gpu_join``."""
+        hosts = {urlsplit(u).hostname for u in urls}
+        found: list[GpuScrape] = []
+        for url in pool.gpu_metrics_urls:
+            src = self._sources.get((pool.name, url))
+            if src is None or not src.gpus or now - src.gpus_at_s > pool.max_age_s:
+                continue
+            found.extend(g for g in src.gpus if pool.gpu_join == "pool" or g.host in hosts)
+        return tuple(found)
 
 
 def _saturated(url: str, last: BackendSignals | None) -> BackendSignals:

@@ -82,6 +82,10 @@ def _type_names(kind: str) -> dict[str, str]:
     return out
 
 
+_VALUE = r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?|[-+]?(?:Inf|inf|NaN|nan)"
+_LABELS = r'(?:[^"{}\n]|"(?:[^"\\\n]|\\.)*")*'
+
+
 class _Filter:
     """Compiled regexes of one kind. Every pattern starts with a literal ("\\n" + prefix),
     which lets the regex engine skip through the page at memchr speed."""
@@ -93,7 +97,12 @@ class _Filter:
         samples = _alternation(self.family_of, prefix)
         types = _alternation(self.type_names, prefix)
         p = re.escape(prefix)
-        self.sample = re.compile(rf"\n({p}(?:{samples}))(?=[{{ \t\n])([^\n]*)")
+        # a wanted sample line: (name, labels, value, "") when it has the plain form
+        # ``name{k="v",...} value [timestamp]``, else (name, "", "", rest of the line)
+        self.sample = re.compile(
+            rf"\n({p}(?:{samples}))(?:(?:\{{({_LABELS})\}})?[ \t]+({_VALUE})"
+            rf"(?:[ \t]+-?[0-9]+)?[ \t]*\r?(?=\n)|(?=[{{ \t\n])([^\n]*))"
+        )
         self.type = re.compile(rf"\n# TYPE ({p}(?:{types}))(?=[ \t\n])([^\n]*)")
         self.keep = re.compile(
             rf"\n((?:# (?:HELP|TYPE) {p}(?:{types})|{p}(?:{samples}))(?=[ \t{{\n])[^\n]*)"
@@ -113,9 +122,6 @@ def _check_page(text: str) -> None:
 
 # -- step 2: reading kept lines ------------------------------------------------------------
 
-_VALUE = r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?|[-+]?(?:Inf|inf|NaN|nan)"
-_VALUE_RE: Final = re.compile(_VALUE)
-_TIMESTAMP_RE: Final = re.compile(r"-?[0-9]+")
 _TYPE_REST: Final = re.compile(r"[ \t]+([a-z]+)[ \t]*\r?")
 _METRIC_TYPES: Final = frozenset(
     {"counter", "gauge", "summary", "histogram", "gaugehistogram", "untyped", "unknown"}
@@ -145,26 +151,14 @@ def _labels(text: str) -> Mapping[str, str] | None:
     return out
 
 
-def _fast_samples(pairs: Sequence[tuple[str, str]]) -> list[Sample] | None:
+def _fast_samples(matches: Sequence[tuple[str, str, str, str]]) -> list[Sample] | None:
+    """Samples from the sample regex's matches; None as soon as one line is not plain."""
     out: list[Sample] = []
-    value_ok = _VALUE_RE.fullmatch
-    for name, rest in pairs:
-        if rest[:1] == "{":
-            end = rest.rfind("}")
-            labels = _labels(rest[1:end]) if end > 0 else None
-            tail = rest[end + 1 :]
-        else:
-            labels, tail = _NO_LABELS, rest
-        fields = tail.split()
-        if (
-            labels is None
-            or not 1 <= len(fields) <= 2
-            or tail[:1] not in (" ", "\t")
-            or value_ok(fields[0]) is None
-            or (len(fields) == 2 and _TIMESTAMP_RE.fullmatch(fields[1]) is None)
-        ):
+    for name, label_text, value, _ in matches:
+        labels = _labels(label_text) if value else None
+        if labels is None:
             return None
-        out.append((name, labels, float(fields[0])))
+        out.append((name, labels, float(value)))
     return out
 
 
@@ -198,10 +192,10 @@ def read_samples(
         else:
             declared[f.type_names[name]] = m.group(1)
     if not reference:
-        pairs = f.sample.findall(page)
-        if not pairs:
+        matches = f.sample.findall(page)
+        if not matches:
             raise SourceParseError(f"no {kind} metrics on the page")
-        samples = _fast_samples(pairs)
+        samples = _fast_samples(matches)
     if samples is None:
         kept = f.keep.findall(page)
         samples = _reference_samples(kept)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ext_proc.signals.model import Derived
+from ext_proc.signals.model import Derived, GpuScrape
 
 __all__ = ["BackendSignals", "PoolSnapshot"]
 
@@ -57,6 +57,32 @@ class PoolSnapshot:
     backends: tuple[BackendSignals, ...]
     taken_at_s: float
     stale: bool = False  # some source is stale (kept as last known or saturated, or left out)
+    gpus: tuple[GpuScrape, ...] = ()  # the pool's GPUs (DCGM), when configured
+    pcie_bandwidth_bytes_s: float = 32e9
+
+    @property
+    def pcie_utilization(self) -> float | None:
+        """Mean over the pool's GPUs of max(tx, rx) / pcie_bandwidth_bytes_s, clamped to 0-1."""
+        values = [
+            max(g.pcie_tx_bytes_s or 0.0, g.pcie_rx_bytes_s or 0.0) / self.pcie_bandwidth_bytes_s
+            for g in self.gpus
+            if g.pcie_tx_bytes_s is not None or g.pcie_rx_bytes_s is not None
+        ]
+        if not values:
+            return None
+        return min(1.0, max(0.0, sum(values) / len(values)))
+
+    @property
+    def gpu_memory_used_fraction(self) -> float | None:
+        """Mean framebuffer used fraction (used / (used + free), or used / total)."""
+        values: list[float] = []
+        for g in self.gpus:
+            total = g.fb_total_bytes or (
+                (g.fb_used_bytes or 0.0) + (g.fb_free_bytes or 0.0) if g.fb_free_bytes else None
+            )
+            if g.fb_used_bytes is not None and total:
+                values.append(min(1.0, g.fb_used_bytes / total))
+        return sum(values) / len(values) if values else None
 
     @property
     def kv_cache_usage(self) -> float | None:
