@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import sys
 import tempfile
 import time
@@ -62,6 +63,8 @@ MAX_TOKENS = 200
 REQUESTS = 24
 SPACING_MS = 150.0
 MIX = "standard=3,sheddable=2,critical=1"
+VLLM_ARGS: tuple[str, ...] = ()
+VLLM_NICE = 10
 
 
 # --- the burst ----------------------------------------------------------------------------------
@@ -137,6 +140,9 @@ class Shot:
     at_s: float
     status: int = 0
     latency_s: float = 0.0
+    # Time to the response headers: the gateway's verdict plus vLLM's API server taking the
+    # request (tokenising, queueing it in the engine); for a 429, the whole answer.
+    headers_s: float | None = None
     # Time to the first streamed token (the wait in vLLM's queue plus prefill), or to the 429.
     ttft_s: float | None = None
     completion_tokens: int = 0
@@ -156,6 +162,7 @@ async def send(
     start = time.monotonic()
     try:
         async with session.post(url, json=body, headers={"x-priority": p.priority}) as resp:
+            shot.headers_s = time.monotonic() - start
             shot.status = resp.status
             shot.retry_after = resp.headers.get("retry-after")
             shot.decision = resp.headers.get("x-ice-decision") or None
@@ -428,15 +435,24 @@ class Setup:
 
 
 @contextlib.contextmanager
-def overload_setup(workdir: Path, *, policy: Path = POLICY) -> Iterator[Setup]:
+def overload_setup(
+    workdir: Path,
+    *,
+    policy: Path = POLICY,
+    vllm_args: Sequence[str] = VLLM_ARGS,
+    vllm_nice: int = VLLM_NICE,
+) -> Iterator[Setup]:
     """Start vLLM (tiny model, 24 blocks), ICE with ``policy`` and Envoy; stop all on exit."""
     workdir.mkdir(parents=True, exist_ok=True)
     vl.ensure_model(vl.DEFAULT_MODEL_DIR)
-    cfg = vl.ServeConfig(port=vl.free_port())
+    cfg = vl.ServeConfig(port=vl.free_port(), extra_args=tuple(vllm_args))
     with (
         vl.start_server(cfg, log_path=workdir / "vllm.log") as server,
         Stack(workdir) as stack,
     ):
+        if vllm_nice:
+            # Every thread of vLLM's process group (API server, engine core, worker).
+            os.setpriority(os.PRIO_PGRP, server.proc.pid, vllm_nice)
         rendered = render_policy(policy, workdir / "policy.yaml", cfg.port, cfg.model_dir)
         ice = stack.start_ice(f"127.0.0.1:{free_port()}", policy=rendered)
         envoy_port, admin_port = free_port(), free_port()
@@ -478,12 +494,17 @@ def warm_up(setup: Setup) -> None:
 
 
 def compare(
-    setup: Setup, burst: Sequence[Planned], *, rounds: int, sample_s: float = 0.1
+    setup: Setup,
+    burst: Sequence[Planned],
+    *,
+    rounds: int,
+    sample_s: float = 0.1,
+    modes: Sequence[str] = MODES,
 ) -> list[RunResult]:
     """``rounds`` × (the burst direct, the burst through ICE); order alternates per round."""
     results: list[RunResult] = []
     for r in range(rounds):
-        order = MODES if r % 2 == 0 else MODES[::-1]
+        order = list(modes) if r % 2 == 0 else list(modes)[::-1]
         for mode in order:
             wait_idle(setup.metrics_url)
             target = setup.vllm_url if mode == "direct" else setup.envoy_url
@@ -610,6 +631,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--sample-ms", type=float, default=100.0)
     ap.add_argument("--policy", type=Path, default=POLICY)
     ap.add_argument("--workdir", type=Path, default=None, help="logs (default: a temp dir)")
+    ap.add_argument("--modes", default=",".join(MODES), help="direct,ice (or one of them)")
+    ap.add_argument("--vllm-nice", type=int, default=VLLM_NICE, help="0: leave vLLM's priority")
+    ap.add_argument("--vllm-arg", action="append", default=list(VLLM_ARGS), help="to vllm serve")
     ap.add_argument(
         "--json", type=Path, default=None, help="write the full report here (- = stdout)"
     )
@@ -627,9 +651,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     with contextlib.ExitStack() as es:
         workdir = args.workdir or Path(es.enter_context(tempfile.TemporaryDirectory()))
-        with overload_setup(workdir, policy=args.policy) as setup:
+        with overload_setup(
+            workdir, policy=args.policy, vllm_args=args.vllm_arg, vllm_nice=args.vllm_nice
+        ) as setup:
             print(f"[overload] vLLM up in {setup.vllm.startup_s:.1f} s", file=sys.stderr)
-            results = compare(setup, burst, rounds=args.rounds, sample_s=args.sample_ms / 1000)
+            results = compare(
+                setup,
+                burst,
+                rounds=args.rounds,
+                sample_s=args.sample_ms / 1000,
+                modes=[m for m in args.modes.split(",") if m in MODES],
+            )
     full = report(results, burst, params)
     if args.json is not None and str(args.json) == "-":
         print(json.dumps(full, indent=1))
