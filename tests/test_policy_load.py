@@ -47,7 +47,7 @@ def test_empty_file_gives_a_default_profile_and_pool() -> None:
             "profiles.a.pressure.weight_kv_cache: must be a finite number",
         ),
         (
-            "profiles: {a: {pressure: {weight_kv_cache: 0, weight_queue: 0}}}",
+            "profiles: {a: {pressure: {weight_kv_cache: 0, weight_queue: 0, weight_pcie: 0}}}",
             "at least one weight must be > 0",
         ),
         ("profiles: {a: {shed: {standard: huge}}}", "profiles.a.shed.standard: unknown level"),
