@@ -169,7 +169,9 @@ def _gpu_table(gpus: Sequence[GpuScrape]) -> str:
         for g in gpus
     ]
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    )
 
 
 # -- the command ---------------------------------------------------------------------------

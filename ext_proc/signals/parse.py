@@ -3,15 +3,17 @@
 Job: text → ``EngineScrape`` (``parse_engine``) or ``list[GpuScrape]`` (``parse_dcgm``), pure.
 ``names.py`` says which metric carries which field; this module only reads and combines.
 
-How, and why so (a collector parses 64 pages of ~50 KB every 200 ms):
-1. Pre-filter. One regex pass keeps only the sample lines of the wanted families and their
-   ``# TYPE`` lines; a vLLM page is mostly histogram buckets ICE never reads.
-2. Read the kept lines. ``reference=True`` hands them (with their ``# HELP``/``# TYPE``
-   lines) to ``prometheus_client.parser.text_string_to_metric_families``. The default reads
-   them with one strict regex per line (label sets memoised: a backend's label sets are the
-   same every scrape), and falls back to prometheus_client for the whole page as soon as one
-   kept line is not of the plain ``name{k="v",...} value [timestamp]`` form. Both give the
-   same records (tests compare them on every golden page).
+How, and why so (a collector parses 64 pages of ~50 KB every 200 ms; a vLLM page is mostly
+histogram buckets ICE never reads):
+1. Pre-filter and read. One regex pass over the page (its literal prefix, e.g. "\nvllm:",
+   lets the regex engine skip the rest) picks the sample lines of the wanted families and
+   splits each into name, label text and value; label texts are memoised (a backend's label
+   sets are the same every scrape). A second pass picks their ``# TYPE`` lines.
+2. Only when a kept line is not of the plain form ``name{k="v",...} value [timestamp]``
+   (escapes aside), or a ``# TYPE`` line is odd, or ``reference=True``: the kept lines, with
+   their ``# HELP``/``# TYPE`` lines, go to ``prometheus_client.parser.
+   text_string_to_metric_families``, which is the judge of what is valid. Both ways give the
+   same records (tests compare them on every golden page and on thousands of mutated ones).
 3. Combine the samples (``engine_from_samples``, also used for Prometheus API answers):
    several engines / data-parallel ranks / ``model_name`` series of one server → usage
    averaged (block-weighted when every engine's ``cache_config_info`` is known), counts and
@@ -35,7 +37,7 @@ import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import lru_cache
-from typing import Final
+from typing import Any, Final
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -64,8 +66,27 @@ class SourceParseError(ValueError):
 
 
 def _alternation(names: Iterable[str], prefix: str) -> str:
-    tails = sorted({n[len(prefix) :] for n in names}, key=lambda s: (-len(s), s))
-    return "|".join(re.escape(t) for t in tails)
+    """A regex matching exactly the names (less their common prefix), as a trie: the regex
+    engine tries alternatives one by one, and a trie makes each line fail after a character
+    or two instead of after trying every name."""
+    trie: dict[str, Any] = {}
+    for name in names:
+        node = trie
+        for ch in name[len(prefix) :]:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+    return _trie_regex(trie)
+
+
+def _trie_regex(node: dict[str, Any]) -> str:
+    branches = [re.escape(ch) + _trie_regex(child) for ch, child in sorted(node.items()) if ch]
+    optional = "" in node
+    if not branches:
+        return ""
+    body = branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
+    if optional:  # a name ends here, a longer one goes on
+        return f"(?:{body})?"
+    return body
 
 
 def _type_names(kind: str) -> dict[str, str]:
@@ -83,7 +104,8 @@ def _type_names(kind: str) -> dict[str, str]:
 
 
 _VALUE = r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?|[-+]?(?:Inf|inf|NaN|nan)"
-_LABELS = r'(?:[^"{}\n]|"(?:[^"\\\n]|\\.)*")*'
+# label text up to the first "}": a "}" inside a label value sends the page to prometheus_client
+_LABELS = r"[^}\n]*"
 
 
 class _Filter:
@@ -111,6 +133,10 @@ class _Filter:
 
 _FILTERS: Final = {kind: _Filter(kind) for kind in (*N.ENGINE_KINDS, "dcgm")}
 _SAMPLE_NAMES: Final = {kind: f.family_of for kind, f in _FILTERS.items()}
+_HOW_OF: Final = {
+    kind: {n: N.HOW[f] for f, names in table.items() for n in names}
+    for kind, table in N.ENGINE_NAMES.items()
+}
 
 
 def _check_page(text: str) -> None:
@@ -222,11 +248,13 @@ def _dedupe_ranks(
 
 
 @lru_cache(maxsize=1024)
-def _bound(le: str) -> float:
+def _bound(le: str) -> float | None:
+    """A bucket's upper bound from its ``le`` label; None when it is not a number."""
     try:
-        return float(le)
+        bound = float(le)
     except ValueError:
-        return math.nan
+        return None
+    return None if math.isnan(bound) else bound
 
 
 def _positive_int(labels: Mapping[str, str], key: str) -> int | None:
@@ -242,14 +270,15 @@ def _histogram(
 ) -> Histogram | None:
     """Bucket-wise sum over every series, on the bounds all series share (cumulative counts
     stay exact there); None without samples or when a series lacks its +Inf bucket."""
-    totals: dict[float, float] = defaultdict(float)
-    seen: dict[float, int] = defaultdict(int)
+    totals: dict[float, float] = {}
+    seen: dict[float, int] = {}
+    isfinite, bound_of = math.isfinite, _bound
     for labels, value in by_name.get(family + "_bucket", ()):
-        bound = _bound(labels.get("le", ""))
-        if math.isnan(bound) or not math.isfinite(value):
+        bound = bound_of(labels.get("le", ""))
+        if bound is None or not isfinite(value):
             continue
-        totals[bound] += value
-        seen[bound] += 1
+        totals[bound] = totals.get(bound, 0.0) + value
+        seen[bound] = seen.get(bound, 0) + 1
     sums = by_name.get(family + "_sum", [])
     counts = by_name.get(family + "_count", [])
     n_series = max(len(sums), len(counts), seen.get(math.inf, 0))
@@ -275,9 +304,7 @@ def _group(
     """Samples by name, dropping families whose declared type contradicts names.py and
     non-finite values (histogram buckets are checked in ``_histogram``); and whether any
     series carries a replica rank label."""
-    how_of: dict[str, N.How] = {}
-    if kind in N.ENGINE_NAMES:
-        how_of = {n: N.HOW[f] for f, names in N.ENGINE_NAMES[kind].items() for n in names}
+    how_of = _HOW_OF.get(kind, {})
     by_name: dict[str, list[tuple[Mapping[str, str], float]]] = defaultdict(list)
     bad: set[str] = set()
     for family, typ in declared.items():

@@ -1,0 +1,144 @@
+"""``ice signals``: saved pages, a URL served here, JSON and table output, errors."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ext_proc.signals.cli import main
+
+DATA = Path(__file__).parent / "data"
+PREEMPTING = DATA / "vllm_cpu" / "metrics_preempting.txt"
+SGLANG = DATA / "signals" / "sglang_metrics.txt"
+DCGM = DATA / "signals" / "dcgm_metrics.txt"
+
+
+def test_table_for_a_saved_vllm_page(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(PREEMPTING)]) == 0
+    out = capsys.readouterr().out
+    rows = dict(line.split(None, 1) for line in out.splitlines() if "(" not in line)
+    assert rows["kind"] == "vllm" and rows["kv_cache_usage"] == "0.9565"
+    assert rows["num_requests_waiting"] == "13" and rows["num_gpu_blocks"] == "24"
+    assert "28 observations, p50 3.75 s" in out  # le=2.5 → 10, le=5 → 18: 2.5 + 2.5·4/8
+
+
+def test_json_has_every_field(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(SGLANG), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    scrape = doc["scrape"]
+    assert scrape["kind"] == "sglang" and scrape["kv_capacity_tokens"] == 327_680
+    assert scrape["ttft_s"]["bounds"][-1] == "+Inf" and scrape["ttft_s"]["count"] == 2000
+    assert "derived" not in doc
+
+
+def test_dcgm_page(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(DCGM), "--json"]) == 0
+    gpus = json.loads(capsys.readouterr().out)
+    assert [g["gpu"] for g in gpus] == ["0", "1"] and gpus[0]["pod"] == "vllm-llama-0"
+    assert main([str(DCGM)]) == 0
+    assert "inference/vllm-llama-0" in capsys.readouterr().out
+
+
+def test_kind_can_be_forced(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(PREEMPTING), "--kind", "sglang"]) == 1
+    assert "no sglang metrics" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("<html>502 Bad Gateway</html>\n", "no vLLM, SGLang or DCGM metrics"),
+        ('vllm:num_requests_running{engine="0"} 1', "truncated"),
+    ],
+    ids=["html", "truncated"],
+)
+def test_bad_pages_exit_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, message: str
+) -> None:
+    page = tmp_path / "page.txt"
+    page.write_text(content)
+    assert main([str(page)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("ice signals: ") and message in err
+
+
+def test_missing_file_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(tmp_path / "nope.txt")]) == 1
+    assert "cannot read" in capsys.readouterr().err
+
+
+def test_window_needs_a_url(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(PREEMPTING), "--window", "1"]) == 2
+
+
+def test_stdin(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO(PREEMPTING.read_text()))
+    assert main(["-", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["scrape"]["num_requests_running"] == 3
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[str, list[bytes]]]:
+    """A local /metrics server answering the pages in ``pages`` one after another."""
+    pages: list[bytes] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = pages.pop(0) if len(pages) > 1 else pages[0]
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=1.0.0; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/metrics", pages
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_url_with_window_adds_rates(
+    served: tuple[str, list[bytes]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, pages = served
+    pages += [
+        (DATA / "vllm_cpu" / f"metrics_{n}.txt").read_bytes() for n in ("loaded", "preempting")
+    ]
+    assert main([url, "--json", "--window", "0.05"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["scrape"]["num_requests_waiting"] == 13  # the second page
+    d = doc["derived"]
+    assert d["window_s"] > 0 and d["preemptions_per_s"] > 0
+    assert d["ttft_delta"]["count"] == 28 - 5
+
+
+def test_url_table(served: tuple[str, list[bytes]], capsys: pytest.CaptureFixture[str]) -> None:
+    url, pages = served
+    pages.append(PREEMPTING.read_bytes())
+    assert main([url]) == 0
+    assert "kv_cache_usage" in capsys.readouterr().out
+
+
+def test_unreachable_url_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["http://127.0.0.1:9/metrics", "--timeout", "1"]) == 1
+    assert "cannot read" in capsys.readouterr().err
+
+
+def test_nvml_source_answers_or_says_why(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["nvml"])
+    captured = capsys.readouterr()
+    assert (rc, bool(captured.err)) in ((0, False), (1, True))

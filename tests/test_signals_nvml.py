@@ -1,0 +1,178 @@
+"""nvml.py with a hand-written stand-in for pynvml (no GPU exists in a test)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from ext_proc.signals.nvml import NvmlSource
+
+
+class FakeNVMLError(Exception):
+    pass
+
+
+@dataclass
+class _Mem:
+    total: int
+    free: int
+    used: int
+
+
+@dataclass
+class _Util:
+    gpu: int
+    memory: int = 0
+
+
+@dataclass
+class FakeNvml:
+    """The slice of pynvml NvmlSource uses. Devices are dicts; a key holding an exception
+    makes that call raise it."""
+
+    devices: list[dict[str, object]]
+    init_error: Exception | None = None
+    count_error: Exception | None = None
+    calls: list[str] = field(default_factory=list)
+    NVML_PCIE_UTIL_TX_BYTES: int = 0
+    NVML_PCIE_UTIL_RX_BYTES: int = 1
+
+    def nvmlInit(self) -> None:
+        self.calls.append("init")
+        if self.init_error:
+            raise self.init_error
+
+    def nvmlShutdown(self) -> None:
+        self.calls.append("shutdown")
+
+    def nvmlDeviceGetCount(self) -> int:
+        if self.count_error:
+            raise self.count_error
+        return len(self.devices)
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> dict[str, object]:
+        return self.devices[i]
+
+    def _get(self, handle: dict[str, object], key: str) -> object:
+        value = handle[key]
+        if isinstance(value, Exception):
+            raise value
+        return value
+
+    def nvmlDeviceGetUUID(self, handle: dict[str, object]) -> object:
+        return self._get(handle, "uuid")
+
+    def nvmlDeviceGetName(self, handle: dict[str, object]) -> object:
+        return self._get(handle, "name")
+
+    def nvmlDeviceGetMemoryInfo(self, handle: dict[str, object]) -> object:
+        return self._get(handle, "mem")
+
+    def nvmlDeviceGetUtilizationRates(self, handle: dict[str, object]) -> object:
+        return self._get(handle, "util")
+
+    def nvmlDeviceGetPcieThroughput(self, handle: dict[str, object], counter: int) -> object:
+        self.calls.append(f"pcie{counter}")
+        return self._get(handle, "tx" if counter == self.NVML_PCIE_UTIL_TX_BYTES else "rx")
+
+
+GIB = 2**30
+H200 = {
+    "uuid": "GPU-aaaa",
+    "name": "NVIDIA H200",
+    "mem": _Mem(total=141 * GIB, free=41 * GIB, used=100 * GIB),
+    "util": _Util(gpu=87),
+    "tx": 2048,
+    "rx": 1000,
+}
+OLD = {  # an older board through an older pynvml: bytes strings, no PCIe counters
+    "uuid": b"GPU-bbbb",
+    "name": b"Tesla T4",
+    "mem": _Mem(total=16 * GIB, free=16 * GIB, used=0),
+    "util": FakeNVMLError("Not Supported"),
+    "tx": FakeNVMLError("Not Supported"),
+    "rx": FakeNVMLError("Not Supported"),
+}
+
+
+def test_reads_every_gpu_in_ice_units() -> None:
+    fake = FakeNvml(devices=[H200, OLD])
+    src = NvmlSource("node-1", module=fake)
+    assert src.available() and src.reason is None
+    a, b = src.read(12.5)
+    assert (a.source, a.at_s, a.gpu, a.uuid, a.model_name) == (
+        "node-1",
+        12.5,
+        "0",
+        "GPU-aaaa",
+        "NVIDIA H200",
+    )
+    assert (a.fb_total_bytes, a.fb_free_bytes, a.fb_used_bytes) == (141 * GIB, 41 * GIB, 100 * GIB)
+    assert a.gpu_util == pytest.approx(0.87)
+    assert (a.pcie_tx_bytes_s, a.pcie_rx_bytes_s) == (2048 * 1024, 1000 * 1024)  # KB/s → B/s
+    assert a.host  # this host's name
+    assert (b.gpu, b.uuid, b.model_name, b.fb_used_bytes) == ("1", "GPU-bbbb", "Tesla T4", 0.0)
+    assert (b.gpu_util, b.pcie_tx_bytes_s, b.pcie_rx_bytes_s) == (None, None, None)
+
+
+def test_pcie_can_be_skipped() -> None:
+    fake = FakeNvml(devices=[H200])
+    (g,) = NvmlSource(module=fake, pcie=False).read(0.0)
+    assert (g.pcie_tx_bytes_s, g.pcie_rx_bytes_s) == (None, None)
+    assert not any(c.startswith("pcie") for c in fake.calls)
+
+
+def test_init_failure_is_reported_not_raised() -> None:
+    fake = FakeNvml(devices=[H200], init_error=FakeNVMLError("Driver Not Loaded"))
+    src = NvmlSource(module=fake)
+    assert src.read(0.0) == []
+    assert not src.available()
+    assert src.reason == "NVML unavailable: Driver Not Loaded"
+    assert fake.calls == ["init"]  # tried once
+
+
+def test_device_count_failure() -> None:
+    src = NvmlSource(module=FakeNvml(devices=[], count_error=FakeNVMLError("Unknown Error")))
+    assert src.read(0.0) == []
+    assert src.reason == "nvmlDeviceGetCount failed"
+
+
+def test_a_module_missing_functions_gives_unknown_fields() -> None:
+    class Bare:
+        def nvmlInit(self) -> None:
+            pass
+
+        def nvmlDeviceGetCount(self) -> int:
+            return 1
+
+        def nvmlDeviceGetHandleByIndex(self, i: int) -> object:
+            return object()
+
+    (g,) = NvmlSource(module=Bare()).read(0.0)
+    assert (g.gpu, g.uuid, g.fb_used_bytes, g.gpu_util, g.pcie_tx_bytes_s) == (
+        "0",
+        None,
+        None,
+        None,
+        None,
+    )
+
+
+def test_close_shuts_nvml_down_and_allows_a_new_start() -> None:
+    fake = FakeNvml(devices=[H200])
+    src = NvmlSource(module=fake)
+    src.read(0.0)
+    src.close()
+    src.close()
+    assert fake.calls.count("shutdown") == 1
+    assert src.available() and fake.calls.count("init") == 2
+
+
+def test_the_real_pynvml_on_this_machine_never_raises() -> None:
+    """Where there is no GPU (CI) NVML reports itself unavailable with a reason."""
+    src = NvmlSource()
+    gpus = src.read(0.0)
+    if not src.available():
+        assert gpus == [] and src.reason
+    src.close()

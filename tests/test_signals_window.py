@@ -1,0 +1,202 @@
+"""window.py against hand-computed values: increases with resets, histogram deltas,
+Prometheus's histogram_quantile, exceedance, and derive over a scrape history."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from ext_proc.signals.model import EngineScrape, Histogram
+from ext_proc.signals.window import (
+    derive,
+    exceedance,
+    histogram_delta,
+    histogram_quantile,
+    increase,
+)
+
+INF = math.inf
+# 10 observations: 2 ≤ 0.1 s, 4 in (0.1, 0.5], 3 in (0.5, 1], 1 above 1 s
+H = Histogram(bounds=(0.1, 0.5, 1.0, INF), counts=(2, 6, 9, 10), count=10, sum=5.0)
+EMPTY = Histogram(bounds=(0.1, 0.5, 1.0, INF), counts=(0, 0, 0, 0), count=0, sum=0.0)
+
+
+def _h(counts: tuple[float, ...], total_sum: float = 0.0) -> Histogram:
+    return Histogram(bounds=(0.1, 0.5, 1.0, INF), counts=counts, count=counts[-1], sum=total_sum)
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ([1, 2, 3], 2),
+        ([5], 0),
+        ([], 0),
+        ([0, 0, 0], 0),
+        ([5, 2, 4], 4),  # reset: 2 counted since the restart, then +2
+        ([3, 1, 0, 2], 3),  # reset to 1 (+1), reset to 0 (+0), then +2
+        ([100, 100, 7], 7),
+    ],
+    ids=["steady", "one", "none", "flat", "reset", "two-resets", "reset-at-end"],
+)
+def test_increase(values: list[float], expected: float) -> None:
+    assert increase(values) == expected
+
+
+@pytest.mark.parametrize(
+    ("q", "expected"),
+    [
+        (0.5, 0.4),  # rank 5 in (0.1, 0.5]: 0.1 + 0.4·(5−2)/(6−2)
+        (0.1, 0.05),  # rank 1 in the first bucket, lower bound 0: 0.1·1/2
+        (0.2, 0.1),  # rank 2 = c_0: the first bucket's bound
+        (0.9, 1.0),  # rank 9 = c_2: 0.5 + 0.5·3/3
+        (0.95, 1.0),  # rank 9.5 only in +Inf: the highest finite bound
+        (0.75, 0.5 + 0.5 * 1.5 / 3),
+    ],
+)
+def test_histogram_quantile(q: float, expected: float) -> None:
+    assert histogram_quantile(q, H) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("h", "q", "expected"),
+    [
+        (EMPTY, 0.5, None),
+        (Histogram(bounds=(INF,), counts=(5,), count=5, sum=1), 0.5, None),
+        (Histogram(bounds=(1.0, 2.0), counts=(1, 2), count=2, sum=1), 0.5, None),  # no +Inf
+        (H, 1.5, None),
+        (Histogram(bounds=(0.0, 1.0, INF), counts=(5, 8, 10), count=10, sum=3), 0.3, 0.0),
+        (Histogram(bounds=(0.0, 1.0, INF), counts=(5, 8, 10), count=10, sum=3), 0.65, 0.5),
+    ],
+    ids=["no-observations", "one-bucket", "no-inf", "q-out-of-range", "zero-bound", "after-zero"],
+)
+def test_histogram_quantile_edges(h: Histogram, q: float, expected: float | None) -> None:
+    got = histogram_quantile(q, h)
+    assert got == (pytest.approx(expected) if expected is not None else None)
+
+
+@pytest.mark.parametrize(
+    ("threshold", "expected"),
+    [
+        (0.5, 0.4),  # 6 at or below 0.5
+        (0.3, 0.6),  # 2 + 4·(0.3−0.1)/(0.5−0.1) = 4 at or below
+        (1.0, 0.1),
+        (2.0, 0.1),  # past the highest finite bound: the +Inf bucket's 1
+        (0.05, 0.9),  # 0 + 2·0.05/0.1 = 1 at or below
+        (0.0, 1.0),
+        (-1.0, 1.0),
+    ],
+)
+def test_exceedance(threshold: float, expected: float) -> None:
+    assert exceedance(H, threshold) == pytest.approx(expected)
+
+
+def test_exceedance_without_observations() -> None:
+    assert exceedance(EMPTY, 0.5) is None
+
+
+def test_histogram_delta_plain() -> None:
+    d = histogram_delta([_h((1, 2, 3, 4), 1.0), _h((1, 3, 5, 6), 2.0), _h((2, 5, 8, 10), 4.0)])
+    assert d == _h((1, 3, 5, 6), 3.0)
+
+
+def test_histogram_delta_with_reset() -> None:
+    # 6 new observations before the restart (4 → 10), then 5 counted from zero (0 → 3 → 5)
+    before, peak = _h((1, 2, 3, 4), 1.0), _h((2, 5, 8, 10), 5.0)
+    after1, after2 = _h((1, 1, 2, 3), 0.5), _h((1, 2, 4, 5), 1.5)
+    d = histogram_delta([before, peak, after1, after2])
+    assert d == _h((1 + 1, 3 + 2, 5 + 4, 6 + 5), 4.0 + 1.5)
+
+
+def test_histogram_delta_when_bounds_change() -> None:
+    old = Histogram(bounds=(1.0, INF), counts=(5, 9), count=9, sum=3)
+    new1 = _h((0, 1, 1, 2), 0.25)
+    new2 = _h((1, 2, 3, 4), 1.0)
+    assert histogram_delta([old, new1, new2]) == _h((1, 2, 3, 4), 1.0)
+    assert histogram_delta([new1]) is None
+
+
+def _scrape(at_s: float, **fields: Any) -> EngineScrape:
+    return EngineScrape(source="b", kind="vllm", at_s=at_s, **fields)
+
+
+HISTORY = [
+    _scrape(
+        0.0, preemptions=10.0, prompt_tokens=1000.0, generation_tokens=50.0,
+        request_success=4.0, prefix_cache_queries_tokens=1000.0, prefix_cache_hits_tokens=100.0,
+        ttft_s=_h((1, 2, 3, 4)), queue_time_s=_h((4, 4, 4, 4)),
+    ),
+    _scrape(
+        1.0, preemptions=12.0, prompt_tokens=1600.0, generation_tokens=250.0,
+        request_success=6.0, prefix_cache_queries_tokens=1600.0, prefix_cache_hits_tokens=400.0,
+        ttft_s=_h((1, 3, 5, 6)), queue_time_s=_h((5, 6, 6, 6)),
+    ),
+    _scrape(
+        2.0, preemptions=3.0, prompt_tokens=2000.0, generation_tokens=450.0,
+        request_success=10.0, prefix_cache_queries_tokens=2000.0, prefix_cache_hits_tokens=500.0,
+        ttft_s=_h((2, 5, 8, 10)), queue_time_s=_h((8, 9, 9, 14)),
+    ),
+]  # fmt: skip
+
+
+def test_derive_over_the_whole_history() -> None:
+    d = derive(HISTORY, 10.0)
+    assert d.window_s == 2.0
+    assert d.preemptions_per_s == pytest.approx((2 + 3) / 2)  # reset between 1 s and 2 s
+    assert d.prompt_tokens_per_s == pytest.approx(500.0)
+    assert d.generation_tokens_per_s == pytest.approx(200.0)
+    assert d.completions_per_s == pytest.approx(3.0)
+    assert d.prefix_cache_hit_ratio == pytest.approx(400 / 1000)
+    assert d.ttft_delta == _h((1, 3, 5, 6))
+    # ttft delta (1, 3, 5, 6): p50 rank 3 → bucket (0.1, 0.5]: 0.1 + 0.4·(3−1)/(3−1) = 0.5
+    assert d.ttft_p50_s == pytest.approx(0.5)
+    # p95 rank 5.7 → only +Inf holds it: 1.0
+    assert d.ttft_p95_s == pytest.approx(1.0)
+    # queue delta (4, 5, 5, 10): p95 rank 9.5 → +Inf → 1.0
+    assert d.queue_time_p95_s == pytest.approx(1.0)
+
+
+def test_derive_uses_only_the_window() -> None:
+    d = derive(HISTORY, 1.0)  # the scrapes at 1 s and 2 s
+    assert d.window_s == 1.0
+    assert d.prompt_tokens_per_s == pytest.approx(400.0)
+    assert d.preemptions_per_s == pytest.approx(3.0)  # reset: the 3 since the restart
+    assert d.prefix_cache_hit_ratio == pytest.approx(100 / 400)
+    assert d.ttft_delta == _h((1, 2, 3, 4))
+
+
+@pytest.mark.parametrize(
+    "history",
+    [[], HISTORY[:1], [HISTORY[0], _scrape(0.0, preemptions=11.0)]],
+    ids=["empty", "one", "no-time"],
+)
+def test_derive_says_nothing_without_two_scrapes_apart(history: list[EngineScrape]) -> None:
+    d = derive(history, 10.0)
+    assert (d.preemptions_per_s, d.ttft_p50_s, d.ttft_delta, d.prefix_cache_hit_ratio) == (
+        None, None, None, None,
+    )  # fmt: skip
+
+
+def test_derive_fields_the_source_does_not_say_stay_none() -> None:
+    d = derive([_scrape(0.0, prompt_tokens=1.0), _scrape(2.0, prompt_tokens=5.0)], 10.0)
+    assert d.prompt_tokens_per_s == pytest.approx(2.0)
+    assert (d.preemptions_per_s, d.prefix_cache_hit_ratio, d.ttft_p95_s) == (None, None, None)
+
+
+def test_hit_ratio_none_without_queries_and_quantiles_none_without_observations() -> None:
+    a = _scrape(0.0, prefix_cache_queries_tokens=5.0, prefix_cache_hits_tokens=1.0, ttft_s=H)
+    b = _scrape(1.0, prefix_cache_queries_tokens=5.0, prefix_cache_hits_tokens=1.0, ttft_s=H)
+    d = derive([a, b], 5.0)
+    assert d.prefix_cache_hit_ratio is None
+    assert d.ttft_delta is not None and d.ttft_delta.count == 0
+    assert (d.ttft_p50_s, d.ttft_p95_s) == (None, None)
+
+
+def test_counter_missing_in_some_scrapes_uses_those_that_have_it() -> None:
+    hist = [
+        _scrape(0.0, preemptions=1.0),
+        _scrape(1.0),
+        _scrape(4.0, preemptions=9.0),
+    ]
+    assert derive(hist, 10.0).preemptions_per_s == pytest.approx(2.0)
