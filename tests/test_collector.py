@@ -186,3 +186,40 @@ def test_gpu_sources_join_the_pool_view(join: str, backend_host: str, expected: 
     assert len(view.gpus) == expected
     if expected:
         assert view.pcie_utilization is not None
+
+
+def test_prometheus_pool_reads_each_backend_from_instant_queries() -> None:
+    import json
+    import re
+    from urllib.parse import parse_qs, urlsplit
+
+    from test_signals_promapi import _answer, _as_prometheus  # type: ignore[import-not-found]
+
+    data = Path(__file__).parent / "data" / "vllm_cpu"
+    samples = _as_prometheus("vllm", data / "metrics_loaded.txt", "10.0.0.1:8000") + (
+        _as_prometheus("vllm", data / "metrics_idle.txt", "10.0.0.2:8000")
+    )
+    seen_queries: list[str] = []
+
+    async def prometheus(url: str, timeout_s: float) -> str:
+        query = parse_qs(urlsplit(url).query)["query"][0]
+        seen_queries.append(query)
+        names = re.search(r'__name__=~"([^"]+)"', query)
+        assert names is not None
+        wanted = set(names.group(1).split("|"))
+        return json.dumps(_answer([s for s in samples if s[0] in wanted]))
+
+    pool = Pool(
+        name="p",
+        metrics_urls=(),
+        prometheus_url="http://prom:9090",
+        prometheus_matchers='namespace="llm"',
+    )
+    published: list[dict[str, PoolSnapshot]] = []
+    collector = Collector({"p": pool}, published.append, fetch=prometheus)
+    view = asyncio.run(collector.collect_once(pool))
+    assert view is not None
+    assert sorted(b.url for b in view.backends) == ["10.0.0.1:8000", "10.0.0.2:8000"]
+    loaded = next(b for b in view.backends if b.url == "10.0.0.1:8000")
+    assert loaded.num_requests_waiting == 16 and loaded.num_gpu_blocks == 24
+    assert all('namespace="llm"' in q for q in seen_queries)

@@ -563,6 +563,7 @@ class Pool(_message.Message):
     GPU_METRICS_URLS_FIELD_NUMBER: _builtins.int
     GPU_JOIN_FIELD_NUMBER: _builtins.int
     PCIE_BANDWIDTH_BYTES_S_FIELD_NUMBER: _builtins.int
+    PROMETHEUS_FIELD_NUMBER: _builtins.int
     scrape_interval_s: _builtins.float
     """Seconds between scrapes. Default 0.2."""
     scrape_timeout_s: _builtins.float
@@ -598,6 +599,12 @@ class Pool(_message.Message):
     def gpu_metrics_urls(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """NVIDIA DCGM exporter endpoints: GPU framebuffer, utilisation and PCIe traffic."""
 
+    @_builtins.property
+    def prometheus(self) -> Global___PrometheusSource:
+        """For large meshes: read the pool's backends from a Prometheus server's HTTP query API
+        (one instant query per signal each interval) instead of scraping every pod.
+        """
+
     def __init__(
         self,
         *,
@@ -613,10 +620,11 @@ class Pool(_message.Message):
         gpu_metrics_urls: _abc.Iterable[_builtins.str] | None = ...,
         gpu_join: _builtins.str = ...,
         pcie_bandwidth_bytes_s: _builtins.float | None = ...,
+        prometheus: Global___PrometheusSource | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_age_s", b"_max_age_s", "_pcie_bandwidth_bytes_s", b"_pcie_bandwidth_bytes_s", "_scrape_interval_s", b"_scrape_interval_s", "_scrape_timeout_s", b"_scrape_timeout_s", "_stale_after_s", b"_stale_after_s", "_window_s", b"_window_s", "dns", b"dns", "max_age_s", b"max_age_s", "pcie_bandwidth_bytes_s", b"pcie_bandwidth_bytes_s", "scrape_interval_s", b"scrape_interval_s", "scrape_timeout_s", b"scrape_timeout_s", "stale_after_s", b"stale_after_s", "window_s", b"window_s"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_age_s", b"_max_age_s", "_pcie_bandwidth_bytes_s", b"_pcie_bandwidth_bytes_s", "_scrape_interval_s", b"_scrape_interval_s", "_scrape_timeout_s", b"_scrape_timeout_s", "_stale_after_s", b"_stale_after_s", "_window_s", b"_window_s", "dns", b"dns", "max_age_s", b"max_age_s", "pcie_bandwidth_bytes_s", b"pcie_bandwidth_bytes_s", "prometheus", b"prometheus", "scrape_interval_s", b"scrape_interval_s", "scrape_timeout_s", b"scrape_timeout_s", "stale_after_s", b"stale_after_s", "window_s", b"window_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_age_s", b"_max_age_s", "_pcie_bandwidth_bytes_s", b"_pcie_bandwidth_bytes_s", "_scrape_interval_s", b"_scrape_interval_s", "_scrape_timeout_s", b"_scrape_timeout_s", "_stale_after_s", b"_stale_after_s", "_window_s", b"_window_s", "dns", b"dns", "gpu_join", b"gpu_join", "gpu_metrics_urls", b"gpu_metrics_urls", "kind", b"kind", "max_age_s", b"max_age_s", "metrics_urls", b"metrics_urls", "pcie_bandwidth_bytes_s", b"pcie_bandwidth_bytes_s", "scrape_interval_s", b"scrape_interval_s", "scrape_timeout_s", b"scrape_timeout_s", "stale", b"stale", "stale_after_s", b"stale_after_s", "window_s", b"window_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_age_s", b"_max_age_s", "_pcie_bandwidth_bytes_s", b"_pcie_bandwidth_bytes_s", "_scrape_interval_s", b"_scrape_interval_s", "_scrape_timeout_s", b"_scrape_timeout_s", "_stale_after_s", b"_stale_after_s", "_window_s", b"_window_s", "dns", b"dns", "gpu_join", b"gpu_join", "gpu_metrics_urls", b"gpu_metrics_urls", "kind", b"kind", "max_age_s", b"max_age_s", "metrics_urls", b"metrics_urls", "pcie_bandwidth_bytes_s", b"pcie_bandwidth_bytes_s", "prometheus", b"prometheus", "scrape_interval_s", b"scrape_interval_s", "scrape_timeout_s", b"scrape_timeout_s", "stale", b"stale", "stale_after_s", b"stale_after_s", "window_s", b"window_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_age_s: _TypeAlias = _typing.Literal["max_age_s"]  # noqa: Y015
     _WhichOneofArgType__max_age_s: _TypeAlias = _typing.Literal["_max_age_s", b"_max_age_s"]  # noqa: Y015
@@ -644,6 +652,34 @@ class Pool(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__window_s) -> _WhichOneofReturnType__window_s | None: ...
 
 Global___Pool: _TypeAlias = Pool  # noqa: Y015
+
+@_typing.final
+class PrometheusSource(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    URL_FIELD_NUMBER: _builtins.int
+    MATCHERS_FIELD_NUMBER: _builtins.int
+    GROUP_BY_FIELD_NUMBER: _builtins.int
+    url: _builtins.str
+    """Base URL of the Prometheus server, e.g. http://prometheus.monitoring:9090."""
+    matchers: _builtins.str
+    """Label matchers added to every query, e.g. 'namespace="llm",job="vllm"'."""
+    group_by: _builtins.str
+    """The label whose values are the backends. Default "instance"."""
+    def __init__(
+        self,
+        *,
+        url: _builtins.str = ...,
+        matchers: _builtins.str = ...,
+        group_by: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group_by", b"group_by", "matchers", b"matchers", "url", b"url"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PrometheusSource: _TypeAlias = PrometheusSource  # noqa: Y015
 
 @_typing.final
 class DnsSource(_message.Message):

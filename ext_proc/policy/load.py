@@ -255,6 +255,11 @@ def _pool(name: str, msg: policy_pb2.Pool) -> Pool:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise PolicyError(f"{where}.gpu_metrics_urls[{i}]: not an http(s) URL: {url!r}")
+    prom = msg.prometheus
+    if msg.HasField("prometheus"):
+        parts = urlsplit(prom.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise PolicyError(f"{where}.prometheus.url: not an http(s) URL: {prom.url!r}")
     dns = msg.dns
     if msg.HasField("dns") and not dns.name:
         raise PolicyError(f"{where}.dns.name: required")
@@ -277,6 +282,9 @@ def _pool(name: str, msg: policy_pb2.Pool) -> Pool:
         dns_path=dns.path or d.dns_path,
         dns_scheme=dns.scheme or d.dns_scheme,
         gpu_metrics_urls=tuple(msg.gpu_metrics_urls),
+        prometheus_url=prom.url.rstrip("/"),
+        prometheus_matchers=prom.matchers,
+        prometheus_group_by=prom.group_by or d.prometheus_group_by,
         gpu_join=gpu_join,
         pcie_bandwidth_bytes_s=_positive(
             msg, "pcie_bandwidth_bytes_s", d.pcie_bandwidth_bytes_s, where

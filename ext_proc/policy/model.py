@@ -127,6 +127,9 @@ class Pool:
     gpu_metrics_urls: tuple[str, ...] = ()  # DCGM exporters
     gpu_join: str = "pool"  # pool: every GPU they report | host: GPUs on the backends' hosts
     pcie_bandwidth_bytes_s: float = 32e9  # per direction; PCIe Gen4 x16 ≈ 32 GB/s
+    prometheus_url: str = ""  # read the backends from a Prometheus server instead of scraping
+    prometheus_matchers: str = ""  # e.g. 'namespace="llm",job="vllm"'
+    prometheus_group_by: str = "instance"  # the label that tells backends apart
 
 
 @dataclass(frozen=True, slots=True)

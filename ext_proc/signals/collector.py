@@ -20,6 +20,10 @@ backend should shed load). Detection is quick (two intervals) while the default 
 tolerant, so a scrape delayed by a busy backend flags the view without blinding ICE. The
 view records that it contains stale data (header ``x-ice-stale``, metric ``ice_pool_stale``).
 
+A pool may instead read its backends from a Prometheus server (``prometheus``): one instant
+query per signal each interval, grouped into backends by ``group_by`` (``instance``); each
+backend is then a source like a scraped one (history, staleness, derived rates).
+
 GPU sources (the pool's ``gpu_metrics_urls``, DCGM exporters) are scraped alongside; their
 GPUs join the view by ``gpu_join``: ``pool`` (all of them) or ``host`` (those whose
 ``Hostname`` label is the host of one of the pool's backends).
@@ -37,7 +41,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
 import aiohttp
 
@@ -45,6 +49,7 @@ from ext_proc import telemetry
 from ext_proc.policy.model import Pool
 from ext_proc.signals.model import EngineScrape, GpuScrape
 from ext_proc.signals.parse import SourceParseError, parse_dcgm, parse_engine
+from ext_proc.signals.promapi import build_queries, engine_scrapes
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
 from ext_proc.signals.window import derive
 
@@ -111,6 +116,7 @@ class Collector:
         self._views: dict[str, PoolSnapshot] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._logged: dict[tuple[str, ...], str] = {}
+        self._prom_backends: dict[str, set[str]] = {}
 
     # --- life cycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -118,7 +124,7 @@ class Collector:
             self._session = aiohttp.ClientSession()
             self._fetch = self._http_fetch
         for pool in self._pools.values():
-            if pool.metrics_urls or pool.dns_name:
+            if pool.metrics_urls or pool.dns_name or pool.prometheus_url:
                 self._tasks.append(
                     asyncio.create_task(self._run(pool), name=f"collect-{pool.name}")
                 )
@@ -170,6 +176,10 @@ class Collector:
         urls = await self.endpoints(pool)
         now = time.monotonic()
         due = [u for u in urls if self._source(pool, u).retry_at <= now]
+        if pool.prometheus_url:
+            if self._source(pool, pool.prometheus_url).retry_at <= now:
+                await self._query_prometheus(pool)
+            urls += sorted(self._prom_backends.get(pool.name, ()))
         gpu_due = [u for u in pool.gpu_metrics_urls if self._source(pool, u).retry_at <= now]
         await asyncio.gather(
             *(self._scrape(pool, u) for u in due),
@@ -184,6 +194,39 @@ class Collector:
         telemetry.POOL_STALE.labels(pool=pool.name).set(1.0 if view is None or view.stale else 0.0)
         self._publish(dict(self._views))
         return view
+
+    async def _query_prometheus(self, pool: Pool) -> None:
+        """One instant query per signal; each backend (``group_by`` value) becomes a source."""
+        assert self._fetch is not None
+        src = self._source(pool, pool.prometheus_url)
+        queries = list(build_queries(pool.kind).values())
+        if pool.prometheus_matchers:
+            queries = [q[:-1] + "," + pool.prometheus_matchers + "}" for q in queries]
+        urls = [f"{pool.prometheus_url}/api/v1/query?{urlencode({'query': q})}" for q in queries]
+        try:
+            async with asyncio.timeout(pool.scrape_timeout_s):
+                bodies = await asyncio.gather(
+                    *(self._fetch(u, pool.scrape_timeout_s) for u in urls)
+                )
+            scrapes = engine_scrapes(
+                pool.kind, bodies, time.monotonic(), group_by=pool.prometheus_group_by
+            )
+        except (OSError, TimeoutError, aiohttp.ClientError, SourceParseError) as e:
+            src.failures += 1
+            backoff = min(MAX_BACKOFF_S, pool.scrape_interval_s * 2 ** (src.failures - 1))
+            src.retry_at = time.monotonic() + backoff * random.uniform(0.9, 1.1)
+            reason = type(e).__name__ if not str(e) else f"{type(e).__name__}: {e!s:.160}"
+            what = f"query of {pool.prometheus_url}"
+            self._failed(("prom", pool.name), what, reason, pool.name)
+            return
+        src.failures, src.retry_at = 0, 0.0
+        self._recovered(("prom", pool.name), f"query of {pool.prometheus_url}")
+        self._prom_backends[pool.name] = set(scrapes)
+        for key, scrape in scrapes.items():
+            backend = self._source(pool, key)
+            backend.history.append(scrape)
+            while backend.history and scrape.at_s - backend.history[0].at_s > pool.window_s:
+                backend.history.popleft()
 
     def _source(self, pool: Pool, url: str) -> _Source:
         key = (pool.name, url)
