@@ -578,7 +578,9 @@ class Pool(_message.Message):
     | saturated (a full KV cache and a saturated queue: shed rather than fly blind).
     """
     stale_after_s: _builtins.float
-    """A source whose last good scrape is older than this is stale. Default 2 × scrape_interval_s."""
+    """A source whose last good scrape is older than this is stale. Default 1.5 × scrape_interval_s:
+    a source that misses one cycle is flagged on the next, two intervals after it went silent.
+    """
     window_s: _builtins.float
     """Window of derived rates and quantiles (prefix-cache hit ratio, TTFT, drain rate). Default 10."""
     gpu_join: _builtins.str

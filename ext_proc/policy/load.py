@@ -275,7 +275,7 @@ def _pool(name: str, msg: policy_pb2.Pool) -> Pool:
         else "last_known"
         if stale == "last_known"
         else "saturated",
-        stale_after_s=_opt(msg, "stale_after_s", 2 * interval),
+        stale_after_s=_opt(msg, "stale_after_s", 1.5 * interval),
         window_s=_opt(msg, "window_s", d.window_s),
         dns_name=dns.name,
         dns_port=_opt(dns, "port", d.dns_port) if msg.HasField("dns") else d.dns_port,

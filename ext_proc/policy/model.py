@@ -117,7 +117,7 @@ class Pool:
     max_age_s: float = 5.0  # `last_known` keeps a stale source's values this long
     kind: str = "vllm"  # vllm | sglang
     stale: StalePolicy = "last_known"
-    stale_after_s: float = 0.4  # default: two scrape intervals
+    stale_after_s: float = 0.3  # default: 1.5 scrape intervals
     window_s: float = 10.0  # window of derived rates and quantiles
     dns_name: str = ""  # headless Service: one backend per address
     dns_port: int = 8000

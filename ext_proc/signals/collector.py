@@ -12,11 +12,12 @@ is one worker). Each cycle, per pool, every ``scrape_interval_s`` (±10 % jitter
 4. build the pool view (``PoolSnapshot``) and hand it to ``publish``.
 
 Staleness, per source: a source whose last good scrape is older than ``stale_after_s``
-(default two intervals) is stale. The pool's ``stale`` policy says what a stale source counts
+(default 1.5 intervals: one missed cycle) is stale, so a silent source is flagged by the
+view built two intervals after its last good scrape. The pool's ``stale`` policy says what a stale source counts
 as: ``last_known`` (default: its last values, until ``max_age_s``, then left out),
 ``ignore`` (left out at once; a pool with no fresh source has no view → pressure "unknown"),
 ``saturated`` (a full KV cache and a saturated queue: the safe choice when losing sight of a
-backend should shed load). Detection is quick (two intervals) while the default action is
+backend should shed load). Detection is quick while the default action is
 tolerant, so a scrape delayed by a busy backend flags the view without blinding ICE. The
 view records that it contains stale data (header ``x-ice-stale``, metric ``ice_pool_stale``).
 
@@ -39,8 +40,9 @@ import logging
 import random
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 import aiohttp
@@ -117,6 +119,7 @@ class Collector:
         self._tasks: list[asyncio.Task[None]] = []
         self._logged: dict[tuple[str, ...], str] = {}
         self._prom_backends: dict[str, set[str]] = {}
+        self._inflight: dict[tuple[str, str], asyncio.Task[None]] = {}
 
     # --- life cycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -130,10 +133,11 @@ class Collector:
                 )
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        for task in [*self._tasks, *self._inflight.values()]:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *self._inflight.values(), return_exceptions=True)
         self._tasks.clear()
+        self._inflight.clear()
         if self._session is not None:
             await self._session.close()
 
@@ -172,19 +176,25 @@ class Collector:
         return urls
 
     async def collect_once(self, pool: Pool) -> PoolSnapshot | None:
-        """Scrape every endpoint of ``pool`` once, then build and publish its view."""
+        """Start a scrape of every due endpoint of ``pool``, give them up to 90 % of an
+        interval, then build and publish its view. A scrape still running then (a slow or
+        hanging source) goes on in the background, bounded by ``scrape_timeout_s``, and never
+        holds up the view: a silent source is flagged stale after ``stale_after_s`` however
+        long its timeout."""
         urls = await self.endpoints(pool)
         now = time.monotonic()
-        due = [u for u in urls if self._source(pool, u).retry_at <= now]
+        for url in urls:
+            self._launch(pool, url, now, self._scrape(pool, url))
+        for url in pool.gpu_metrics_urls:
+            self._launch(pool, url, now, self._scrape(pool, url, gpu=True))
         if pool.prometheus_url:
-            if self._source(pool, pool.prometheus_url).retry_at <= now:
-                await self._query_prometheus(pool)
-            urls += sorted(self._prom_backends.get(pool.name, ()))
-        gpu_due = [u for u in pool.gpu_metrics_urls if self._source(pool, u).retry_at <= now]
-        await asyncio.gather(
-            *(self._scrape(pool, u) for u in due),
-            *(self._scrape(pool, u, gpu=True) for u in gpu_due),
-        )
+            self._launch(pool, pool.prometheus_url, now, self._query_prometheus(pool))
+        running = [t for (name, _), t in self._inflight.items() if name == pool.name]
+        if running:
+            await asyncio.wait(running, timeout=pool.scrape_interval_s * 0.9)
+        for key in [k for k, t in self._inflight.items() if t.done()]:
+            del self._inflight[key]
+        urls += sorted(self._prom_backends.get(pool.name, ()))
         view = self.view(pool, urls, time.monotonic())
         if view is None:
             self._views.pop(pool.name, None)
@@ -194,6 +204,14 @@ class Collector:
         telemetry.POOL_STALE.labels(pool=pool.name).set(1.0 if view is None or view.stale else 0.0)
         self._publish(dict(self._views))
         return view
+
+    def _launch(self, pool: Pool, url: str, now: float, scrape: Coroutine[Any, Any, None]) -> None:
+        """Run ``scrape`` unless this source is backing off or already being scraped."""
+        key = (pool.name, url)
+        if key in self._inflight or self._source(pool, url).retry_at > now:
+            scrape.close()
+            return
+        self._inflight[key] = asyncio.create_task(scrape)
 
     async def _query_prometheus(self, pool: Pool) -> None:
         """One instant query per signal; each backend (``group_by`` value) becomes a source."""
