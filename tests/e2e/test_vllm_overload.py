@@ -1,0 +1,119 @@
+"""ICE's value against a real vLLM: one overload burst, straight to vLLM and through Envoy + ICE.
+
+Starts ``vllm serve`` (CPU, the tiny model, 24 KV blocks of 128 tokens), ICE with
+``bench/overload_policy.yaml`` and real Envoy (``bench/overload.py`` does the work), sends the
+same burst both ways and asserts the direction, not numbers:
+
+- the burst really overloads vLLM: straight to it, every request completes and vLLM preempts
+  (no preemption at all means the set-up is broken, and the test fails saying so);
+- through ICE, vLLM preempts less, ICE sheds some requests, and every 429 carries
+  ``Retry-After`` and arrives fast: well under the slowest direct request.
+
+Needs ``.venv-vllm`` (``make vllm-install``) and ``ICE_VLLM=1``; about 50 s on 2 cores.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from ext_proc import vllm_local as vl
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.timeout(420),
+    pytest.mark.skipif(
+        os.environ.get("ICE_VLLM") != "1" or not vl.venv_ready(vl.DEFAULT_VENV),
+        reason="needs ICE_VLLM=1 and .venv-vllm (make vllm-install)",
+    ),
+]
+
+# Smaller than the benchmark's default (24), same shape: ~887-token prompts (7 blocks), 200
+# output tokens (9 blocks), one every 250 ms; priorities standard:sheddable:critical = 3:2:1.
+REQUESTS = 20
+SPACING_MS = 250.0
+
+
+def _load_bench() -> ModuleType:
+    """``bench/overload.py`` (``bench`` is not a package)."""
+    path = REPO / "bench" / "overload.py"
+    spec = importlib.util.spec_from_file_location("bench_overload", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The burst's two runs (``bench/overload.py`` ``RunResult``s) and the processes' logs."""
+
+    direct: Any
+    ice: Any
+    logs: str
+
+    def context(self) -> str:
+        return f"direct {self.direct.summary()}\nice {self.ice.summary()}\n{self.logs}"
+
+
+@pytest.fixture(scope="module")
+def outcome(tmp_path_factory: pytest.TempPathFactory) -> Outcome:
+    bench = _load_bench()
+    burst = bench.plan_burst(REQUESTS, bench.PROMPT_TOKENS, bench.MAX_TOKENS, SPACING_MS, bench.MIX)
+    with bench.overload_setup(tmp_path_factory.mktemp("vllm-overload")) as setup:
+        runs = {r.mode: r for r in bench.compare(setup, burst, rounds=1)}
+        logs = setup.log_tails()
+    print("\n" + bench.table(list(runs.values())))
+    return Outcome(direct=runs["direct"], ice=runs["ice"], logs=logs)
+
+
+def _require_overload(outcome: Outcome) -> None:
+    if outcome.direct.preemptions <= 0:
+        pytest.fail(
+            "BROKEN SET-UP: the burst sent straight to vLLM caused no preemption, so the "
+            "comparison proves nothing. Check vLLM's KV size (--num-gpu-blocks-override 24, "
+            "block 128) and the prompt size (~887 tokens, 7 blocks).\n" + outcome.context()
+        )
+
+
+def test_direct_burst_overloads_vllm(outcome: Outcome) -> None:
+    summary = outcome.direct.summary()
+    assert summary["ok"] == REQUESTS, f"direct requests failed\n{outcome.context()}"
+    _require_overload(outcome)
+
+
+def test_ice_cuts_preemptions(outcome: Outcome) -> None:
+    _require_overload(outcome)
+    direct, ice = outcome.direct, outcome.ice
+    assert ice.summary()["shed_429"] > 0, f"ICE shed nothing: is it judging?\n{outcome.context()}"
+    assert ice.preemptions < direct.preemptions, (
+        f"preemptions with ICE {ice.preemptions} ≥ direct {direct.preemptions}\n"
+        + outcome.context()
+    )
+
+
+def test_shed_requests_get_a_fast_429_with_retry_after(outcome: Outcome) -> None:
+    slowest_direct = max(s.latency_s for s in outcome.direct.shots)
+    shed = [s for s in outcome.ice.shots if s.status == 429]
+    assert shed, f"ICE shed nothing\n{outcome.context()}"
+    for s in shed:
+        assert s.retry_after is not None and s.retry_after.isdigit(), s
+        assert int(s.retry_after) >= 1, s
+        # Envoy gives ICE 1 s (message_timeout) before failing open, so a 429 takes about that
+        # at most; the slowest request sent straight to vLLM waited many seconds.
+        assert s.latency_s < 0.25 * slowest_direct, (s, slowest_direct)
+    latencies = sorted(s.latency_s for s in shed)
+    assert latencies[len(latencies) // 2] < 0.5, [round(x, 3) for x in latencies]
+    # Nothing else happened to the burst: a 200 that completed, or a 429.
+    for s in outcome.ice.shots:
+        assert (s.status == 200 and s.error is None) or s.status == 429, s
