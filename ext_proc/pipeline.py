@@ -26,7 +26,7 @@ from ext_proc.plan import Outcome, Respond, plan, reject_outcome
 from ext_proc.policy.evaluate import KvFit, evaluate
 from ext_proc.policy.model import PRIORITIES, Policy, PressureModel, Priority, Profile
 from ext_proc.policy.pressure import Pressure, pressure_of
-from ext_proc.policy.scores import DrainInputs, drain_inputs
+from ext_proc.policy.scores import DrainInputs, cache_efficiency_ratio, drain_inputs
 from ext_proc.schemas import BadRequest, RequestFeatures, SchemaAdapter, adapter_for_path
 from ext_proc.signals.snapshot import PoolSnapshot
 
@@ -280,14 +280,29 @@ class Pipeline:
             snapshot.block_size,
         )
         if free is not None and usable is not None and bs is not None:
-            fit = KvFit(free, usable, bs, self._blocks_fn(route.profile, bs))
+            reuse = cache_efficiency_ratio(
+                (b.derived, b.derived.prompt_tokens_per_s if b.derived else None, b.cache_hit_rate)
+                for b in snapshot.backends
+            )
+            fit = KvFit(free, usable, bs, self._blocks_fn(route.profile, bs, reuse or 0.0))
         self._kv_cache[key] = (snapshot, fit)
         return fit
 
-    def _blocks_fn(self, profile: Profile, block_size: int) -> Callable[[int, int], int]:
+    def _blocks_fn(
+        self, profile: Profile, block_size: int, reuse: float
+    ) -> Callable[[int, int], int]:
+        """Blocks a request of (input, output) tokens needs, less the whole blocks of its
+        expected prefix-cache hit: cached = floor(input × reuse), where reuse is the pool's
+        recent hit ratio (``cache_efficiency_ratio``); vLLM always recomputes the last prompt
+        token, so at most input − 1 tokens are reused."""
         spec = profile.kv_model
         if spec is None:
-            return lambda i, o: -(-(i + o) // block_size)
+
+            def full_attention(i: int, o: int) -> int:
+                hit = min(int(i * reuse), i - 1) if i > 1 else 0
+                return -(-(i + o) // block_size) - hit // block_size
+
+            return full_attention
         key = (profile.name, block_size)
         geometry = self._geometries.get(key)
         if geometry is None:
@@ -298,7 +313,10 @@ class Pipeline:
                 block_size=block_size,
                 max_num_batched_tokens=spec.max_num_batched_tokens,
             )
-        return geometry.request_blocks
+        if reuse <= 0:
+            return geometry.request_blocks
+        request_blocks = geometry.request_blocks
+        return lambda i, o: request_blocks(i, o, int(i * reuse))
 
     def _bad(
         self,

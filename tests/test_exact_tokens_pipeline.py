@@ -76,3 +76,26 @@ def test_models_without_a_tokenizer_keep_the_estimate() -> None:
 def test_missing_tokenizer_file_stops_start_up(tmp_path: Path) -> None:
     with pytest.raises(PolicyError, match=r"tokenizers\.m\.tokenizer_json: no such file"):
         parse_policy("tokenizers: {m: {tokenizer_json: nope.json}}", base_dir=tmp_path)
+
+
+def test_expected_prefix_reuse_lowers_the_blocks_a_request_needs() -> None:
+    from ext_proc.signals.model import Derived
+
+    policy = parse_policy("profiles: {default: {on_kv_shortfall: shed}}")
+    derived = Derived(window_s=10.0, prefix_cache_hit_ratio=0.5, prompt_tokens_per_s=100.0)
+    # 101 blocks of 16 tokens, usage 0.9 → floor(100 × 0.1) = 10 blocks (160 tokens) free
+    backend = BackendSignals(
+        url="u",
+        kv_cache_usage=0.9,
+        num_requests_waiting=0,
+        num_gpu_blocks=101,
+        block_size=16,
+        derived=derived,
+    )
+    snap = PoolSnapshot(pool="default", backends=(backend,), taken_at_s=time.monotonic())
+    p = Pipeline(policy, lambda _pool: snap)
+    kv = p._kv_fit(p.router.resolve([]))
+    assert kv is not None and kv.free_blocks == 10
+    # input 200, output 40: ceil(240 / 16) = 15 blocks; expected hit floor(200 × 0.5) = 100
+    # tokens → 6 whole blocks already cached → 9 new blocks ≤ 10 free
+    assert kv.blocks(200, 40) == 15 - 6

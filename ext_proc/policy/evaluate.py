@@ -26,7 +26,10 @@ The ladder, first match wins:
 
 KV blocks of a request (``KvFit.blocks``): ceil((input + output) / block_size) for a
 full-attention model, or the ``ext_proc.kv`` geometry's ``request_blocks`` (sliding-window
-and hybrid layer groups) when the profile names the model's config. Free blocks are
+and hybrid layer groups) when the profile names the model's config; less the whole blocks of
+the expected prefix-cache hit (input × the pool's recent hit ratio, at most input − 1). This
+errs towards admitting: a hit on blocks no running request holds still takes them off
+vLLM's free list. Free blocks are
 floor((num_gpu_blocks − 1) × (1 − kv_cache_usage)) of the backend with the most.
 """
 

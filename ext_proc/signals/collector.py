@@ -13,8 +13,9 @@ is one worker). Each cycle, per pool, every ``scrape_interval_s`` (±10 % jitter
 
 Staleness, per source: a source whose last good scrape is older than ``stale_after_s``
 (default 1.5 intervals: one missed cycle) is stale, so a silent source is flagged by the
-view built two intervals after its last good scrape. The pool's ``stale`` policy says what a stale source counts
-as: ``last_known`` (default: its last values, until ``max_age_s``, then left out),
+view built two intervals after its last good scrape. The pool's ``stale`` policy says what a
+stale source counts as: ``last_known`` (default: its last values, until ``max_age_s``, then
+left out),
 ``ignore`` (left out at once; a pool with no fresh source has no view → pressure "unknown"),
 ``saturated`` (a full KV cache and a saturated queue: the safe choice when losing sight of a
 backend should shed load). Detection is quick while the default action is
