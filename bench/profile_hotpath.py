@@ -41,8 +41,9 @@ from ext_proc.pipeline import Pipeline
 from ext_proc.policy.evaluate import evaluate
 from ext_proc.policy.load import load_policy
 from ext_proc.servicer import ExtProcServicer
+from ext_proc.signals.collector import backend_from_scrape
+from ext_proc.signals.parse import parse_engine
 from ext_proc.signals.snapshot import PoolSnapshot
-from ext_proc.signals.vllm import parse_vllm_metrics
 from ext_proc.stack import ENVOY_DIR
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -106,7 +107,8 @@ async def drive(servicer: ExtProcServicer, messages: list[pb.ProcessingRequest],
 
 def build() -> tuple[ExtProcServicer, list[pb.ProcessingRequest]]:
     policy = load_policy(None)
-    backend = parse_vllm_metrics("http://fast_upstream/metrics", metrics_page())
+    scrape = parse_engine("vllm", "http://fast_upstream/metrics", metrics_page(), 0.0)
+    backend = backend_from_scrape(scrape, [scrape], 10.0)
     snapshots = {
         name: PoolSnapshot(pool=name, backends=(backend,), taken_at_s=time.monotonic())
         for name in policy.pools

@@ -16,8 +16,9 @@ from ext_proc.pipeline import HeaderFacts, Pipeline
 from ext_proc.plan import Continue, Respond
 from ext_proc.policy.load import load_policy
 from ext_proc.policy.pressure import pressure_of
+from ext_proc.signals.collector import backend_from_scrape
+from ext_proc.signals.parse import detect_kind, parse_engine
 from ext_proc.signals.snapshot import PoolSnapshot
-from ext_proc.signals.vllm import parse_vllm_metrics
 
 __all__ = ["dry_run", "read_source"]
 
@@ -55,7 +56,10 @@ def dry_run(
     metadata = [("x-ice-route", route), ("x-ice-profile", profile)]
     snapshot: PoolSnapshot | None = None
     if metrics is not None:
-        backend = parse_vllm_metrics(metrics, read_source(metrics))
+        text = read_source(metrics)
+        kind = detect_kind(text)
+        scrape = parse_engine(kind if kind in ("vllm", "sglang") else "vllm", metrics, text, 0.0)
+        backend = backend_from_scrape(scrape, [scrape], 10.0)
         snapshot = PoolSnapshot(pool="", backends=(backend,), taken_at_s=time.monotonic())
     pipeline = Pipeline(policy, lambda _pool: snapshot)
     r = pipeline.router.resolve(metadata)

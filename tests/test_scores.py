@@ -9,11 +9,11 @@ import pytest
 from ext_proc.policy.scores import (
     DrainInputs,
     cache_efficiency_ratio,
-    exceedance,
     retry_after_s,
     tokenize_latency_risk,
 )
 from ext_proc.signals.model import Derived, Histogram
+from ext_proc.signals.window import exceedance
 
 INF = math.inf
 # 100 observations: 10 ≤ 0.1 s, 60 ≤ 0.5 s, 90 ≤ 1 s, 100 ≤ +Inf

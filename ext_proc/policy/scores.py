@@ -30,38 +30,15 @@ from dataclasses import dataclass
 
 from ext_proc.signals.model import Derived, Histogram
 from ext_proc.signals.snapshot import PoolSnapshot
+from ext_proc.signals.window import exceedance
 
 __all__ = [
     "DrainInputs",
     "cache_efficiency_ratio",
     "drain_inputs",
-    "exceedance",
     "retry_after_s",
     "tokenize_latency_risk",
 ]
-
-
-def exceedance(delta: Histogram, threshold_s: float) -> float | None:
-    """Share of a histogram's observations above ``threshold_s`` (linear within a bucket).
-
-    Within the bucket (lo, hi] that holds the threshold, observations are taken as spread
-    evenly, as Prometheus's ``histogram_quantile`` does; the +Inf bucket counts wholly above.
-    """
-    if delta.count <= 0:
-        return None
-    below = 0.0
-    lo, prev = 0.0, 0.0
-    for bound, cum in zip(delta.bounds, delta.counts, strict=True):
-        if threshold_s >= bound:
-            below = cum
-        else:
-            if math.isfinite(bound) and bound > lo:
-                below = prev + (cum - prev) * (threshold_s - lo) / (bound - lo)
-            else:
-                below = prev
-            break
-        lo, prev = bound, cum
-    return min(1.0, max(0.0, 1.0 - below / delta.count))
 
 
 def cache_efficiency_ratio(

@@ -231,12 +231,7 @@ class Collector:
                 pool.kind, bodies, time.monotonic(), group_by=pool.prometheus_group_by
             )
         except (OSError, TimeoutError, aiohttp.ClientError, SourceParseError) as e:
-            src.failures += 1
-            backoff = min(MAX_BACKOFF_S, pool.scrape_interval_s * 2 ** (src.failures - 1))
-            src.retry_at = time.monotonic() + backoff * random.uniform(0.9, 1.1)
-            reason = type(e).__name__ if not str(e) else f"{type(e).__name__}: {e!s:.160}"
-            what = f"query of {pool.prometheus_url}"
-            self._failed(("prom", pool.name), what, reason, pool.name)
+            self._back_off(pool, src, ("prom", pool.name), f"query of {pool.prometheus_url}", e)
             return
         src.failures, src.retry_at = 0, 0.0
         self._recovered(("prom", pool.name), f"query of {pool.prometheus_url}")
@@ -266,11 +261,7 @@ class Collector:
             else:
                 scrape = parse_engine(pool.kind, url, text, time.monotonic())
         except (OSError, TimeoutError, aiohttp.ClientError, SourceParseError) as e:
-            src.failures += 1
-            backoff = min(MAX_BACKOFF_S, pool.scrape_interval_s * 2 ** (src.failures - 1))
-            src.retry_at = time.monotonic() + backoff * random.uniform(0.9, 1.1)
-            reason = type(e).__name__ if not str(e) else f"{type(e).__name__}: {e!s:.160}"
-            self._failed(("src", pool.name, url), f"scrape of {url}", reason, pool.name)
+            self._back_off(pool, src, ("src", pool.name, url), f"scrape of {url}", e)
             return
         src.failures, src.retry_at = 0, 0.0
         self._recovered(("src", pool.name, url), f"scrape of {url}")
@@ -279,6 +270,17 @@ class Collector:
         src.history.append(scrape)
         while src.history and scrape.at_s - src.history[0].at_s > pool.window_s:
             src.history.popleft()
+
+    def _back_off(
+        self, pool: Pool, src: _Source, key: tuple[str, ...], what: str, error: Exception
+    ) -> None:
+        """Count a failure; retry after interval × 2^(failures − 1) (at most MAX_BACKOFF_S)."""
+        src.failures += 1
+        backoff = min(MAX_BACKOFF_S, pool.scrape_interval_s * 2 ** (src.failures - 1))
+        src.retry_at = time.monotonic() + backoff * random.uniform(0.9, 1.1)
+        name = type(error).__name__
+        reason = f"{name}: {error!s:.160}" if str(error) else name
+        self._failed(key, what, reason, pool.name)
 
     # --- log once per change of state ------------------------------------------------------------
     def _failed(self, key: tuple[str, ...], what: str, reason: str, pool: str) -> None:
