@@ -42,6 +42,13 @@ def _parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", help="run Envoy + ICE + a local backend and walk through decisions")
     d.add_argument("--no-wait", action="store_true", help="exit after the walk-through")
+    d.add_argument(
+        "--backend",
+        choices=("auto", "vllm", "dev"),
+        default="auto",
+        help="vllm: a real vLLM (make vllm-install); dev: the test backend; "
+        "auto (default): vllm when installed, else dev",
+    )
 
     sub.add_parser(
         "plan", help="KV-cache capacity of one vLLM rank (ice plan --help)", add_help=False
@@ -106,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "demo":
             from ext_proc.demo import run_demo
 
-            return int(run_demo(wait=not args.no_wait))
+            return int(run_demo(wait=not args.no_wait, backend=args.backend))
         if args.command == "dev-backend":
             from ext_proc.devbackend import main as backend_main
 

@@ -71,6 +71,7 @@ __all__ = [
     "Shot",
     "compare",
     "ext_proc_stats",
+    "fetch",
     "interleave",
     "metric_sum",
     "one_line",
@@ -385,12 +386,17 @@ async def run_burst(
             sample_metrics(probe, metrics_url, t0, sample_s, stop, base, samples)
         )
         bodies = [request_body(p, model, seed + p.index) for p in burst]
-        shots = await asyncio.gather(
-            *(send(session, target + CHAT, p, b, t0) for p, b in zip(burst, bodies, strict=True))
-        )
-        wall = time.monotonic() - t0
-        stop.set()
-        await sampler
+        try:
+            shots = await asyncio.gather(
+                *(
+                    send(session, target + CHAT, p, b, t0)
+                    for p, b in zip(burst, bodies, strict=True)
+                )
+            )
+            wall = time.monotonic() - t0
+        finally:  # also on Ctrl-C: the sampler ends before its session closes
+            stop.set()
+            await asyncio.gather(sampler, return_exceptions=True)
         after = await fetch(probe, metrics_url)
     stats1 = ext_proc_stats(admin_port)
     q_sum = metric_sum(after, "vllm:request_queue_time_seconds_sum") - metric_sum(

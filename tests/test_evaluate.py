@@ -299,3 +299,11 @@ def test_output_fit_is_the_largest_output_in_whole_free_blocks(
 ) -> None:
     # input 100 tokens: 7 blocks hold 112 tokens → 12 output tokens; 6 blocks hold none
     assert kv(free).output_fit(100, wanted) == expected
+
+
+def test_kv_shed_mode_judges_the_output_the_context_allows_not_the_raw_request() -> None:
+    # max_tokens 100000 cannot be served anyway: the context budget (8192 − 100 − 512 = 7580)
+    # bounds what it can get; 7,680 tokens = 480 blocks fit 500 free → downgrade, not 429
+    profile = replace(PROFILE, on_kv_shortfall="shed")
+    got = evaluate(feats(100, 100000), LOW, profile, "standard", kv(500))
+    assert got == Downgrade(LOW, 7580, 100000, "context_budget")

@@ -158,7 +158,9 @@ def shed_on_kv_shortfall(case: Case) -> Decision | None:
     if need <= kv.free_blocks:
         if mode != "shed" or f.max_tokens is None:
             return None
-        need = kv.blocks(f.input_tokens, f.max_tokens)
+        # the output the request can really get: never more than the context budget
+        wanted = f.max_tokens if safe is None else min(f.max_tokens, safe)
+        need = kv.blocks(f.input_tokens, wanted)
         if need <= kv.free_blocks:
             return None
     retry = case.retry_after(need * kv.block_size)

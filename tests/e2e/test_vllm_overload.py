@@ -1,8 +1,8 @@
 """ICE's value against a real vLLM: one overload burst, straight to vLLM and through Envoy + ICE.
 
 Starts ``vllm serve`` (CPU, the tiny model, 24 KV blocks of 128 tokens), ICE with
-``bench/overload_policy.yaml`` and real Envoy (``bench/overload.py`` does the work), sends the
-same burst both ways and asserts the direction, not numbers:
+``ext_proc/vllm_tiny_policy.yaml`` and real Envoy (``ext_proc/overload.py`` does the work),
+sends the same burst both ways and asserts the direction, not numbers:
 
 - the burst really overloads vLLM: straight to it, every request completes and vLLM preempts
   (no preemption at all means the set-up is broken, and the test fails saying so);
@@ -14,19 +14,13 @@ Needs ``.venv-vllm`` (``make vllm-install``) and ``ICE_VLLM=1``; about 50 s on 2
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from dataclasses import dataclass
-from pathlib import Path
-from types import ModuleType
-from typing import Any
 
 import pytest
 
+from ext_proc import overload
 from ext_proc import vllm_local as vl
-
-REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = [
     pytest.mark.vllm,
@@ -43,23 +37,12 @@ REQUESTS = 20
 SPACING_MS = 250.0
 
 
-def _load_bench() -> ModuleType:
-    """``bench/overload.py`` (``bench`` is not a package)."""
-    path = REPO / "bench" / "overload.py"
-    spec = importlib.util.spec_from_file_location("bench_overload", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
 @dataclass(frozen=True)
 class Outcome:
-    """The burst's two runs (``bench/overload.py`` ``RunResult``s) and the processes' logs."""
+    """The burst's two runs and the processes' logs."""
 
-    direct: Any
-    ice: Any
+    direct: overload.RunResult
+    ice: overload.RunResult
     logs: str
 
     def context(self) -> str:
@@ -68,12 +51,13 @@ class Outcome:
 
 @pytest.fixture(scope="module")
 def outcome(tmp_path_factory: pytest.TempPathFactory) -> Outcome:
-    bench = _load_bench()
-    burst = bench.plan_burst(REQUESTS, bench.PROMPT_TOKENS, bench.MAX_TOKENS, SPACING_MS, bench.MIX)
-    with bench.overload_setup(tmp_path_factory.mktemp("vllm-overload")) as setup:
-        runs = {r.mode: r for r in bench.compare(setup, burst, rounds=1)}
+    burst = overload.plan_burst(
+        REQUESTS, overload.PROMPT_TOKENS, overload.MAX_TOKENS, SPACING_MS, overload.MIX
+    )
+    with overload.overload_setup(tmp_path_factory.mktemp("vllm-overload")) as setup:
+        runs = {r.mode: r for r in overload.compare(setup, burst, rounds=1)}
         logs = setup.log_tails()
-    print("\n" + bench.table(list(runs.values())))
+    print("\n" + overload.table(list(runs.values())))
     return Outcome(direct=runs["direct"], ice=runs["ice"], logs=logs)
 
 
