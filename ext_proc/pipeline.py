@@ -223,9 +223,8 @@ class Pipeline:
             )
         return facts
 
-    def _pressure(self, route: Route) -> Pressure | None:
+    def _pressure(self, route: Route, snapshot: PoolSnapshot | None) -> Pressure | None:
         """The pool's pressure under the route's model, computed once per snapshot."""
-        snapshot = self.lookup(route.pool)
         if snapshot is None:
             return None
         model = route.profile.pressure
@@ -264,9 +263,8 @@ class Pipeline:
         self._drain_cache[snapshot.pool] = (snapshot, drain)
         return drain
 
-    def _kv_fit(self, route: Route) -> KvFit | None:
+    def _kv_fit(self, route: Route, snapshot: PoolSnapshot | None) -> KvFit | None:
         """The pool's KV room for the route's model, built once per snapshot."""
-        snapshot = self.lookup(route.pool)
         if snapshot is None:
             return None
         key = (route.pool, route.profile.name)
@@ -328,7 +326,9 @@ class Pipeline:
         param: str | None = None,
     ) -> Respond:
         """A 4xx for a request that broke its API's contract, with the verdict headers."""
-        verdict = Reject(self._pressure(route), status, code, message, param)
+        verdict = Reject(
+            self._pressure(route, self.lookup(route.pool)), status, code, message, param
+        )
         return reject_outcome(
             adapter, status, code, message, param, extra_headers=verdict_headers(verdict)
         )
@@ -365,9 +365,9 @@ class Pipeline:
             return BodyVerdict(None, None, outcome, bad="invalid_json")
         if self.counters is not None:
             features = self._exact_count(adapter, features, values, len(body))
-        pressure = self._pressure(route)
-        kv = self._kv_fit(route)
-        snapshot = self.lookup(route.pool)
+        snapshot = self.lookup(route.pool)  # one read of the store per request
+        pressure = self._pressure(route, snapshot)
+        kv = self._kv_fit(route, snapshot)
         drain = self._drain(snapshot) if snapshot is not None else None
         decision = evaluate(features, pressure, route.profile, facts.priority, kv, drain)
         return BodyVerdict(decision, features, plan(decision, adapter, body, features))
