@@ -1,7 +1,10 @@
 """Decisions the evaluator returns, and the verdict headers each one shows the mesh.
 
 Three kinds, each a frozen dataclass: ``Pass`` (annotate only), ``Downgrade`` (lower the
-output-token limit) and ``Reject`` (answer at once with an error status). The header names
+output-token limit) and ``Reject`` (answer at once with an error status). ``Truncate`` is
+the evaluator's request to drop history to a budget (the pipeline carries it out and
+judges the shorter request again); ``Truncated`` is the result: the decision on the
+shorter request, with what was dropped. The header names
 are ICE's public contract (see docs/headers.md).
 """
 
@@ -19,11 +22,14 @@ __all__ = [
     "H_PRESSURE_SCORE",
     "H_REASON",
     "H_STALE",
+    "H_TRUNCATED",
     "VERDICT_HEADERS",
     "Decision",
     "Downgrade",
     "Pass",
     "Reject",
+    "Truncate",
+    "Truncated",
     "verdict_headers",
 ]
 
@@ -34,7 +40,9 @@ H_DOWNGRADED = "x-downgraded"
 H_ORIGINAL_MAX_TOKENS = "x-ice-original-max-tokens"
 H_REASON = "x-ice-reason"
 H_STALE = "x-ice-stale"
+H_TRUNCATED = "x-ice-truncated"
 VERDICT_HEADERS = (
+    H_TRUNCATED,
     H_STALE,
     H_PRESSURE,
     H_PRESSURE_SCORE,
@@ -85,7 +93,44 @@ class Reject:
     decision = "reject"
 
 
-Decision = Pass | Downgrade | Reject
+@dataclass(frozen=True, slots=True)
+class Truncate:
+    """Drop history until the input fits ``budget_tokens`` (then judge the request again).
+
+    ``reason``: ``pressure_budget`` (the level's budget), ``context_budget`` (the model's
+    context) or ``cache_efficiency`` (the pool's cache_efficiency_ratio is low).
+    """
+
+    pressure: Pressure | None
+    budget_tokens: int
+    reason: str
+
+    decision = "truncate"
+
+
+@dataclass(frozen=True, slots=True)
+class Truncated:
+    """History was dropped; ``then`` is the decision on the shorter request.
+
+    ``mode``: ``semantic`` or ``recency``; ``fallback`` says why recency was used
+    (``deadline``, ``unavailable``, ``no_query``), "" when it was not.
+    """
+
+    then: Pass | Downgrade
+    reason: str
+    dropped_messages: int
+    saved_tokens: int
+    mode: str
+    fallback: str = ""
+
+    decision = "truncate"
+
+    @property
+    def pressure(self) -> Pressure | None:
+        return self.then.pressure
+
+
+Decision = Pass | Downgrade | Reject | Truncate | Truncated
 
 
 def verdict_headers(decision: Decision) -> list[tuple[str, str]]:
@@ -95,6 +140,16 @@ def verdict_headers(decision: Decision) -> list[tuple[str, str]]:
     if p is not None:
         headers.append((H_PRESSURE_SCORE, f"{p.score:.0f}"))
     headers.append((H_DECISION, decision.decision))
+    if isinstance(decision, Truncated):
+        value = f"messages={decision.dropped_messages};tokens={decision.saved_tokens}"
+        value += f";mode={decision.mode}"
+        if decision.fallback:
+            value += f";fallback={decision.fallback}"
+        headers.append((H_TRUNCATED, value))
+        if isinstance(decision.then, Downgrade):
+            headers.append((H_DOWNGRADED, "true"))
+            if decision.then.original is not None:
+                headers.append((H_ORIGINAL_MAX_TOKENS, str(decision.then.original)))
     if isinstance(decision, Downgrade):
         headers.append((H_DOWNGRADED, "true"))
         if decision.original is not None:

@@ -7,6 +7,10 @@
    need no body (empty body → 400, declared length over the limit → 413).
 3. ``on_body`` parses the body once, extracts features, reads the pool's snapshot, runs the
    evaluator and plans the edits.
+4. When the evaluator asks to truncate history, ``on_body`` returns the verdict with
+   ``pending`` set and ``finish_truncation`` (async: it waits on the embedding worker, under
+   the profile's deadline) plans the truncation, edits the body and judges the shorter
+   request with the rest of the ladder.
 
 Invariant: ``on_body`` returns ``None`` when the request passes untouched and unannotated
 (not an inference request); every other outcome carries the verdict headers.
@@ -20,10 +24,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ext_proc import rawjson, telemetry
-from ext_proc.decision import Decision, Reject, verdict_headers
+from ext_proc.decision import Decision, Pass, Reject, Truncate, Truncated, verdict_headers
 from ext_proc.kv.geometry import KVGeometry, build_geometry
-from ext_proc.plan import Outcome, Respond, plan, reject_outcome
-from ext_proc.policy.evaluate import KvFit, evaluate
+from ext_proc.plan import Continue, Outcome, Respond, plan, reject_outcome
+from ext_proc.policy.evaluate import LADDER_AFTER_TRUNCATION, KvFit, evaluate
 from ext_proc.policy.model import PRIORITIES, Policy, PressureModel, Priority, Profile
 from ext_proc.policy.pressure import Pressure, pressure_of
 from ext_proc.policy.scores import DrainInputs, cache_efficiency_ratio, drain_inputs
@@ -35,6 +39,7 @@ __all__ = [
     "SPOOF_PREFIXES",
     "BodyVerdict",
     "HeaderFacts",
+    "PendingTruncation",
     "Pipeline",
     "Route",
     "Router",
@@ -136,14 +141,24 @@ class HeaderFacts:
 
 
 @dataclass(frozen=True, slots=True)
+class PendingTruncation:
+    """What ``finish_truncation`` needs: the decoded body and the original bytes."""
+
+    values: dict[str, Any]
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class BodyVerdict:
     """A body-phase result: the decision (None when the body broke the API and ``bad`` holds
-    the reason code) and its outcome."""
+    the reason code) and its outcome. With ``pending`` set the decision is a ``Truncate``
+    and ``outcome`` a placeholder: ``Pipeline.finish_truncation`` makes the real verdict."""
 
     decision: Decision | None
     features: RequestFeatures | None
     outcome: Outcome
     bad: str | None = None
+    pending: PendingTruncation | None = None
 
 
 def _is_json(content_type: str) -> bool:
@@ -168,6 +183,10 @@ class Pipeline:
         self._priority_header = policy.priority_header
         self.policy = policy
         self.counters: Any = None
+        # The embedding worker's client (ext_proc.truncate.client.EmbeddingClient), set by
+        # the server when a profile truncates; None: truncation falls back to recency.
+        self.similarity: Any = None
+        self._efficiency_cache: dict[str, tuple[PoolSnapshot, float | None]] = {}
         if policy.tokenizers:  # loads every tokenizer now: a bad file stops start-up
             from ext_proc.tokencount import CounterRegistry
 
@@ -278,10 +297,7 @@ class Pipeline:
             snapshot.block_size,
         )
         if free is not None and usable is not None and bs is not None:
-            reuse = cache_efficiency_ratio(
-                (b.derived, b.derived.prompt_tokens_per_s if b.derived else None, b.cache_hit_rate)
-                for b in snapshot.backends
-            )
+            reuse = self._efficiency(snapshot)
             fit = KvFit(free, usable, bs, self._blocks_fn(route.profile, bs, reuse or 0.0))
         self._kv_cache[key] = (snapshot, fit)
         return fit
@@ -369,5 +385,101 @@ class Pipeline:
         pressure = self._pressure(route, snapshot)
         kv = self._kv_fit(route, snapshot)
         drain = self._drain(snapshot) if snapshot is not None else None
-        decision = evaluate(features, pressure, route.profile, facts.priority, kv, drain)
+        efficiency = None
+        if route.profile.truncation is not None and snapshot is not None:
+            efficiency = self._efficiency(snapshot)
+        decision = evaluate(
+            features,
+            pressure,
+            route.profile,
+            facts.priority,
+            kv,
+            drain,
+            cache_efficiency=efficiency,
+        )
+        if isinstance(decision, Truncate):
+            waiting = Continue(verdict_headers(Pass(pressure)), None)
+            return BodyVerdict(decision, features, waiting, pending=PendingTruncation(values, body))
         return BodyVerdict(decision, features, plan(decision, adapter, body, features))
+
+    def _efficiency(self, snapshot: PoolSnapshot) -> float | None:
+        """The pool's cache_efficiency_ratio, computed once per snapshot."""
+        cached = self._efficiency_cache.get(snapshot.pool)
+        if cached is not None and cached[0] is snapshot:
+            return cached[1]
+        ratio = cache_efficiency_ratio(
+            (b.derived, b.derived.prompt_tokens_per_s if b.derived else None, b.cache_hit_rate)
+            for b in snapshot.backends
+        )
+        self._efficiency_cache[snapshot.pool] = (snapshot, ratio)
+        return ratio
+
+    async def finish_truncation(
+        self, route: Route, facts: HeaderFacts, verdict: BodyVerdict
+    ) -> BodyVerdict:
+        """Carry out a pending ``Truncate`` (see ext_proc/truncate/runner.py), then judge the
+        shorter request with the ladder's other rules."""
+        from ext_proc.truncate.planner import Overflow, apply_plan
+        from ext_proc.truncate.runner import truncate
+
+        pending, decision, features = verdict.pending, verdict.decision, verdict.features
+        adapter = facts.adapter
+        spec = route.profile.truncation
+        if pending is None or not isinstance(decision, Truncate) or features is None:
+            return verdict
+        if adapter is None or spec is None:
+            return verdict
+        result = await truncate(
+            adapter.name,
+            pending.values,
+            features.input_tokens,
+            decision.budget_tokens,
+            spec,
+            self.similarity,
+        )
+        tplan = result.plan
+        if isinstance(tplan, Overflow):
+            k = spec.keep_last_turns
+            message = (
+                f"The conversation cannot be shortened enough: the messages ICE must keep "
+                f"(system messages, the current question and the last {k} turns) need about "
+                f"{tplan.must_keep_tokens} tokens; the budget is {tplan.budget_tokens} tokens "
+                f"({decision.reason.replace('_', ' ')})."
+            )
+            reject = Reject(
+                decision.pressure, 400, "truncation_budget_exceeded", message, "messages"
+            )
+            return BodyVerdict(reject, features, plan(reject, adapter, pending.body, features))
+        body = apply_plan(pending.body, tplan) if tplan.changed else pending.body
+        placeholders = len(tplan.runs) if tplan.placeholder else 0
+        shorter = replace(
+            features,
+            input_tokens=max(0, features.input_tokens - result.saved_tokens),
+            message_count=len(tplan.kept_messages) + placeholders,
+        )
+        snapshot = self.lookup(route.pool)
+        pressure = self._pressure(route, snapshot)
+        kv = self._kv_fit(route, snapshot)
+        drain = self._drain(snapshot) if snapshot is not None else None
+        then = evaluate(
+            shorter,
+            pressure,
+            route.profile,
+            facts.priority,
+            kv,
+            drain,
+            ladder=LADDER_AFTER_TRUNCATION,
+        )
+        if isinstance(then, Reject) or not tplan.changed:
+            return BodyVerdict(then, shorter, plan(then, adapter, body, shorter))
+        assert not isinstance(then, Truncate | Truncated)
+        done = Truncated(
+            then=then,
+            reason=decision.reason,
+            dropped_messages=tplan.dropped_messages,
+            saved_tokens=result.saved_tokens,
+            mode=tplan.mode,
+            fallback=result.fallback,
+        )
+        telemetry.count_truncation(route.name, done.mode, done.fallback, done.saved_tokens)
+        return BodyVerdict(done, shorter, plan(done, adapter, body, shorter))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ext_proc import rawjson
-from ext_proc.decision import Decision, Downgrade, Reject, verdict_headers
+from ext_proc.decision import Decision, Downgrade, Reject, Truncated, verdict_headers
 from ext_proc.schemas.base import RequestFeatures, SchemaAdapter
 
 __all__ = ["LIMIT_FIELDS", "Continue", "Outcome", "Respond", "plan", "reject_outcome"]
@@ -63,8 +63,18 @@ def reject_outcome(
 def plan(
     decision: Decision, adapter: SchemaAdapter, body: bytes, features: RequestFeatures
 ) -> Outcome:
-    """The edits (or immediate answer) that carry out ``decision`` on this request."""
+    """The edits (or immediate answer) that carry out ``decision`` on this request.
+
+    For ``Truncated``, ``body`` is the already shortened body (always sent), with the
+    output limit lowered too when the shorter request was downgraded."""
     headers = verdict_headers(decision)
+    if isinstance(decision, Truncated):
+        if isinstance(decision.then, Downgrade):
+            doc = rawjson.parse_object(body)
+            return Continue(
+                headers, _rewrite_limit(doc, features, adapter, decision.then.max_tokens)
+            )
+        return Continue(headers, body)
     if isinstance(decision, Reject):
         return reject_outcome(
             adapter,

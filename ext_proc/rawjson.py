@@ -22,8 +22,10 @@ __all__ = [
     "InvalidJSON",
     "TopLevel",
     "add_member",
+    "array_items",
     "decode_object",
     "parse_object",
+    "replace_array",
     "replace_value",
 ]
 
@@ -137,3 +139,34 @@ def add_member(doc: TopLevel, key: str, value: Any) -> bytes:
     head = doc.text[:close].rstrip(_WS)
     sep = "" if not doc.spans else ", "
     return (head + sep + member + doc.text[len(head) :]).encode("utf-8")
+
+
+def array_items(doc: TopLevel, key: str) -> list[str]:
+    """The original text of each element of the top-level array ``key``, in order.
+
+    Raises ``InvalidJSON`` when the member is not an array.
+    """
+    start, end = doc.spans[key]
+    text = doc.text
+    if text[start] != "[":
+        raise InvalidJSON(f"'{key}' is not an array")
+    items: list[str] = []
+    i = _skip_ws(text, start + 1)
+    if text[i] == "]":
+        return items
+    while i < end:
+        _, stop = _DECODER.raw_decode(text, i)
+        items.append(text[i:stop])
+        i = _skip_ws(text, stop)
+        if text[i] == ",":
+            i = _skip_ws(text, i + 1)
+        elif text[i] == "]":
+            break
+    return items
+
+
+def replace_array(doc: TopLevel, key: str, items: list[str]) -> bytes:
+    """Return the body with the top-level array ``key`` made of ``items`` (element texts,
+    e.g. from ``array_items``, kept byte for byte) joined by ``", "``."""
+    start, end = doc.spans[key]
+    return (doc.text[:start] + "[" + ", ".join(items) + "]" + doc.text[end:]).encode("utf-8")

@@ -7,6 +7,9 @@
   limit (8 MiB by default, Envoy's buffer is set to match) pass.
 - SIGTERM/SIGINT: health turns NOT_SERVING, new streams are refused, in-flight streams get
   ``shutdown_grace_s`` to finish, then the process exits 0.
+- Semantic truncation: when a profile enables it, one embedding worker per host
+  (``ext_proc.truncate.host``) is started and ready before the workers serve; every worker
+  talks to it over a Unix socket.
 - One collector per host (``ext_proc.signals.collector``): in the worker itself when there is
   one worker, else in the supervisor, which publishes through shared memory
   (``ext_proc.signals.shm``) to every worker. The request path only reads snapshots.
@@ -24,7 +27,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
@@ -58,6 +61,7 @@ class ServeOptions:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     shutdown_grace_s: float = 10.0
     heavy_containers: int = DEFAULT_HEAVY_CONTAINERS
+    embedding_socket: str | None = None  # set by serve() when a profile truncates
 
 
 def worker_addresses(address: str, workers: int) -> list[str]:
@@ -125,6 +129,10 @@ async def _run_worker(opts: ServeOptions, address: str, shm_name: str | None = N
         reader = SnapshotReader(shm_name)
         lookup = SharedSnapshotStore(reader, _max_ages(policy)).get
     pipeline = Pipeline(policy, lookup, max_body_bytes=opts.max_body_bytes)
+    if opts.embedding_socket:
+        from ext_proc.truncate.client import EmbeddingClient
+
+        pipeline.similarity = EmbeddingClient(opts.embedding_socket)
     limit = opts.max_body_bytes + 1024 * 1024
     server = grpc.aio.server(
         options=[
@@ -160,6 +168,8 @@ async def _run_worker(opts: ServeOptions, address: str, shm_name: str | None = N
         await collector.stop()
     if reader is not None:
         reader.close()
+    if pipeline.similarity is not None:
+        await pipeline.similarity.close()
     offload.close()
 
 
@@ -207,14 +217,28 @@ def _start_metrics(address: str, registry: object | None = None) -> None:
 
 def serve(opts: ServeOptions) -> int:
     """Run ICE until SIGTERM/SIGINT; returns the exit status."""
-    load_policy(opts.policy_path)  # fail fast, before any worker starts
+    policy = load_policy(opts.policy_path)  # fail fast, before any worker starts
     addresses = worker_addresses(opts.address, opts.workers)
-    if len(addresses) == 1:
-        if opts.metrics_address:
-            _start_metrics(opts.metrics_address)
-        _worker_main(opts, addresses[0])
-        return 0
-    return _supervise(opts, addresses)
+    embedding = None
+    if policy.truncation_enabled:
+        from ext_proc.truncate.host import EmbeddingService
+
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+        )
+        embedding = EmbeddingService(policy.embedding)
+        embedding.start()
+        opts = replace(opts, embedding_socket=embedding.socket_path)
+    try:
+        if len(addresses) == 1:
+            if opts.metrics_address:
+                _start_metrics(opts.metrics_address)
+            _worker_main(opts, addresses[0])
+            return 0
+        return _supervise(opts, addresses)
+    finally:
+        if embedding is not None:
+            embedding.stop()
 
 
 def _supervise(opts: ServeOptions, addresses: list[str]) -> int:

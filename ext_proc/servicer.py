@@ -18,7 +18,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from ext_proc import render, telemetry
 from ext_proc.offload import Offload
-from ext_proc.pipeline import HeaderFacts, Pipeline, Route
+from ext_proc.pipeline import BodyVerdict, HeaderFacts, Pipeline, Route
 from ext_proc.plan import reject_outcome
 from ext_proc.schemas import OPENAI_CHAT_FALLBACK
 
@@ -48,7 +48,13 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                 if phase == "request_headers":
                     facts, response = self._headers(route, request.request_headers)
                 elif phase == "request_body":
-                    response = await self._body(route, facts, request.request_body)
+                    verdict = await self._judge(route, facts, request.request_body)
+                    if verdict is not None and verdict.pending is not None:
+                        # Truncation waits on the embedding worker: ask Envoy for the time
+                        # first (a reply with only override_message_timeout is not the answer).
+                        yield _extend_timeout(route)
+                        verdict = await self.pipeline.finish_truncation(route, facts, verdict)
+                    response = self._body_response(route, verdict)
                 else:
                     response = _continue(phase)
             except Exception as e:
@@ -66,9 +72,9 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             return facts, render.skip_body(facts.strip)
         return facts, render.headers_continue(facts.strip)
 
-    async def _body(
+    async def _judge(
         self, route: Route, facts: HeaderFacts, body: pb.HttpBody
-    ) -> pb.ProcessingResponse:
+    ) -> BodyVerdict | None:
         data = body.body
         heavy = (
             self.offload is not None
@@ -79,6 +85,9 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             verdict = await self.offload.on_body(self.pipeline, route, facts, data)
         else:
             verdict = self.pipeline.on_body(route, facts, data)
+        return verdict
+
+    def _body_response(self, route: Route, verdict: BodyVerdict | None) -> pb.ProcessingResponse:
         if verdict is None:
             return render.body_continue()
         self.pipeline.record(route, verdict)
@@ -101,6 +110,20 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                 )
             )
         return _continue(phase)
+
+
+# What ICE asks of Envoy's message timeout beyond the truncation deadline (the planning and
+# the body edit after the similarities arrive). Envoy's max_message_timeout must allow it.
+TRUNCATION_TIMEOUT_MARGIN_MS = 1000
+
+
+def _extend_timeout(route: Route) -> pb.ProcessingResponse:
+    """A reply that only extends Envoy's message timeout for this message."""
+    spec = route.profile.truncation
+    ms = (spec.deadline_ms if spec is not None else 0) + TRUNCATION_TIMEOUT_MARGIN_MS
+    response = pb.ProcessingResponse()
+    response.override_message_timeout.FromMilliseconds(ms)
+    return response
 
 
 def _continue(phase: str | None) -> pb.ProcessingResponse:

@@ -226,8 +226,8 @@ class Stack:
         from ext_proc.server import worker_addresses
 
         addresses = worker_addresses(address, workers)
-        for a in addresses:
-            wait_grpc_health(a)
+        for a in addresses:  # generous: with truncation, the embedding model loads first
+            wait_grpc_health(a, timeout_s=180.0)
         return addresses
 
     def start_envoy(

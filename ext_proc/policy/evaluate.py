@@ -3,6 +3,16 @@
 Pure: no I/O, no clock, no protobuf. ``evaluate`` is given everything it judges.
 
 The ladder, first match wins:
+0. ``truncate_history`` → ``Truncate(budget)`` for chat requests of a profile with
+   ``truncation`` when the input exceeds a budget (the smallest that applies):
+   - ``pressure_budget``: truncation.budget_tokens[level] at the pool's current level;
+   - ``cache_efficiency``: low_efficiency_budget_tokens while the pool's
+     cache_efficiency_ratio < min_cache_efficiency;
+   - ``context_budget``: when input > max_model_len − min_output_tokens (no useful output
+     is left), the budget is max_model_len − output_buffer_tokens (or − min_output_tokens
+     when the buffer is not smaller than max_model_len).
+   Not when ``shed_by_priority`` would shed the request: shedding wins. The pipeline then
+   runs the truncation plan and judges the shorter request with the rest of the ladder.
 1. ``reject_oversized_input`` → 400 ``context_length_exceeded`` when the estimated input
    alone leaves no room for output: input_tokens ≥ max_model_len.
 2. ``reject_beyond_kv_capacity`` → 400 ``kv_capacity_exceeded`` when the input plus one
@@ -38,13 +48,24 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ext_proc.decision import Decision, Downgrade, Pass, Reject
+from ext_proc.decision import Decision, Downgrade, Pass, Reject, Truncate
 from ext_proc.policy.model import Priority, Profile
 from ext_proc.policy.pressure import Pressure
 from ext_proc.policy.scores import DrainInputs, retry_after_s
 from ext_proc.schemas.base import RequestFeatures
 
-__all__ = ["LADDER", "Case", "KvFit", "evaluate", "safe_output_tokens"]
+__all__ = [
+    "LADDER",
+    "LADDER_AFTER_TRUNCATION",
+    "TRUNCATABLE_SCHEMAS",
+    "Case",
+    "KvFit",
+    "evaluate",
+    "safe_output_tokens",
+    "truncation_budget",
+]
+
+TRUNCATABLE_SCHEMAS = ("openai.chat", "anthropic.messages")
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +104,7 @@ class Case:
     priority: Priority
     kv: KvFit | None = None
     drain: DrainInputs | None = None
+    cache_efficiency: float | None = None
 
     def retry_after(self, need_tokens: int) -> int:
         """Retry-After for this request from the pool's drain rate (see policy/scores.py)."""
@@ -224,7 +246,50 @@ def cap_output_tokens(case: Case) -> Decision | None:
     return Downgrade(pressure=case.pressure, max_tokens=limit, original=f.max_tokens, reason=reason)
 
 
+def truncation_budget(case: Case) -> tuple[int, str] | None:
+    """The budget the input exceeds, and why (None: no truncation); see the ladder above."""
+    spec = case.profile.truncation
+    f = case.features
+    if spec is None or f.schema not in TRUNCATABLE_SCHEMAS:
+        return None
+    found: list[tuple[int, str]] = []
+    if case.pressure is not None:
+        budget = spec.budget_tokens.get(case.pressure.level)
+        if budget is not None and f.input_tokens > budget:
+            found.append((budget, "pressure_budget"))
+    low = spec.low_efficiency_budget_tokens
+    eff = case.cache_efficiency
+    low_eff = eff is not None and eff < spec.min_cache_efficiency
+    if low is not None and low_eff and f.input_tokens > low:
+        found.append((low, "cache_efficiency"))
+    p = case.profile
+    if p.max_model_len is not None and f.input_tokens > p.max_model_len - p.min_output_tokens:
+        reserve = (
+            p.output_buffer_tokens
+            if p.output_buffer_tokens < p.max_model_len
+            else p.min_output_tokens
+        )
+        found.append((max(1, p.max_model_len - reserve), "context_budget"))
+    return min(found) if found else None
+
+
+def truncate_history(case: Case) -> Decision | None:
+    picked = truncation_budget(case)
+    if picked is None or shed_by_priority(case) is not None:
+        return None
+    return Truncate(pressure=case.pressure, budget_tokens=picked[0], reason=picked[1])
+
+
+LADDER_AFTER_TRUNCATION: tuple[Rule, ...] = (
+    reject_oversized_input,
+    reject_beyond_kv_capacity,
+    shed_by_priority,
+    shed_on_kv_shortfall,
+    cap_output_tokens,
+)
+
 LADDER: tuple[Rule, ...] = (
+    truncate_history,
     reject_oversized_input,
     reject_beyond_kv_capacity,
     shed_by_priority,
@@ -241,9 +306,10 @@ def evaluate(
     kv: KvFit | None = None,
     drain: DrainInputs | None = None,
     ladder: tuple[Rule, ...] = LADDER,
+    cache_efficiency: float | None = None,
 ) -> Decision:
     """Judge one request; the first rule of the ladder that decides wins, else ``Pass``."""
-    case = Case(features, pressure, profile, priority, kv, drain)
+    case = Case(features, pressure, profile, priority, kv, drain, cache_efficiency)
     for rule in ladder:
         decision = rule(case)
         if decision is not None:

@@ -22,6 +22,8 @@ from google.protobuf import json_format
 from ext_proc._pb import policy_pb2
 from ext_proc.kv.geometry import build_geometry
 from ext_proc.kv.hfconfig import shape_from_config
+from ext_proc.policy.errors import PolicyError
+from ext_proc.policy.load_truncation import embedding_spec, truncation_spec
 from ext_proc.policy.model import (
     PRIORITIES,
     KvModelSpec,
@@ -35,10 +37,6 @@ from ext_proc.policy.model import (
 )
 
 __all__ = ["PolicyError", "default_policy_text", "load_policy", "parse_policy"]
-
-
-class PolicyError(ValueError):
-    """A policy file is invalid; the message names the field and the problem."""
 
 
 def default_policy_text() -> str:
@@ -198,6 +196,7 @@ def _profile(name: str, msg: policy_pb2.Profile) -> Profile:
         on_kv_shortfall=(
             "downgrade" if shortfall == "downgrade" else "shed" if shortfall == "shed" else "ignore"
         ),
+        truncation=truncation_spec(msg.truncation, f"{where}.truncation"),
     )
 
 
@@ -393,6 +392,7 @@ def _build(msg: policy_pb2.Policy, base_dir: Path) -> Policy:
         routes=MappingProxyType(routes),
         tokenizers=MappingProxyType(_tokenizers(msg, base_dir)),
         exact_count_inline_bytes=_opt(msg, "exact_count_inline_bytes", 32768),
+        embedding=embedding_spec(msg.embedding, base_dir),
     )
 
 

@@ -15,6 +15,7 @@ from ext_proc.kv.hfconfig import ModelShape
 
 __all__ = [
     "PRIORITIES",
+    "EmbeddingSpec",
     "FailMode",
     "KvModelSpec",
     "KvShortfall",
@@ -26,6 +27,7 @@ __all__ = [
     "Profile",
     "RouteBinding",
     "StalePolicy",
+    "TruncationSpec",
 ]
 
 Priority = Literal["critical", "standard", "sheddable"]
@@ -101,6 +103,39 @@ class Profile:
     ttft_target_s: float = 2.0
     retry_after_min_s: int = 1
     retry_after_max_s: int = 60
+    truncation: TruncationSpec | None = None  # None: never truncate
+
+
+@dataclass(frozen=True, slots=True)
+class TruncationSpec:
+    """Semantic history truncation for a profile's chat requests (see ext_proc/truncate)."""
+
+    # Input-token budget per pressure level; a level absent here has none.
+    budget_tokens: MappingProxyType[Level, int] = field(
+        default_factory=lambda: MappingProxyType({Level.HIGH: 8192, Level.CRITICAL: 4096})
+    )
+    min_cache_efficiency: float = 0.45  # below it, low_efficiency_budget_tokens applies
+    low_efficiency_budget_tokens: int | None = None  # None: the high level's budget
+    keep_last_turns: int = 2
+    pin_first_turns: int = 0
+    pin_roles: tuple[str, ...] = ()
+    pin_names: tuple[str, ...] = ()
+    similarity_threshold: float = 0.35
+    fill: Literal["similarity", "recency"] = "similarity"
+    placeholder: str = ""
+    placeholder_role: str = ""
+    deadline_ms: int = 250
+    on_overflow: Literal["reject", "best_effort"] = "reject"
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingSpec:
+    """The host's one embedding worker (used when any profile enables truncation)."""
+
+    model: str = ""  # a local sentence-transformers folder; "" = the packaged all-MiniLM-L6-v2
+    cache_bytes: int = 64 * 1024 * 1024
+    threads: int | None = None  # torch threads in the worker; None: torch's default
+    socket: str = ""  # Unix socket path; "" = a private path chosen by `ice serve`
 
 
 StalePolicy = Literal["ignore", "last_known", "saturated"]
@@ -157,3 +192,9 @@ class Policy:
     # only when a policy names tokenizers).
     tokenizers: MappingProxyType[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     exact_count_inline_bytes: int = 32768
+    embedding: EmbeddingSpec = field(default_factory=EmbeddingSpec)
+
+    @property
+    def truncation_enabled(self) -> bool:
+        """Whether any profile truncates (then ``ice serve`` starts the embedding worker)."""
+        return any(p.truncation is not None for p in self.profiles.values())

@@ -113,18 +113,20 @@ PROBE = {"model": "dev-model", "messages": [{"role": "user", "content": "probe"}
 PROBE_HEADERS = {"x-priority": "critical"}
 
 
-def write_policy(path: Path, backend_port: int) -> Path:
-    path.write_text(
-        POLICY.format(
-            max_model_len=MAX_MODEL_LEN,
-            output_buffer=OUTPUT_BUFFER,
-            cap_high=CAP_HIGH,
-            cap_critical=CAP_CRITICAL,
-            retry_after=RETRY_AFTER_S,
-            backend_port=backend_port,
-            max_age=MAX_AGE_S,
-        )
+def write_policy(path: Path, backend_port: int, profile_extra: str = "") -> Path:
+    """The e2e policy; ``profile_extra`` (YAML, 4-space indented) joins the default profile."""
+    text = POLICY.format(
+        max_model_len=MAX_MODEL_LEN,
+        output_buffer=OUTPUT_BUFFER,
+        cap_high=CAP_HIGH,
+        cap_critical=CAP_CRITICAL,
+        retry_after=RETRY_AFTER_S,
+        backend_port=backend_port,
+        max_age=MAX_AGE_S,
     )
+    if profile_extra:
+        text = text.replace("    fail_mode: open\n", "    fail_mode: open\n" + profile_extra, 1)
+    path.write_text(text)
     return path
 
 
@@ -405,12 +407,13 @@ def running_stack(
     start_ice: bool = True,
     workers: int = 1,
     ice_extra: list[str] | None = None,
+    profile_extra: str = "",
 ) -> Iterator[E2E]:
     """Backend, ICE (unless ``start_ice`` is false: its address stays dead) and Envoy."""
     with Stack(workdir) as stack:
         backend_port = free_port()
         stack.start_backend(backend_port)
-        policy = write_policy(workdir / "policy.yaml", backend_port)
+        policy = write_policy(workdir / "policy.yaml", backend_port, profile_extra)
         address = f"127.0.0.1:{free_ports(workers)}"
         addresses = worker_addresses(address, workers)
         metrics_port = free_port()

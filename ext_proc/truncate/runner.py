@@ -1,0 +1,114 @@
+"""Carry out a ``Truncate`` decision: similarities under a deadline, then the plan.
+
+Steps for one request (``truncate``):
+1. Split the body into units (``units.conversation_of``) with the profile's turn rules.
+2. The budget is in the request's token units (exact when a tokenizer is configured, else
+   the estimator's); units are in the estimator's. ``scale = input_tokens / units' total``
+   converts: the planner gets ``floor(budget / scale)``, and ``saved_tokens`` comes back as
+   ``round(saved × scale)``.
+3. When the must-keep units alone exceed the budget: ``Overflow`` (no embedding is asked).
+4. Otherwise ask the similarity source for the cosine similarity of every message of the
+   droppable units to the latest user message, with ``deadline_ms``; a unit's similarity
+   is its best message's. Late → recency (``fallback: deadline``); the worker down or
+   failing → recency (``unavailable``); a question without text → recency (``no_query``).
+5. ``planner.plan_truncation`` with the similarities (or none).
+
+Invariant: waits only on the similarity source, and never longer than the deadline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ext_proc.policy.model import TruncationSpec
+from ext_proc.truncate.client import EmbeddingTimeout
+from ext_proc.truncate.planner import Overflow, Plan, PlanRules, plan_truncation
+from ext_proc.truncate.units import Conversation, TurnRules, conversation_of
+
+__all__ = ["SimilaritySource", "TruncationResult", "rules_of", "truncate"]
+
+
+class SimilaritySource(Protocol):
+    """Cosine similarities of texts to a query (the embedding worker's client)."""
+
+    async def similarities(
+        self, query: str, texts: Sequence[str], timeout_s: float
+    ) -> list[float]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TruncationResult:
+    """The plan (or overflow), how it was made, and the conversion to request tokens."""
+
+    conversation: Conversation
+    plan: Plan | Overflow
+    fallback: str  # "" | deadline | unavailable | no_query
+    scale: float  # request tokens per estimated token
+
+    @property
+    def saved_tokens(self) -> int:
+        return round(self.plan.saved_tokens * self.scale) if isinstance(self.plan, Plan) else 0
+
+
+def rules_of(spec: TruncationSpec) -> tuple[TurnRules, PlanRules]:
+    """The planner's rules from the profile's truncation block."""
+    return (
+        TurnRules(
+            keep_last_turns=spec.keep_last_turns,
+            pin_first_turns=spec.pin_first_turns,
+            pin_roles=spec.pin_roles,
+            pin_names=spec.pin_names,
+        ),
+        PlanRules(
+            threshold=spec.similarity_threshold,
+            fill=spec.fill,
+            placeholder=spec.placeholder,
+            placeholder_role=spec.placeholder_role,
+        ),
+    )
+
+
+async def truncate(
+    schema: str,
+    values: dict[str, Any],
+    input_tokens: int,
+    budget_tokens: int,
+    spec: TruncationSpec,
+    source: SimilaritySource | None,
+) -> TruncationResult:
+    """Plan the truncation of one request (see the module docstring)."""
+    turn_rules, plan_rules = rules_of(spec)
+    conv = conversation_of(schema, values, turn_rules)
+    scale = input_tokens / conv.total_tokens if conv.total_tokens > 0 else 1.0
+    budget = int(budget_tokens / scale) if scale > 0 else budget_tokens
+    must = conv.fixed_tokens + sum(u.tokens for u in conv.units if u.keep is not None)
+    if must > budget:
+        return TruncationResult(conv, Overflow(round(must * scale), budget_tokens), "", scale)
+    sims: list[float] | None = None
+    fallback = ""
+    droppable = [k for k, u in enumerate(conv.units) if u.keep is None]
+    if not droppable:
+        pass
+    elif not conv.query.strip():
+        fallback = "no_query"
+    elif source is None:
+        fallback = "unavailable"
+    else:
+        texts = [t for k in droppable for t in conv.units[k].texts]
+        try:
+            flat = await source.similarities(conv.query, texts, spec.deadline_ms / 1000)
+        except (TimeoutError, EmbeddingTimeout):
+            fallback = "deadline"
+        except Exception:  # EmbeddingUnavailable, or anything else the source raised
+            fallback = "unavailable"
+        else:
+            sims = [1.0] * len(conv.units)
+            pos = 0
+            for k in droppable:
+                n = len(conv.units[k].texts)
+                sims[k] = max(flat[pos : pos + n], default=0.0)
+                pos += n
+    plan = plan_truncation(conv, budget, sims, plan_rules)
+    return TruncationResult(conv, plan, fallback, scale)
