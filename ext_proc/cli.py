@@ -59,6 +59,11 @@ def _parser() -> argparse.ArgumentParser:
         add_help=False,
     )
 
+    sub.add_parser(
+        "truncate",
+        help="the body semantic truncation would send, and what it drops (ice truncate --help)",
+        add_help=False,
+    )
     b = sub.add_parser("dev-backend", help="run the local OpenAI/Anthropic test backend")
     b.add_argument("--host", default="127.0.0.1")
     b.add_argument("--port", type=int, default=8000)
@@ -75,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
         from ext_proc.signals.cli import main as signals_main
 
         return signals_main(argv[1:])
+    if argv[:1] == ["truncate"]:
+        from ext_proc.truncate.cli import main as truncate_main
+
+        return truncate_main(argv[1:])
     args = _parser().parse_args(argv)
     from ext_proc.policy.load import PolicyError
 

@@ -97,6 +97,13 @@ def dry_run(
     else:
         verdict = pipeline.on_body(r, facts, request)
         assert verdict is not None
+        if verdict.pending is not None:  # truncation: the model runs in this process
+            import asyncio
+
+            from ext_proc.truncate.runner import LocalSimilarity
+
+            pipeline.similarity = LocalSimilarity(policy.embedding.model or None)
+            verdict = asyncio.run(pipeline.finish_truncation(r, facts, verdict))
         pipeline.record(r, verdict)
         outcome = verdict.outcome
         report["decision"] = verdict.decision.decision if verdict.decision else "reject"

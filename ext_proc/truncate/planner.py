@@ -69,7 +69,7 @@ class Plan:
     dropped_messages: int
     saved_tokens: int
     tokens_after: int
-    mode: Literal["semantic", "recency"]
+    mode: Literal["semantic", "recency", "must_keep"]
     runs: tuple[Run, ...]
     placeholder: str = ""
     placeholder_role: str = ""

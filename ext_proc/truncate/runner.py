@@ -6,7 +6,8 @@ Steps for one request (``truncate``):
    the estimator's); units are in the estimator's. ``scale = input_tokens / units' total``
    converts: the planner gets ``floor(budget / scale)``, and ``saved_tokens`` comes back as
    ``round(saved × scale)``.
-3. When the must-keep units alone exceed the budget: ``Overflow`` (no embedding is asked).
+3. When the must-keep units alone exceed the budget: ``Overflow`` (no embedding is asked),
+   or with ``on_overflow: best_effort`` a plan that keeps only them (mode ``must_keep``).
 4. Otherwise ask the similarity source for the cosine similarity of every message of the
    droppable units to the latest user message, with ``deadline_ms``; a unit's similarity
    is its best message's. Late → recency (``fallback: deadline``); the worker down or
@@ -19,7 +20,7 @@ Invariant: waits only on the similarity source, and never longer than the deadli
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from ext_proc.policy.model import TruncationSpec
@@ -27,7 +28,7 @@ from ext_proc.truncate.client import EmbeddingTimeout
 from ext_proc.truncate.planner import Overflow, Plan, PlanRules, plan_truncation
 from ext_proc.truncate.units import Conversation, TurnRules, conversation_of
 
-__all__ = ["SimilaritySource", "TruncationResult", "rules_of", "truncate"]
+__all__ = ["LocalSimilarity", "SimilaritySource", "TruncationResult", "rules_of", "truncate"]
 
 
 class SimilaritySource(Protocol):
@@ -46,6 +47,7 @@ class TruncationResult:
     plan: Plan | Overflow
     fallback: str  # "" | deadline | unavailable | no_query
     scale: float  # request tokens per estimated token
+    similarities: tuple[float, ...] | None = None  # per unit (must-keep units: 1.0)
 
     @property
     def saved_tokens(self) -> int:
@@ -85,6 +87,10 @@ async def truncate(
     budget = int(budget_tokens / scale) if scale > 0 else budget_tokens
     must = conv.fixed_tokens + sum(u.tokens for u in conv.units if u.keep is not None)
     if must > budget:
+        if spec.on_overflow == "best_effort":  # send only what must stay
+            kept = plan_truncation(conv, must, None, replace(plan_rules, placeholder=""))
+            if isinstance(kept, Plan):
+                return TruncationResult(conv, replace(kept, mode="must_keep"), "", scale)
         return TruncationResult(conv, Overflow(round(must * scale), budget_tokens), "", scale)
     sims: list[float] | None = None
     fallback = ""
@@ -111,4 +117,21 @@ async def truncate(
                 sims[k] = max(flat[pos : pos + n], default=0.0)
                 pos += n
     plan = plan_truncation(conv, budget, sims, plan_rules)
-    return TruncationResult(conv, plan, fallback, scale)
+    return TruncationResult(conv, plan, fallback, scale, tuple(sims) if sims else None)
+
+
+class LocalSimilarity:
+    """An in-process similarity source for the dry runs (``ice truncate``, ``ice evaluate``):
+    loads the model on first use (torch in this process) and has no deadline."""
+
+    def __init__(self, model: str | None = None) -> None:
+        self.model = model
+        self._embedder: Any = None
+
+    async def similarities(self, query: str, texts: Sequence[str], timeout_s: float) -> list[float]:
+        if self._embedder is None:
+            from ext_proc.truncate.embed import Embedder
+
+            self._embedder = Embedder(self.model)
+        result: list[float] = self._embedder.similarities(query, texts)
+        return result
