@@ -171,7 +171,11 @@ class EmbeddingClient:
             timeout_s,
         )
         sims = answer.get("sims")
-        if not isinstance(sims, list) or len(sims) != len(texts):
+        if (
+            not isinstance(sims, list)
+            or len(sims) != len(texts)
+            or not all(isinstance(sim, int | float) for sim in sims)
+        ):
             raise EmbeddingUnavailable(f"malformed answer from the embedding worker: {answer!r}")
         return [float(sim) for sim in sims]
 

@@ -23,6 +23,7 @@ Invariants:
   comes, is answered ``code: "deadline"`` without computing; one whose turn comes in time is
   computed to the end even if its deadline passes meanwhile (its vectors then warm the cache
   for the conversation's next request);
+- a connection's end cancels its requests still waiting for the compute thread;
 - a bad request is answered (``bad_request``) and a failure (``internal``); a frame without a
   readable ``id`` (not JSON, not an object, no integer ``id``) or over ``MAX_FRAME_BYTES``
   closes that connection only. Nothing a client sends stops the worker.
@@ -354,6 +355,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, _exit_now)
     try:
         _claim_socket_path(args.socket)  # fail fast, before the model load; again when listening
+        log.info("loading the embedding model (%s)", args.model or "default")
         model = Embedder(args.model, args.cache_bytes, args.threads)
     except (ModelNotFound, WorkerStartError, ValueError) as exc:
         log.error("%s", exc)
