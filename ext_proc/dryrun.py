@@ -102,7 +102,8 @@ def dry_run(
 
             from ext_proc.truncate.runner import LocalSimilarity
 
-            pipeline.similarity = LocalSimilarity(policy.embedding.model or None)
+            emb = policy.embedding
+            pipeline.similarity = LocalSimilarity(emb.model or None, emb.max_seq_length)
             verdict = asyncio.run(pipeline.finish_truncation(r, facts, verdict))
         pipeline.record(r, verdict)
         outcome = verdict.outcome

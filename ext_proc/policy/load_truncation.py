@@ -82,4 +82,9 @@ def embedding_spec(msg: policy_pb2.Embedding, base_dir: Path) -> EmbeddingSpec:
     threads = _opt(msg, "threads", None)
     if threads == 0:
         raise PolicyError("embedding.threads: must be ≥ 1 (omit it for torch's default)")
-    return EmbeddingSpec(model=model, cache_bytes=cache, threads=threads, socket=msg.socket)
+    seq = _opt(msg, "max_seq_length", d.max_seq_length)
+    if not 8 <= seq <= 8192:
+        raise PolicyError(f"embedding.max_seq_length: must be in 8..8192, got {seq}")
+    return EmbeddingSpec(
+        model=model, cache_bytes=cache, threads=threads, socket=msg.socket, max_seq_length=seq
+    )

@@ -135,6 +135,7 @@ class EmbeddingSpec:
     model: str = ""  # a local sentence-transformers folder; "" = the packaged all-MiniLM-L6-v2
     cache_bytes: int = 64 * 1024 * 1024
     threads: int | None = None  # torch threads in the worker; None: torch's default
+    max_seq_length: int = 64  # word pieces embedded per turn text (cost grows with it)
     socket: str = ""  # Unix socket path; "" = a private path chosen by `ice serve`
 
 

@@ -40,21 +40,19 @@ import contextlib
 import logging
 import random
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
-import aiohttp
-
 from ext_proc import telemetry
 from ext_proc.policy.model import Pool
-from ext_proc.signals.model import EngineScrape, GpuScrape
+from ext_proc.signals.httpget import HttpGetter
+from ext_proc.signals.model import Derived, EngineScrape, GpuScrape
 from ext_proc.signals.parse import SourceParseError, parse_dcgm, parse_engine
 from ext_proc.signals.promapi import build_queries, engine_scrapes
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
-from ext_proc.signals.window import derive
+from ext_proc.signals.window import Window, derive
 
 __all__ = ["MAX_BACKOFF_S", "Collector", "Fetch", "Resolve", "backend_from_scrape"]
 
@@ -71,6 +69,10 @@ def backend_from_scrape(
     scrape: EngineScrape, history: list[EngineScrape], window_s: float
 ) -> BackendSignals:
     """The evaluator's view of one backend from its newest scrape and recent history."""
+    return _backend(scrape, derive(history, window_s) if len(history) >= 2 else None)
+
+
+def _backend(scrape: EngineScrape, derived: Derived | None, age_s: float = 0.0) -> BackendSignals:
     blocks, block_size = scrape.num_gpu_blocks, scrape.block_size
     if blocks is None and scrape.kv_capacity_tokens is not None:
         blocks, block_size = scrape.kv_capacity_tokens, 1  # token-granular caches (SGLang)
@@ -81,16 +83,16 @@ def backend_from_scrape(
         num_requests_waiting=scrape.num_requests_waiting,
         num_gpu_blocks=blocks,
         block_size=block_size,
-        derived=derive(history, window_s) if len(history) >= 2 else None,
+        derived=derived,
         cache_hit_rate=scrape.cache_hit_rate,
-        age_s=0.0,
+        age_s=age_s,
     )
 
 
 @dataclass
 class _Source:
     url: str
-    history: deque[EngineScrape] = field(default_factory=deque)
+    window: Window  # the newest scrapes (engine sources) and their derived rates
     gpus: tuple[GpuScrape, ...] = ()  # a DCGM exporter's newest GPUs
     gpus_at_s: float = 0.0
     failures: int = 0
@@ -113,7 +115,7 @@ class Collector:
         self._publish = publish
         self._fetch = fetch
         self._resolve = resolve or _resolve_dns
-        self._session: aiohttp.ClientSession | None = None
+        self._http: HttpGetter | None = None
         self._sources: dict[tuple[str, str], _Source] = {}
         self._dns: dict[str, tuple[float, list[str]]] = {}
         self._views: dict[str, PoolSnapshot] = {}
@@ -125,8 +127,8 @@ class Collector:
     # --- life cycle ------------------------------------------------------------------------
     async def start(self) -> None:
         if self._fetch is None:
-            self._session = aiohttp.ClientSession()
-            self._fetch = self._http_fetch
+            self._http = HttpGetter()
+            self._fetch = self._http.get
         for pool in self._pools.values():
             if pool.metrics_urls or pool.dns_name or pool.prometheus_url:
                 self._tasks.append(
@@ -139,15 +141,8 @@ class Collector:
         await asyncio.gather(*self._tasks, *self._inflight.values(), return_exceptions=True)
         self._tasks.clear()
         self._inflight.clear()
-        if self._session is not None:
-            await self._session.close()
-
-    async def _http_fetch(self, url: str, timeout_s: float) -> str:
-        assert self._session is not None
-        async with self._session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
-            if resp.status != 200:
-                raise OSError(f"HTTP {resp.status}")
-            return await resp.text(errors="replace")
+        if self._http is not None:
+            await self._http.close()
 
     async def _run(self, pool: Pool) -> None:
         while True:
@@ -230,23 +225,20 @@ class Collector:
             scrapes = engine_scrapes(
                 pool.kind, bodies, time.monotonic(), group_by=pool.prometheus_group_by
             )
-        except (OSError, TimeoutError, aiohttp.ClientError, SourceParseError) as e:
+        except (OSError, TimeoutError, SourceParseError) as e:
             self._back_off(pool, src, ("prom", pool.name), f"query of {pool.prometheus_url}", e)
             return
         src.failures, src.retry_at = 0, 0.0
         self._recovered(("prom", pool.name), f"query of {pool.prometheus_url}")
         self._prom_backends[pool.name] = set(scrapes)
         for key, scrape in scrapes.items():
-            backend = self._source(pool, key)
-            backend.history.append(scrape)
-            while backend.history and scrape.at_s - backend.history[0].at_s > pool.window_s:
-                backend.history.popleft()
+            self._source(pool, key).window.append(scrape)
 
     def _source(self, pool: Pool, url: str) -> _Source:
         key = (pool.name, url)
         src = self._sources.get(key)
         if src is None:
-            src = self._sources[key] = _Source(url)
+            src = self._sources[key] = _Source(url, Window(pool.window_s))
         return src
 
     async def _scrape(self, pool: Pool, url: str, *, gpu: bool = False) -> None:
@@ -260,16 +252,13 @@ class Collector:
                 src.gpus, src.gpus_at_s = tuple(parse_dcgm(url, text, at)), at
             else:
                 scrape = parse_engine(pool.kind, url, text, time.monotonic())
-        except (OSError, TimeoutError, aiohttp.ClientError, SourceParseError) as e:
+        except (OSError, TimeoutError, SourceParseError) as e:
             self._back_off(pool, src, ("src", pool.name, url), f"scrape of {url}", e)
             return
         src.failures, src.retry_at = 0, 0.0
         self._recovered(("src", pool.name, url), f"scrape of {url}")
-        if gpu:
-            return
-        src.history.append(scrape)
-        while src.history and scrape.at_s - src.history[0].at_s > pool.window_s:
-            src.history.popleft()
+        if not gpu:
+            src.window.append(scrape)
 
     def _back_off(
         self, pool: Pool, src: _Source, key: tuple[str, ...], what: str, error: Exception
@@ -301,15 +290,14 @@ class Collector:
         stale_seen = False
         for url in urls:
             src = self._sources.get((pool.name, url))
-            if src is None or not src.history:
+            newest = src.window.newest if src is not None else None
+            if src is None or newest is None:
                 stale_seen = True
                 if pool.stale == "saturated":
                     backends.append(_saturated(url, None))
                 continue
-            newest = src.history[-1]
             age = now - newest.at_s
-            backend = backend_from_scrape(newest, list(src.history), pool.window_s)
-            backend = replace(backend, age_s=age)
+            backend = _backend(newest, src.window.derived(), age)
             if age <= pool.stale_after_s:
                 backends.append(backend)
                 continue

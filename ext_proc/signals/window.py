@@ -5,6 +5,9 @@ Job: ``derive(history, window_s)`` looks at the scrapes whose ``at_s`` lies with
 histograms into a ``Derived``. Every figure is None when the window cannot say: fewer than two
 scrapes carrying the field, no time between them, or no observations.
 
+``Window`` gives the same figures for the collector at a cost that does not grow with the
+window: see its docstring.
+
 Formulas (the ones Prometheus uses, so ICE and a dashboard agree):
 - Counter increase over the window, walking consecutive scrapes a → b: ``b − a`` when
   ``b ≥ a``, else ``b`` (the counter was reset — the server restarted — and everything it
@@ -32,11 +35,21 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Final
 
 from ext_proc.signals.model import Derived, EngineScrape, Histogram
 
-__all__ = ["derive", "exceedance", "histogram_delta", "histogram_quantile", "increase"]
+__all__ = [
+    "Window",
+    "derive",
+    "exceedance",
+    "histogram_delta",
+    "histogram_quantile",
+    "increase",
+]
 
 
 def increase(values: Sequence[float]) -> float:
@@ -191,3 +204,188 @@ def derive(history: Sequence[EngineScrape], window_s: float) -> Derived:
         queue_time_p95_s=histogram_quantile(0.95, queue) if queue else None,
         ttft_delta=ttft,
     )
+
+
+# -- incremental: what the collector keeps per backend -------------------------------------
+
+_COUNTERS: Final = (
+    "prefix_cache_hits_tokens",
+    "prefix_cache_queries_tokens",
+    "preemptions",
+    "prompt_tokens",
+    "generation_tokens",
+    "request_success",
+)
+_HITS, _QUERIES, _PREEMPTIONS, _PROMPT, _GENERATION, _SUCCESS = range(len(_COUNTERS))
+
+
+@dataclass(frozen=True, slots=True)
+class _Hist:
+    """One scrape's histogram and the running totals of its bounds epoch."""
+
+    raw: Histogram
+    epoch: int  # changes whenever the bounds differ from the previous histogram's
+    counts: tuple[float, ...]  # reset-adjusted running total per bucket, within the epoch
+    sum: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    scrape: EngineScrape
+    counters: tuple[float | None, ...]  # reset-adjusted running totals; None: not reported
+    ttft: _Hist | None
+    queue: _Hist | None
+
+
+class _HistTotals:
+    """Running totals of one histogram field across appends (kept when entries leave)."""
+
+    __slots__ = ("counts", "epoch", "last", "sum")
+
+    def __init__(self) -> None:
+        self.last: Histogram | None = None
+        self.epoch = 0
+        self.counts: list[float] = []
+        self.sum = 0.0
+
+    def add(self, h: Histogram) -> _Hist:
+        last = self.last
+        if last is None or last.bounds != h.bounds:  # a new epoch counts from zero
+            self.epoch += 1
+            self.counts = list(h.counts)
+            self.sum = h.sum
+        elif h.count < last.count:  # reset: the new segment counts from zero
+            self.counts = [a + c for a, c in zip(self.counts, h.counts, strict=False)]
+            self.sum += h.sum
+        else:
+            self.counts = [
+                a + c - p for a, c, p in zip(self.counts, h.counts, last.counts, strict=False)
+            ]
+            self.sum += h.sum - last.sum
+        self.last = h
+        return _Hist(h, self.epoch, tuple(self.counts), self.sum)
+
+
+class Window:
+    """A backend's scrapes of the last ``window_s`` seconds and their ``Derived``, kept
+    incrementally: ``derived()`` equals ``derive(scrapes, window_s)`` (to float rounding of
+    non-integer sums) at a cost independent of how many scrapes the window holds.
+
+    How: ``append`` stores with each scrape the running, reset-adjusted total of every counter
+    since the source was first seen (``total += b − a``, or ``+= b`` after a reset), so the
+    increase over the window is the newest total minus the oldest — the same sum ``increase``
+    walks. Histograms likewise, bucket by bucket, within an epoch of equal bounds (a bounds
+    change starts a new epoch from zero; only the newest epoch's observations count, as in
+    ``histogram_delta``). Scrapes must be appended in ``at_s`` order."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._entries: deque[_Entry] = deque()
+        self._last_values: list[float | None] = [None] * len(_COUNTERS)
+        self._totals = [0.0] * len(_COUNTERS)
+        self._ttft = _HistTotals()
+        self._queue = _HistTotals()
+        self._derived: Derived | None = None
+        self._fresh = False  # _derived is up to date
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def newest(self) -> EngineScrape | None:
+        return self._entries[-1].scrape if self._entries else None
+
+    @property
+    def scrapes(self) -> list[EngineScrape]:
+        """The scrapes within ``window_s`` of the newest, oldest first."""
+        return [e.scrape for e in self._entries]
+
+    def append(self, scrape: EngineScrape) -> None:
+        """Add the newest scrape; scrapes older than ``window_s`` before it leave."""
+        counters: list[float | None] = []
+        for i, name in enumerate(_COUNTERS):
+            value: float | None = getattr(scrape, name)
+            last = self._last_values[i]
+            if value is None:
+                counters.append(None)
+                continue
+            if last is not None:
+                self._totals[i] += value - last if value >= last else value
+            self._last_values[i] = value
+            counters.append(self._totals[i])
+        ttft = self._ttft.add(scrape.ttft_s) if scrape.ttft_s is not None else None
+        queue = self._queue.add(scrape.queue_time_s) if scrape.queue_time_s is not None else None
+        entries = self._entries
+        entries.append(_Entry(scrape, tuple(counters), ttft, queue))
+        while scrape.at_s - entries[0].scrape.at_s > self.window_s:
+            entries.popleft()
+        self._fresh = False
+
+    def derived(self) -> Derived | None:
+        """``derive(self.scrapes, window_s)``; None with fewer than two scrapes."""
+        if self._fresh:
+            return self._derived
+        entries = self._entries
+        result: Derived | None = None
+        if len(entries) >= 2:
+            hits = self._counter(_HITS)
+            queries = self._counter(_QUERIES)
+            ratio: float | None = None
+            if hits is not None and queries is not None and queries[0] > 0:
+                ratio = min(1.0, max(0.0, hits[0] / queries[0]))
+            ttft = self._histogram(lambda e: e.ttft)
+            queue = self._histogram(lambda e: e.queue)
+            result = Derived(
+                window_s=entries[-1].scrape.at_s - entries[0].scrape.at_s,
+                prefix_cache_hit_ratio=ratio,
+                preemptions_per_s=self._rate(_PREEMPTIONS),
+                prompt_tokens_per_s=self._rate(_PROMPT),
+                generation_tokens_per_s=self._rate(_GENERATION),
+                completions_per_s=self._rate(_SUCCESS),
+                ttft_p50_s=histogram_quantile(0.5, ttft) if ttft else None,
+                ttft_p95_s=histogram_quantile(0.95, ttft) if ttft else None,
+                queue_time_p95_s=histogram_quantile(0.95, queue) if queue else None,
+                ttft_delta=ttft,
+            )
+        self._derived, self._fresh = result, True
+        return result
+
+    def _counter(self, i: int) -> tuple[float, float] | None:
+        """(increase, seconds) of counter ``i`` over the window, or None (see ``_counter``)."""
+        entries = self._entries
+        first = next((e for e in entries if e.counters[i] is not None), None)
+        last = next((e for e in reversed(entries) if e.counters[i] is not None), None)
+        if first is None or last is None or first is last:
+            return None
+        span = last.scrape.at_s - first.scrape.at_s
+        if span <= 0:
+            return None
+        return (last.counters[i] or 0.0) - (first.counters[i] or 0.0), span
+
+    def _rate(self, i: int) -> float | None:
+        found = self._counter(i)
+        return found[0] / found[1] if found else None
+
+    def _histogram(self, get: Callable[[_Entry], _Hist | None]) -> Histogram | None:
+        """``histogram_delta`` of the window's histograms of one field."""
+        carrying = [h for e in self._entries if (h := get(e)) is not None]
+        if len(carrying) < 2:
+            return None
+        last = carrying[-1]
+        run = next(h for h in carrying if h.epoch == last.epoch)
+        if run is carrying[0]:  # the window starts inside the newest epoch
+            counts = [a - b for a, b in zip(last.counts, run.counts, strict=False)]
+            total_sum = last.sum - run.sum
+        else:  # the bounds changed inside the window: the newest epoch counts from zero
+            counts, total_sum = list(last.counts), last.sum
+        cumulative: list[float] = []
+        running = 0.0
+        for c in counts:  # keep cumulative counts non-negative and non-decreasing
+            running = max(running, c)
+            cumulative.append(running)
+        return Histogram(
+            bounds=last.raw.bounds,
+            counts=tuple(cumulative),
+            count=cumulative[-1] if cumulative else 0.0,
+            sum=total_sum,
+        )

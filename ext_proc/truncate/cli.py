@@ -52,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _spec(args: argparse.Namespace) -> tuple[TruncationSpec, str | None]:
+def _spec(args: argparse.Namespace) -> tuple[TruncationSpec, str | None, int]:
     policy = load_policy(args.policy)
     profile = policy.profiles.get(args.profile or policy.default_profile)
     if profile is None:
@@ -62,7 +62,7 @@ def _spec(args: argparse.Namespace) -> tuple[TruncationSpec, str | None]:
         spec = replace(spec, keep_last_turns=args.keep_last_turns)
     if args.threshold is not None:
         spec = replace(spec, similarity_threshold=args.threshold)
-    return spec, args.model or policy.embedding.model or None
+    return spec, args.model or policy.embedding.model or None, policy.embedding.max_seq_length
 
 
 async def run(
@@ -132,9 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         body = sys.stdin.buffer.read() if args.request == "-" else Path(args.request).read_bytes()
-        spec, model = _spec(args)
+        spec, model, max_seq_length = _spec(args)
         path = args.path or _guess_path(json.loads(body))
-        source = None if args.recency else LocalSimilarity(model)
+        source = None if args.recency else LocalSimilarity(model, max_seq_length)
         status, report = asyncio.run(run(body, path, args.budget_tokens, spec, source))
     except (OSError, ValueError, PolicyError, BadRequest) as e:
         print(f"ice truncate: {e}", file=sys.stderr)

@@ -281,6 +281,7 @@ class EmbeddingWorkerProcess:
         model: str | None = None,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
         threads: int | None = None,
+        max_seq_length: int | None = None,
         *,
         echo_stderr: bool = True,
         env: Mapping[str, str] | None = None,
@@ -289,6 +290,7 @@ class EmbeddingWorkerProcess:
         self.model = model
         self.cache_bytes = cache_bytes
         self.threads = threads
+        self.max_seq_length = max_seq_length
         self.echo_stderr = echo_stderr
         self.env = dict(env) if env is not None else None
         self._proc: subprocess.Popen[bytes] | None = None
@@ -312,6 +314,8 @@ class EmbeddingWorkerProcess:
         cmd += ["--cache-bytes", str(self.cache_bytes), "--parent-pid", str(os.getpid())]
         if self.threads is not None:
             cmd += ["--threads", str(self.threads)]
+        if self.max_seq_length is not None:
+            cmd += ["--max-seq-length", str(self.max_seq_length)]
         return cmd
 
     def start(self) -> None:

@@ -221,9 +221,9 @@ class Embedder:
         model_path: str | None = None,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
         threads: int | None = None,
+        max_seq_length: int | None = None,
     ) -> None:
         self.model_path = resolve_model_path(model_path)
-        self._model_id = str(self.model_path)
         self.cache = EmbeddingCache(cache_bytes)
         self.encode_calls = 0
         self.encoded_texts = 0
@@ -245,7 +245,13 @@ class Embedder:
         )
         self._model = cast(_SentenceModel, model)
         self.load_s = time.perf_counter() - started
+        if max_seq_length is not None:  # fewer word pieces: a cheaper embedding per text
+            if max_seq_length < 1:
+                raise ValueError(f"max_seq_length must be >= 1, not {max_seq_length}")
+            self._model.max_seq_length = min(max_seq_length, int(self._model.max_seq_length))
         self.max_seq_length = int(self._model.max_seq_length)
+        # the vector depends on how much of the text the model reads: part of the cache key
+        self._model_id = f"{self.model_path}@{self.max_seq_length}"
         dimension = self._model.get_embedding_dimension()
         if dimension is None:
             dimension = int(self._encode(["dimension probe"]).shape[1])
@@ -332,7 +338,7 @@ class Embedder:
     def stats(self) -> dict[str, int | float | str]:
         """Counters for ``ice`` stats and the worker's ``stats`` op."""
         return {
-            "model_path": self._model_id,
+            "model_path": str(self.model_path),
             "dimension": self.dimension,
             "max_seq_length": self.max_seq_length,
             "threads": self.threads,

@@ -36,7 +36,11 @@ class EmbeddingService:
             self._tmpdir = tempfile.TemporaryDirectory(prefix="ice-embed-")
             self.socket_path = os.path.join(self._tmpdir.name, "embed.sock")
         self.process = EmbeddingWorkerProcess(
-            self.socket_path, spec.model or None, spec.cache_bytes, spec.threads
+            self.socket_path,
+            spec.model or None,
+            spec.cache_bytes,
+            spec.threads,
+            spec.max_seq_length,
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None

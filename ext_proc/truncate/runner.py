@@ -8,9 +8,11 @@ Steps for one request (``truncate``):
    ``round(saved × scale)``.
 3. When the must-keep units alone exceed the budget: ``Overflow`` (no embedding is asked),
    or with ``on_overflow: best_effort`` a plan that keeps only them (mode ``must_keep``).
-4. Otherwise ask the similarity source for the cosine similarity of every message of the
-   droppable units to the latest user message, with ``deadline_ms``; a unit's similarity
-   is its best message's. Late → recency (``fallback: deadline``); the worker down or
+4. Otherwise ask the similarity source for the cosine similarity of each droppable turn's
+   text (``turn_text``: its messages' texts, question first) to the latest user message,
+   with ``deadline_ms``. One text per turn, cut to ``embedding.max_seq_length`` word pieces
+   by the model, keeps a cold 50-message conversation near 25 short embeddings.
+   Late → recency (``fallback: deadline``); the worker down or
    failing → recency (``unavailable``); a question without text → recency (``no_query``).
 5. ``planner.plan_truncation`` with the similarities (or none).
 
@@ -26,9 +28,16 @@ from typing import Any, Protocol
 from ext_proc.policy.model import TruncationSpec
 from ext_proc.truncate.client import EmbeddingTimeout
 from ext_proc.truncate.planner import Overflow, Plan, PlanRules, plan_truncation
-from ext_proc.truncate.units import Conversation, TurnRules, conversation_of
+from ext_proc.truncate.units import Conversation, TurnRules, Unit, conversation_of
 
-__all__ = ["LocalSimilarity", "SimilaritySource", "TruncationResult", "rules_of", "truncate"]
+__all__ = [
+    "LocalSimilarity",
+    "SimilaritySource",
+    "TruncationResult",
+    "rules_of",
+    "truncate",
+    "turn_text",
+]
 
 
 class SimilaritySource(Protocol):
@@ -102,7 +111,7 @@ async def truncate(
     elif source is None:
         fallback = "unavailable"
     else:
-        texts = [t for k in droppable for t in conv.units[k].texts]
+        texts = [turn_text(conv.units[k]) for k in droppable]
         try:
             flat = await source.similarities(conv.query, texts, spec.deadline_ms / 1000)
         except (TimeoutError, EmbeddingTimeout):
@@ -111,27 +120,31 @@ async def truncate(
             fallback = "unavailable"
         else:
             sims = [1.0] * len(conv.units)
-            pos = 0
-            for k in droppable:
-                n = len(conv.units[k].texts)
-                sims[k] = max(flat[pos : pos + n], default=0.0)
-                pos += n
+            for k, sim in zip(droppable, flat, strict=False):
+                sims[k] = sim
     plan = plan_truncation(conv, budget, sims, plan_rules)
     return TruncationResult(conv, plan, fallback, scale, tuple(sims) if sims else None)
+
+
+def turn_text(unit: Unit) -> str:
+    """The text embedded for a turn: its messages' texts in order (the question first), of
+    which the model reads the first ``embedding.max_seq_length`` word pieces."""
+    return "\n".join(t for t in unit.texts if t)
 
 
 class LocalSimilarity:
     """An in-process similarity source for the dry runs (``ice truncate``, ``ice evaluate``):
     loads the model on first use (torch in this process) and has no deadline."""
 
-    def __init__(self, model: str | None = None) -> None:
+    def __init__(self, model: str | None = None, max_seq_length: int | None = None) -> None:
         self.model = model
+        self.max_seq_length = max_seq_length
         self._embedder: Any = None
 
     async def similarities(self, query: str, texts: Sequence[str], timeout_s: float) -> list[float]:
         if self._embedder is None:
             from ext_proc.truncate.embed import Embedder
 
-            self._embedder = Embedder(self.model)
+            self._embedder = Embedder(self.model, max_seq_length=self.max_seq_length)
         result: list[float] = self._embedder.similarities(query, texts)
         return result

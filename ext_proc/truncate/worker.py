@@ -1,7 +1,7 @@
 """The embedding worker process: one per host, serving every ext_proc worker over a Unix socket.
 
     python -m ext_proc.truncate.worker --socket PATH [--model PATH] [--cache-bytes N]
-                                       [--threads N] [--parent-pid PID]
+                                       [--threads N] [--max-seq-length N] [--parent-pid PID]
 
 Start-up, in order: load the ``Embedder`` (model + cache), claim the socket path (a stale
 socket file is removed; a live worker's is not touched: exit 1), listen, print one line
@@ -334,6 +334,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--cache-bytes", type=int, default=DEFAULT_CACHE_BYTES)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     parser.add_argument(
+        "--max-seq-length", type=int, default=None, help="word pieces embedded per text"
+    )
+    parser.add_argument(
         "--parent-pid", type=int, default=None, help="exit when this process is not the parent"
     )
     return parser
@@ -356,7 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         _claim_socket_path(args.socket)  # fail fast, before the model load; again when listening
         log.info("loading the embedding model (%s)", args.model or "default")
-        model = Embedder(args.model, args.cache_bytes, args.threads)
+        model = Embedder(args.model, args.cache_bytes, args.threads, args.max_seq_length)
     except (ModelNotFound, WorkerStartError, ValueError) as exc:
         log.error("%s", exc)
         return 2
