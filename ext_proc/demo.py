@@ -12,7 +12,8 @@ serving until Ctrl-C (``wait=False``: exit after the walkthrough) so you can sen
   → 429 with ``Retry-After``; then a 12-request burst straight to vLLM and through ICE, side
   by side (preemptions, 429s, latencies).
 - ``dev``: the stdlib dev backend (``ext_proc.devbackend``), whose reported memory state the
-  walkthrough sets, for one request of each decision kind.
+  walkthrough sets, for one request of each decision kind (the built-in policy with
+  semantic truncation switched on, so one step truncates a long chat).
 - ``auto`` (default): ``vllm`` when ``.venv-vllm`` and the tiny model are ready
   (``make vllm-install``), else ``dev``, saying why; also ``dev`` when vLLM fails to start.
 
@@ -56,6 +57,7 @@ SHOWN = (
     "x-mem-pressure",
     "x-mem-pressure-score",
     "x-ice-decision",
+    "x-ice-truncated",
     "x-ice-reason",
     "x-downgraded",
     "x-ice-original-max-tokens",
@@ -114,6 +116,51 @@ def _step(
         if sent is not None:
             limit = {k: sent[k] for k in ("max_tokens", "max_completion_tokens") if k in sent}
             print(f"  backend received limit {limit or 'none'}")
+            if isinstance(sent.get("messages"), list) and len(body.get("messages", ())) > 2:
+                kept = [m.get("content") for m in sent["messages"]]
+                print(f"  backend received {len(kept)} of {len(body['messages'])} messages:")
+                for text in kept:
+                    print(f"    · {str(text)[:90]}")
+
+
+# A long chat whose last question needs its first turn (the dev demo's truncation step).
+_TURNS = (
+    ("Which ryokan near Gion in Kyoto has a private onsen?", "Gion Hatanaka, by Yasaka Shrine."),
+    ("How do I undo my last git commit?", "git reset --soft HEAD~1 keeps the changes staged."),
+    ("A good low-light houseplant?", "A ZZ plant or a snake plant tolerates shade well."),
+    ("How do I fix a dripping faucet?", "Replace the cartridge or its worn O-rings."),
+    ("Explain compound interest briefly.", "Interest earns interest, so growth compounds."),
+    ("Stretches for a stiff lower back?", "Cat-cow, child's pose and knee-to-chest stretches."),
+    ("How long should I boil an egg?", "Nine to twelve minutes for a firm yolk."),
+    ("Best way to store fresh basil?", "Stems in a glass of water at room temperature."),
+    ("What is a Roth IRA?", "A retirement account funded after tax; withdrawals are tax-free."),
+)
+_QUESTION = "Does that inn near the shrine serve vegetarian dinners?"
+# The demo's policy: the built-in default with truncation on (budget 200 tokens at high).
+_TRUNCATION = """    truncation:
+      enabled: true
+      budget_tokens: {high: 200, critical: 120}
+      keep_last_turns: 1
+      deadline_ms: 2000
+"""
+
+
+def _conversation() -> list[dict[str, str]]:
+    msgs = [{"role": "system", "content": "You are a helpful assistant."}]
+    for user, assistant in _TURNS:
+        msgs += [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
+    return [*msgs, {"role": "user", "content": _QUESTION}]
+
+
+def _demo_policy(workdir: Path) -> Path:
+    from ext_proc.policy.load import default_policy_text
+
+    text = default_policy_text().replace(
+        "    fail_mode: open\n", "    fail_mode: open\n" + _TRUNCATION, 1
+    )
+    path = workdir / "policy.yaml"
+    path.write_text(text)
+    return path
 
 
 def _walkthrough() -> None:
@@ -157,6 +204,11 @@ def _walkthrough() -> None:
         "downgrade: high pressure caps an unlimited request (cap injected)",
         chat,
         {"model": "dev-model", "messages": msgs},
+    )
+    _step(
+        "truncate: a 10-turn chat over the high-pressure budget keeps the turn its question needs",
+        chat,
+        {"model": "dev-model", "messages": _conversation(), "max_tokens": 64},
     )
     _step(
         "reject 429: sheddable request under high pressure",
@@ -231,7 +283,7 @@ def _run_dev(wait: bool) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="ice-demo-"))
     with Stack(workdir) as stack:
         stack.start_backend(8000)
-        addresses = stack.start_ice("127.0.0.1:50051")
+        addresses = stack.start_ice("127.0.0.1:50051", policy=_demo_policy(workdir))
         config = render_envoy_config(
             ENVOY_DIR / "envoy.yaml",
             admin_port=9901,

@@ -149,6 +149,8 @@ def test_must_keep_overflow_is_a_400_in_the_anthropic_format() -> None:
         "max_tokens": 16,
         "system": "s",
         "messages": [
+            {"role": "user", "content": "older question"},
+            {"role": "assistant", "content": "older answer"},
             {"role": "user", "content": "old question"},
             {"role": "assistant", "content": "old answer"},
             {"role": "user", "content": "long " * 2000},
@@ -239,3 +241,11 @@ def test_ice_truncate_recency_matches_the_server_fallback(
     pipeline, route = _pipeline()  # no worker: recency
     done = _judge(pipeline, route, json.dumps(chat_body()).encode())
     assert _sent(done)["messages"] == body["messages"]
+
+
+def test_a_single_turn_over_the_budget_is_judged_by_the_rest_of_the_ladder() -> None:
+    pipeline, route = _pipeline()
+    body = {"model": "m", "messages": [{"role": "user", "content": "long " * 400}]}
+    done = _judge(pipeline, route, json.dumps(body).encode())
+    assert not isinstance(done.decision, Truncated | Reject)  # nothing to drop: no 400
+    assert dict(done.outcome.headers)["x-ice-decision"] == "downgrade"  # high: cap injected

@@ -6,7 +6,9 @@ Steps for one request (``truncate``):
    the estimator's); units are in the estimator's. ``scale = input_tokens / units' total``
    converts: the planner gets ``floor(budget / scale)``, and ``saved_tokens`` comes back as
    ``round(saved × scale)``.
-3. When the must-keep units alone exceed the budget: ``Overflow`` (no embedding is asked),
+3. Nothing droppable (a single turn, or every turn must stay): an unchanged plan, and the
+   rest of the ladder judges the request as it is. When the must-keep units alone exceed the
+   budget: ``Overflow`` (no embedding is asked),
    or with ``on_overflow: best_effort`` a plan that keeps only them (mode ``must_keep``).
 4. Otherwise ask the similarity source for the cosine similarity of each droppable turn's
    text (``turn_text``: its messages' texts, question first) to the latest user message,
@@ -94,6 +96,10 @@ async def truncate(
     conv = conversation_of(schema, values, turn_rules)
     scale = input_tokens / conv.total_tokens if conv.total_tokens > 0 else 1.0
     budget = int(budget_tokens / scale) if scale > 0 else budget_tokens
+    droppable = [k for k, u in enumerate(conv.units) if u.keep is None]
+    if not droppable:  # nothing to drop (one turn, or all pinned): the ladder judges as is
+        whole = plan_truncation(conv, conv.total_tokens, None, plan_rules)
+        return TruncationResult(conv, whole, "", scale)
     must = conv.fixed_tokens + sum(u.tokens for u in conv.units if u.keep is not None)
     if must > budget:
         if spec.on_overflow == "best_effort":  # send only what must stay
@@ -103,10 +109,7 @@ async def truncate(
         return TruncationResult(conv, Overflow(round(must * scale), budget_tokens), "", scale)
     sims: list[float] | None = None
     fallback = ""
-    droppable = [k for k, u in enumerate(conv.units) if u.keep is None]
-    if not droppable:
-        pass
-    elif not conv.query.strip():
+    if not conv.query.strip():
         fallback = "no_query"
     elif source is None:
         fallback = "unavailable"
