@@ -69,6 +69,7 @@ async def _one(
         others = [sims[k] for k, u in enumerate(units) if u.keep is None and k != dep_unit]
         out["dep_similarity"] = sims[dep_unit]
         out["best_other"] = max(others, default=0.0)
+        out["others"] = others
         out["rank"] = 1 + sum(1 for s in others if s > sims[dep_unit])
     return out
 
@@ -102,14 +103,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threshold", type=float, default=TruncationSpec().similarity_threshold)
     ap.add_argument("--model", default=None)
     ap.add_argument("--max-seq-length", type=int, default=EmbeddingSpec().max_seq_length)
+    ap.add_argument("--no-quantize", action="store_true")
+    ap.add_argument("--lexical-weight", type=float, default=None, help="default: CJK share")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     convos = load(args.data)
     spec = replace(
-        TruncationSpec(), keep_last_turns=args.keep_last_turns, similarity_threshold=args.threshold
+        TruncationSpec(),
+        keep_last_turns=args.keep_last_turns,
+        similarity_threshold=args.threshold,
+        lexical_weight=args.lexical_weight,
     )
     t0 = time.perf_counter()
-    source = LocalSimilarity(args.model, args.max_seq_length)
+    source = LocalSimilarity(args.model, args.max_seq_length, not args.no_quantize)
     semantic = measure(convos, source, ratio=args.ratio, spec=spec)
     took = time.perf_counter() - t0
     recency = measure(convos, None, ratio=args.ratio, spec=spec)
@@ -132,6 +138,14 @@ def main(argv: list[str] | None = None) -> int:
         }
         summary["best_other_similarity_median"] = round(statistics.median(best), 3)
         summary["dependency_ranked_first"] = sum(r.get("rank") == 1 for r in semantic)
+        others = [s for r in semantic for s in r.get("others", [])]
+        summary["threshold_calibration"] = {
+            f"{t:.2f}": {
+                "dependency_at_or_above": round(sum(d >= t for d in dep) / len(dep), 3),
+                "other_turns_at_or_above": round(sum(o >= t for o in others) / len(others), 3),
+            }
+            for t in (0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.65)
+        }
     summary["missed_semantic"] = [r["id"] for r in semantic if not r["kept"]]
     if args.json:
         print(json.dumps(summary, ensure_ascii=False, indent=2))

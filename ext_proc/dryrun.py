@@ -103,7 +103,9 @@ def dry_run(
             from ext_proc.truncate.runner import LocalSimilarity
 
             emb = policy.embedding
-            pipeline.similarity = LocalSimilarity(emb.model or None, emb.max_seq_length)
+            pipeline.similarity = LocalSimilarity(
+                emb.model or None, emb.max_seq_length, emb.quantize
+            )
             verdict = asyncio.run(pipeline.finish_truncation(r, facts, verdict))
         pipeline.record(r, verdict)
         outcome = verdict.outcome

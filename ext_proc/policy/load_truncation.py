@@ -53,6 +53,9 @@ def truncation_spec(msg: policy_pb2.Truncation, where: str) -> TruncationSpec | 
             f"{msg.placeholder_role!r}"
         )
     low_eff = _opt(msg, "low_efficiency_budget_tokens", None)
+    lexical = _opt(msg, "lexical_weight", None)
+    if lexical is not None and not 0 <= lexical <= 1:
+        raise PolicyError(f"{where}.lexical_weight: must be in [0, 1], got {lexical}")
     return TruncationSpec(
         budget_tokens=MappingProxyType(budgets),
         min_cache_efficiency=eff,
@@ -67,6 +70,7 @@ def truncation_spec(msg: policy_pb2.Truncation, where: str) -> TruncationSpec | 
         placeholder_role=msg.placeholder_role,
         deadline_ms=deadline,
         on_overflow="reject" if overflow == "reject" else "best_effort",
+        lexical_weight=lexical,
     )
 
 
@@ -86,5 +90,10 @@ def embedding_spec(msg: policy_pb2.Embedding, base_dir: Path) -> EmbeddingSpec:
     if not 8 <= seq <= 8192:
         raise PolicyError(f"embedding.max_seq_length: must be in 8..8192, got {seq}")
     return EmbeddingSpec(
-        model=model, cache_bytes=cache, threads=threads, socket=msg.socket, max_seq_length=seq
+        model=model,
+        cache_bytes=cache,
+        threads=threads,
+        socket=msg.socket,
+        max_seq_length=seq,
+        quantize=_opt(msg, "quantize", d.quantize),
     )

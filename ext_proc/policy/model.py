@@ -126,6 +126,7 @@ class TruncationSpec:
     placeholder_role: str = ""
     deadline_ms: int = 250
     on_overflow: Literal["reject", "best_effort"] = "reject"
+    lexical_weight: float | None = None  # None: the question's share of CJK characters
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +137,7 @@ class EmbeddingSpec:
     cache_bytes: int = 64 * 1024 * 1024
     threads: int | None = None  # torch threads in the worker; None: torch's default
     max_seq_length: int = 64  # word pieces embedded per turn text (cost grows with it)
+    quantize: bool = True  # int8 Linear layers: about 2x faster embeddings on CPU
     socket: str = ""  # Unix socket path; "" = a private path chosen by `ice serve`
 
 

@@ -61,7 +61,7 @@ class HttpError(OSError):
 class Response:
     status: int
     headers: dict[str, str]  # lower-case names; repeated headers joined with ", "
-    body: bytes
+    body: bytes | bytearray  # not copied into bytes (50 KB a page): do not mutate
     keep_alive: bool  # the connection may carry another request
 
 
@@ -190,7 +190,7 @@ class ResponseReader:
         if self._buf:
             raise HttpError("bytes after the end of the response")
         status, headers, keep = self._head
-        body = bytes(self._body)
+        body: bytes | bytearray = self._body
         coding = headers.get("content-encoding", "identity").lower().strip()
         if coding in ("gzip", "x-gzip", "deflate"):
             body = _inflate(body, coding)
@@ -234,7 +234,7 @@ def _content_length(text: str) -> int:
     return length
 
 
-def _inflate(body: bytes, coding: str) -> bytes:
+def _inflate(body: bytes | bytearray, coding: str) -> bytes:
     wbits = 16 + zlib.MAX_WBITS if coding in ("gzip", "x-gzip") else zlib.MAX_WBITS
     try:
         d = zlib.decompressobj(wbits)

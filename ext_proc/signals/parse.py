@@ -200,6 +200,16 @@ def _reference_samples(kept: Sequence[str]) -> list[Sample]:
         raise SourceParseError(f"not Prometheus text exposition: {e!s:.200}") from None
 
 
+def _findall(pattern: re.Pattern[str], text: str) -> list[Any]:
+    """``pattern.findall("\\n" + text)`` without copying the page (the patterns start with
+    "\\n" and stop before the next one): the first line is matched on its own. ``text`` ends
+    with a newline."""
+    first_end = text.find("\n") + 1
+    found: list[Any] = pattern.findall("\n" + text[:first_end])
+    found += pattern.findall(text, first_end - 1)
+    return found
+
+
 def read_samples(
     kind: str, text: str, *, reference: bool = False
 ) -> tuple[list[Sample], dict[str, str]]:
@@ -208,22 +218,21 @@ def read_samples(
     any line of ``kind``'s metrics."""
     _check_page(text)
     f = _FILTERS[kind]
-    page = "\n" + text
     declared: dict[str, str] = {}
     samples: list[Sample] | None = None
-    for name, rest in f.type.findall(page):
+    for name, rest in _findall(f.type, text):
         m = _TYPE_REST.fullmatch(rest)
         if m is None or m.group(1) not in _METRIC_TYPES:  # let prometheus_client judge
             reference = True
         else:
             declared[f.type_names[name]] = m.group(1)
     if not reference:
-        matches = f.sample.findall(page)
+        matches = _findall(f.sample, text)
         if not matches:
             raise SourceParseError(f"no {kind} metrics on the page")
         samples = _fast_samples(matches)
     if samples is None:
-        kept = f.keep.findall(page)
+        kept = _findall(f.keep, text)
         samples = _reference_samples(kept)
         if not any(not line.startswith("#") for line in kept):
             raise SourceParseError(f"no {kind} metrics on the page")

@@ -26,7 +26,7 @@ from typing import Any
 from ext_proc import rawjson
 from ext_proc.policy.errors import PolicyError
 from ext_proc.policy.load import load_policy
-from ext_proc.policy.model import TruncationSpec
+from ext_proc.policy.model import EmbeddingSpec, TruncationSpec
 from ext_proc.schemas import BadRequest, adapter_for_path
 from ext_proc.truncate.planner import Overflow, apply_plan
 from ext_proc.truncate.runner import LocalSimilarity, SimilaritySource, truncate
@@ -52,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _spec(args: argparse.Namespace) -> tuple[TruncationSpec, str | None, int]:
+def _spec(args: argparse.Namespace) -> tuple[TruncationSpec, EmbeddingSpec]:
     policy = load_policy(args.policy)
     profile = policy.profiles.get(args.profile or policy.default_profile)
     if profile is None:
@@ -62,7 +62,10 @@ def _spec(args: argparse.Namespace) -> tuple[TruncationSpec, str | None, int]:
         spec = replace(spec, keep_last_turns=args.keep_last_turns)
     if args.threshold is not None:
         spec = replace(spec, similarity_threshold=args.threshold)
-    return spec, args.model or policy.embedding.model or None, policy.embedding.max_seq_length
+    embedding = policy.embedding
+    if args.model:
+        embedding = replace(embedding, model=args.model)
+    return spec, embedding
 
 
 async def run(
@@ -132,9 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         body = sys.stdin.buffer.read() if args.request == "-" else Path(args.request).read_bytes()
-        spec, model, max_seq_length = _spec(args)
+        spec, emb = _spec(args)
         path = args.path or _guess_path(json.loads(body))
-        source = None if args.recency else LocalSimilarity(model, max_seq_length)
+        source = None
+        if not args.recency:
+            source = LocalSimilarity(emb.model or None, emb.max_seq_length, emb.quantize)
         status, report = asyncio.run(run(body, path, args.budget_tokens, spec, source))
     except (OSError, ValueError, PolicyError, BadRequest) as e:
         print(f"ice truncate: {e}", file=sys.stderr)

@@ -282,6 +282,7 @@ class EmbeddingWorkerProcess:
         cache_bytes: int = DEFAULT_CACHE_BYTES,
         threads: int | None = None,
         max_seq_length: int | None = None,
+        quantize: bool = False,
         *,
         echo_stderr: bool = True,
         env: Mapping[str, str] | None = None,
@@ -291,6 +292,7 @@ class EmbeddingWorkerProcess:
         self.cache_bytes = cache_bytes
         self.threads = threads
         self.max_seq_length = max_seq_length
+        self.quantize = quantize
         self.echo_stderr = echo_stderr
         self.env = dict(env) if env is not None else None
         self._proc: subprocess.Popen[bytes] | None = None
@@ -316,6 +318,8 @@ class EmbeddingWorkerProcess:
             cmd += ["--threads", str(self.threads)]
         if self.max_seq_length is not None:
             cmd += ["--max-seq-length", str(self.max_seq_length)]
+        if self.quantize:
+            cmd.append("--quantize")
         return cmd
 
     def start(self) -> None:

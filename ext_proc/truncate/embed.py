@@ -36,6 +36,7 @@ import importlib.util
 import os
 import threading
 import time
+import warnings
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
@@ -222,6 +223,7 @@ class Embedder:
         cache_bytes: int = DEFAULT_CACHE_BYTES,
         threads: int | None = None,
         max_seq_length: int | None = None,
+        quantize: bool = False,
     ) -> None:
         self.model_path = resolve_model_path(model_path)
         self.cache = EmbeddingCache(cache_bytes)
@@ -243,6 +245,13 @@ class Embedder:
         model = sentence_transformers.SentenceTransformer(
             str(self.model_path), device="cpu", local_files_only=True
         )
+        if quantize:  # int8 weights for the Linear layers: about 2x faster on CPU
+            with warnings.catch_warnings():  # the eager API is deprecated in favour of torchao
+                warnings.simplefilter("ignore")
+                model = torch.ao.quantization.quantize_dynamic(
+                    model, {torch.nn.Linear}, dtype=torch.qint8
+                )
+        self.quantized = quantize
         self._model = cast(_SentenceModel, model)
         self.load_s = time.perf_counter() - started
         if max_seq_length is not None:  # fewer word pieces: a cheaper embedding per text
@@ -251,20 +260,23 @@ class Embedder:
             self._model.max_seq_length = min(max_seq_length, int(self._model.max_seq_length))
         self.max_seq_length = int(self._model.max_seq_length)
         # the vector depends on how much of the text the model reads: part of the cache key
-        self._model_id = f"{self.model_path}@{self.max_seq_length}"
+        self._model_id = f"{self.model_path}@{self.max_seq_length}{'/int8' if quantize else ''}"
         dimension = self._model.get_embedding_dimension()
         if dimension is None:
             dimension = int(self._encode(["dimension probe"]).shape[1])
         self.dimension = int(dimension)
 
     def _encode(self, texts: list[str]) -> Vector:
-        vectors = self._model.encode(
-            texts,
-            batch_size=ENCODE_BATCH_SIZE,
-            show_progress_bar=False,
-            convert_to_numpy=True,
-            normalize_embeddings=True,
-        )
+        with warnings.catch_warnings():  # quantized layers warn about deprecated eager APIs
+            if self.quantized:
+                warnings.simplefilter("ignore")
+            vectors = self._model.encode(
+                texts,
+                batch_size=ENCODE_BATCH_SIZE,
+                show_progress_bar=False,
+                convert_to_numpy=True,
+                normalize_embeddings=True,
+            )
         return np.asarray(vectors, dtype=np.float32)
 
     def _keys(self, texts: Sequence[str]) -> list[tuple[int, str, bytes]]:

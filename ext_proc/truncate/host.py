@@ -41,6 +41,7 @@ class EmbeddingService:
             spec.cache_bytes,
             spec.threads,
             spec.max_seq_length,
+            spec.quantize,
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None

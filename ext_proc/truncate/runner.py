@@ -13,7 +13,10 @@ Steps for one request (``truncate``):
 4. Otherwise ask the similarity source for the cosine similarity of each droppable turn's
    text (``turn_text``: its messages' texts, question first) to the latest user message,
    with ``deadline_ms``. One text per turn, cut to ``embedding.max_seq_length`` word pieces
-   by the model, keeps a cold 50-message conversation near 25 short embeddings.
+   by the model, keeps a cold 50-message conversation near 25 short embeddings. A turn's
+   similarity is (1 − w) × cosine + w × lexical overlap (``lexical``: w is the profile's
+   ``lexical_weight``, by default the question's share of CJK characters, which the
+   default English model cannot read).
    Late → recency (``fallback: deadline``); the worker down or
    failing → recency (``unavailable``); a question without text → recency (``no_query``).
 5. ``planner.plan_truncation`` with the similarities (or none).
@@ -29,6 +32,7 @@ from typing import Any, Protocol
 
 from ext_proc.policy.model import TruncationSpec
 from ext_proc.truncate.client import EmbeddingTimeout
+from ext_proc.truncate.lexical import cjk_share, lexical_similarities
 from ext_proc.truncate.planner import Overflow, Plan, PlanRules, plan_truncation
 from ext_proc.truncate.units import Conversation, TurnRules, Unit, conversation_of
 
@@ -122,9 +126,13 @@ async def truncate(
         except Exception:  # EmbeddingUnavailable, or anything else the source raised
             fallback = "unavailable"
         else:
+            w = spec.lexical_weight
+            if w is None:
+                w = cjk_share(conv.query)
+            lex = lexical_similarities(conv.query, texts) if w > 0 else [0.0] * len(texts)
             sims = [1.0] * len(conv.units)
-            for k, sim in zip(droppable, flat, strict=False):
-                sims[k] = sim
+            for k, cos, overlap in zip(droppable, flat, lex, strict=False):
+                sims[k] = (1 - w) * cos + w * overlap
     plan = plan_truncation(conv, budget, sims, plan_rules)
     return TruncationResult(conv, plan, fallback, scale, tuple(sims) if sims else None)
 
@@ -139,15 +147,20 @@ class LocalSimilarity:
     """An in-process similarity source for the dry runs (``ice truncate``, ``ice evaluate``):
     loads the model on first use (torch in this process) and has no deadline."""
 
-    def __init__(self, model: str | None = None, max_seq_length: int | None = None) -> None:
+    def __init__(
+        self, model: str | None = None, max_seq_length: int | None = None, quantize: bool = False
+    ) -> None:
         self.model = model
         self.max_seq_length = max_seq_length
+        self.quantize = quantize
         self._embedder: Any = None
 
     async def similarities(self, query: str, texts: Sequence[str], timeout_s: float) -> list[float]:
         if self._embedder is None:
             from ext_proc.truncate.embed import Embedder
 
-            self._embedder = Embedder(self.model, max_seq_length=self.max_seq_length)
+            self._embedder = Embedder(
+                self.model, max_seq_length=self.max_seq_length, quantize=self.quantize
+            )
         result: list[float] = self._embedder.similarities(query, texts)
         return result

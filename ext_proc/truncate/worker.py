@@ -1,7 +1,8 @@
 """The embedding worker process: one per host, serving every ext_proc worker over a Unix socket.
 
     python -m ext_proc.truncate.worker --socket PATH [--model PATH] [--cache-bytes N]
-                                       [--threads N] [--max-seq-length N] [--parent-pid PID]
+                                       [--threads N] [--max-seq-length N] [--quantize]
+                                       [--parent-pid PID]
 
 Start-up, in order: load the ``Embedder`` (model + cache), claim the socket path (a stale
 socket file is removed; a live worker's is not touched: exit 1), listen, print one line
@@ -336,6 +337,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--max-seq-length", type=int, default=None, help="word pieces embedded per text"
     )
+    parser.add_argument("--quantize", action="store_true", help="int8 Linear layers (faster)")
     parser.add_argument(
         "--parent-pid", type=int, default=None, help="exit when this process is not the parent"
     )
@@ -359,7 +361,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         _claim_socket_path(args.socket)  # fail fast, before the model load; again when listening
         log.info("loading the embedding model (%s)", args.model or "default")
-        model = Embedder(args.model, args.cache_bytes, args.threads, args.max_seq_length)
+        model = Embedder(
+            args.model, args.cache_bytes, args.threads, args.max_seq_length, args.quantize
+        )
     except (ModelNotFound, WorkerStartError, ValueError) as exc:
         log.error("%s", exc)
         return 2
