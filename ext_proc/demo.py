@@ -7,10 +7,11 @@ serving until Ctrl-C (``wait=False``: exit after the walkthrough) so you can sen
 - ``vllm``: a real ``vllm serve`` (CPU, the tiny random-weight model of
   ``ext_proc.vllm_local``: 2,048-token context, 24 KV blocks of 128 tokens) behind ICE with
   ``ext_proc/vllm_tiny_policy.yaml`` (started by ``ext_proc.overload.overload_setup``): a
-  pass; ``max_tokens: 100000`` downgraded to fit (vLLM alone answers 400); a ~2,100-token
-  prompt rejected 400 ``context_length_exceeded``; a sheddable request while vLLM has a queue
-  → 429 with ``Retry-After``; then a 12-request burst straight to vLLM and through ICE, side
-  by side (preemptions, 429s, latencies).
+  pass; ``max_tokens: 100000`` downgraded to fit (vLLM alone answers 400); a 20-message chat
+  longer than the context truncated to fit, keeping the turn its question needs (vLLM alone
+  answers 400); a ~2,100-token prompt rejected 400 ``context_length_exceeded``; a
+  sheddable request while vLLM has a queue → 429 with ``Retry-After``; then a 12-request
+  burst straight to vLLM and through ICE, side by side (preemptions, 429s, latencies).
 - ``dev``: the stdlib dev backend (``ext_proc.devbackend``), whose reported memory state the
   walkthrough sets, for one request of each decision kind (the built-in policy with
   semantic truncation switched on, so one step truncates a long chat).
@@ -492,6 +493,18 @@ def _settle(setup: Setup) -> None:
     time.sleep(0.4)  # four of ICE's scrapes (scrape_interval_s 0.1)
 
 
+def _long_chat(filler: Any) -> list[dict[str, str]]:
+    """~2,300 tokens for the tiny model: the demo's turns, each answered with ~210 filler
+    tokens, then the question that needs the first turn."""
+    msgs = [{"role": "system", "content": "You are a helpful assistant."}]
+    for i, (user, _) in enumerate(_TURNS):
+        msgs += [
+            {"role": "user", "content": user},
+            {"role": "assistant", "content": filler(210, 100 + i)},
+        ]
+    return [*msgs, {"role": "user", "content": _QUESTION}]
+
+
 def _vllm_walkthrough(setup: Setup) -> None:
     from ext_proc import overload
     from ext_proc import vllm_local as vl
@@ -513,6 +526,17 @@ def _vllm_walkthrough(setup: Setup) -> None:
         "downgrade: max_tokens 100000 cut to fit the 2,048-token context (input + output + 128)",
         big,
         {"x-priority": "critical"},
+        note=f"(straight to vLLM the same request is refused: {status} {_answer(status, raw)})",
+    )
+
+    _settle(setup)
+    chat = _long_chat(vl.filler_text)
+    body = {"model": model, "messages": chat, "max_tokens": 32}
+    status, _, raw = _http("POST", setup.vllm_url + CHAT, body, timeout_s=60)
+    _vllm_step(
+        f"truncate: a {len(chat)}-message chat longer than the context keeps the turn its "
+        "question needs",
+        body,
         note=f"(straight to vLLM the same request is refused: {status} {_answer(status, raw)})",
     )
 

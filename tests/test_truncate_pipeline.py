@@ -249,3 +249,48 @@ def test_a_single_turn_over_the_budget_is_judged_by_the_rest_of_the_ladder() -> 
     done = _judge(pipeline, route, json.dumps(body).encode())
     assert not isinstance(done.decision, Truncated | Reject)  # nothing to drop: no 400
     assert dict(done.outcome.headers)["x-ice-decision"] == "downgrade"  # high: cap injected
+
+
+def _well_formed(original: list[dict[str, Any]], sent: list[dict[str, Any]]) -> None:
+    """Kept messages are a subsequence of the original, system and the question stay, and
+    every kept tool result's call is kept before it."""
+    positions = [original.index(m) for m in sent]
+    assert positions == sorted(positions)
+    assert all(m in sent for m in original if m.get("role") == "system")
+    assert sent[-1] == original[-1]
+    opened: set[str] = set()
+    for m in sent:
+        for call in m.get("tool_calls") or []:
+            opened.add(call["id"])
+        if m.get("role") == "tool" and any(
+            m.get("tool_call_id") in (c.get("id") for c in o.get("tool_calls") or [])
+            for o in original
+        ):
+            assert m["tool_call_id"] in opened
+
+
+def test_bad_input_never_sends_a_corrupted_conversation() -> None:
+    pipeline, route = _pipeline()
+    msgs: list[dict[str, Any]] = [{"role": "system", "content": "You are helpful."}]
+    msgs += [{"role": "user", "content": ""}, {"role": "assistant", "content": None}]
+    msgs += [{"role": "narrator", "content": "An aside the API does not define."}]
+    msgs += [{"role": "tool", "tool_call_id": "ghost", "content": "an orphaned result"}]
+    for i, (user, answer) in enumerate(TOPICS):
+        call = {"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+        msgs += [
+            {"role": "user", "content": user},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"c{i}", "content": answer},
+            {"role": "assistant", "content": answer},
+        ]
+    msgs.append(
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:x"}}]}
+    )
+    body = {"model": "m", "messages": msgs, "max_tokens": 32}
+    done = _judge(pipeline, route, json.dumps(body).encode())
+    assert isinstance(done.decision, Truncated)
+    assert done.decision.fallback == "no_query"  # an image-only question: recency
+    sent = _sent(done)["messages"]
+    _well_formed(msgs, sent)
+    assert {"role": "narrator", "content": "An aside the API does not define."} in sent
+    assert len(sent) < len(msgs)

@@ -333,8 +333,8 @@ class Window:
             ratio: float | None = None
             if hits is not None and queries is not None and queries[0] > 0:
                 ratio = min(1.0, max(0.0, hits[0] / queries[0]))
-            ttft = self._histogram(lambda e: e.ttft)
-            queue = self._histogram(lambda e: e.queue)
+            ttft = self._histogram("ttft")
+            queue = self._histogram("queue")
             result = Derived(
                 window_s=entries[-1].scrape.at_s - entries[0].scrape.at_s,
                 prefix_cache_hit_ratio=ratio,
@@ -353,8 +353,12 @@ class Window:
     def _counter(self, i: int) -> tuple[float, float] | None:
         """(increase, seconds) of counter ``i`` over the window, or None (see ``_counter``)."""
         entries = self._entries
-        first = next((e for e in entries if e.counters[i] is not None), None)
-        last = next((e for e in reversed(entries) if e.counters[i] is not None), None)
+        first: _Entry | None = entries[0]
+        last: _Entry | None = entries[-1]
+        if first is not None and first.counters[i] is None:  # rare: scan for carriers
+            first = next((e for e in entries if e.counters[i] is not None), None)
+        if last is not None and last.counters[i] is None:
+            last = next((e for e in reversed(entries) if e.counters[i] is not None), None)
         if first is None or last is None or first is last:
             return None
         span = last.scrape.at_s - first.scrape.at_s
@@ -366,23 +370,26 @@ class Window:
         found = self._counter(i)
         return found[0] / found[1] if found else None
 
-    def _histogram(self, get: Callable[[_Entry], _Hist | None]) -> Histogram | None:
-        """``histogram_delta`` of the window's histograms of one field."""
-        carrying = [h for e in self._entries if (h := get(e)) is not None]
-        if len(carrying) < 2:
-            return None
-        last = carrying[-1]
-        run = next(h for h in carrying if h.epoch == last.epoch)
-        if run is carrying[0]:  # the window starts inside the newest epoch
-            counts = [a - b for a, b in zip(last.counts, run.counts, strict=False)]
-            total_sum = last.sum - run.sum
+    def _histogram(self, field: str) -> Histogram | None:
+        """``histogram_delta`` of the window's histograms of one field (``ttft``/``queue``)."""
+        entries = self._entries
+        first: _Hist | None = getattr(entries[0], field)
+        last: _Hist | None = getattr(entries[-1], field)
+        if first is None:  # rare: scan for carriers
+            first = next((h for e in entries if (h := getattr(e, field)) is not None), None)
+        if last is None:
+            last = next(
+                (h for e in reversed(entries) if (h := getattr(e, field)) is not None), None
+            )
+        if first is None or last is None or first is last:
+            return None  # fewer than two histograms
+        if first.epoch == last.epoch:  # epochs are contiguous: one run of equal bounds
+            counts = [a - b for a, b in zip(last.counts, first.counts, strict=False)]
+            total_sum = last.sum - first.sum
         else:  # the bounds changed inside the window: the newest epoch counts from zero
             counts, total_sum = list(last.counts), last.sum
-        cumulative: list[float] = []
-        running = 0.0
-        for c in counts:  # keep cumulative counts non-negative and non-decreasing
-            running = max(running, c)
-            cumulative.append(running)
+        # keep cumulative counts non-negative and non-decreasing
+        cumulative = list(itertools.accumulate(counts, max, initial=0.0))[1:]
         return Histogram(
             bounds=last.raw.bounds,
             counts=tuple(cumulative),
