@@ -15,7 +15,7 @@ from typing import Any
 from ext_proc.schemas.base import BadRequest, RequestFeatures, optional_token_limit, text_of_content
 from ext_proc.tokens import PER_MESSAGE_TOKENS, REPLY_PRIMER_TOKENS, estimate_text_tokens
 
-__all__ = ["OPENAI_CHAT", "OPENAI_COMPLETIONS", "openai_error_body"]
+__all__ = ["OPENAI_CHAT", "OPENAI_COMPLETIONS", "openai_error_body", "tool_call_tokens"]
 
 _ERROR_TYPES = {400: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error"}
 
@@ -31,7 +31,7 @@ def openai_error_body(status: int, code: str, message: str, param: str | None) -
     return json.dumps({"error": err}, separators=(",", ":")).encode()
 
 
-def _tool_call_tokens(calls: list[Any]) -> int:
+def tool_call_tokens(calls: list[Any]) -> int:
     """Tokens of OpenAI ``tool_calls``: each call's function name and JSON arguments string,
     plus ``PER_MESSAGE_TOKENS`` of framing per call."""
     total = 0
@@ -74,7 +74,7 @@ class _OpenAIChat:
             )
             calls = msg.get("tool_calls")
             if isinstance(calls, list):
-                tokens += _tool_call_tokens(calls)
+                tokens += tool_call_tokens(calls)
         mct = optional_token_limit(body, "max_completion_tokens")
         mt = optional_token_limit(body, "max_tokens")
         if mct is not None and (mt is None or mct <= mt):

@@ -38,7 +38,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ext_proc.schemas.base import BadRequest, text_of_content
-from ext_proc.tokens import PER_MESSAGE_TOKENS, REPLY_PRIMER_TOKENS, estimate_text_tokens
+from ext_proc.schemas.openai import tool_call_tokens
+from ext_proc.tokens import PER_MESSAGE_TOKENS, REPLY_PRIMER_TOKENS
 
 __all__ = ["Conversation", "TurnRules", "Unit", "conversation_of", "message_text"]
 
@@ -139,14 +140,7 @@ def _message_tokens(msg: dict[str, Any], where: str) -> int:
     tokens = PER_MESSAGE_TOKENS + text_of_content(msg.get("content"), where)
     calls = msg.get("tool_calls")
     if isinstance(calls, list):
-        for c in calls:
-            fn = c.get("function") if isinstance(c, dict) else None
-            if isinstance(fn, dict):
-                for key in ("name", "arguments"):
-                    v = fn.get(key)
-                    if isinstance(v, str):
-                        tokens += estimate_text_tokens(v)
-            tokens += PER_MESSAGE_TOKENS
+        tokens += tool_call_tokens(calls)  # as the OpenAI adapter counts them
     return tokens
 
 
