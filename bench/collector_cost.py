@@ -27,9 +27,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
+import resource
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
@@ -84,7 +85,7 @@ def _serve(port: int, page: str) -> None:
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
 
 
-def _aiohttp_fetch() -> tuple[Fetch, Callable[[], object]]:
+def _aiohttp_fetch() -> tuple[Fetch, Callable[[], Awaitable[None]]]:
     """The collector's former fetch: one aiohttp ClientSession (connections kept alive)."""
     session: aiohttp.ClientSession | None = None
 
@@ -102,6 +103,29 @@ def _aiohttp_fetch() -> tuple[Fetch, Callable[[], object]]:
             await session.close()
 
     return fetch, close
+
+
+async def _staleness(
+    port: int, url: str, interval: float, views: list[dict[str, PoolSnapshot]]
+) -> None:
+    """Stop endpoint 0 answering; print how long until a view flags it stale."""
+    async with aiohttp.ClientSession() as s:
+        await s.post(f"http://127.0.0.1:{port}/down")
+    flagged_after = None  # the silent source's age when a view first flags it stale
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and flagged_after is None:
+        view = views[-1].get("p")
+        silent = [b for b in view.backends if b.url == url] if view else []
+        if silent and silent[0].stale:
+            flagged_after = silent[0].age_s
+        await asyncio.sleep(0.01)
+    if flagged_after is None:
+        print("  a silent source was not flagged stale within 5 s")
+    else:
+        print(
+            f"  a silent source flagged stale {flagged_after:.2f} s after its last good scrape "
+            f"(interval {interval} s; two intervals = {2 * interval:.1f} s)"
+        )
 
 
 async def _run(args: argparse.Namespace, port: int) -> None:
@@ -131,8 +155,12 @@ async def _run(args: argparse.Namespace, port: int) -> None:
     await collector.start()
     await asyncio.sleep(args.warmup)  # connections, label caches, a full window of history
     cpu0, wall0, cycles0 = time.process_time(), time.monotonic(), len(views)
+    use0 = resource.getrusage(resource.RUSAGE_SELF)
     await asyncio.sleep(args.seconds)
     cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
+    use = resource.getrusage(resource.RUSAGE_SELF)
+    faults = use.ru_minflt - use0.ru_minflt
+    system_share = (use.ru_stime - use0.ru_stime) / max(1e-9, cpu)
     cycles = len(views) - cycles0
     pages = max(1, cycles * endpoints)
     ms_per_page = 1e3 * cpu / pages
@@ -140,38 +168,21 @@ async def _run(args: argparse.Namespace, port: int) -> None:
         f"{endpoints} endpoints × {1 / interval:g}/s, {PAGE.stat().st_size / 1024:.0f} KB page, "
         f"http {args.http}, publish {args.publish}"
     )
-    print(f"  cycles {cycles} in {wall:.1f} s ({cycles / wall:.2f}/s)")
+    print(
+        f"  cycles {cycles} in {wall:.1f} s ({cycles / wall:.2f}/s); "
+        f"{faults / pages:.1f} minor page faults per page; {100 * system_share:.0f}% of the "
+        "CPU time in the kernel"
+    )
     print(
         f"  collector CPU {100 * cpu / wall:.1f}% of one core ({ms_per_page:.3f} ms per page); "
         f"at the nominal {endpoints / interval:g} pages/s: "
         f"{ms_per_page * endpoints / interval / 10:.1f}% of one core"
     )
-    # staleness: stop endpoint 0 answering, see how long until the view flags it
-    async with aiohttp.ClientSession() as s:
-        await s.post(f"http://127.0.0.1:{port}/down")
-    src = collector._sources[("p", urls[0])]
-    deadline = time.monotonic() + 5
-    flagged_at = None
-    while time.monotonic() < deadline and flagged_at is None:
-        view = views[-1].get("p")
-        last_good = src.window.newest.at_s if src.window.newest else 0.0
-        if (
-            view is not None
-            and view.taken_at_s - last_good > 0.05
-            and any(b.stale and b.url == urls[0] for b in view.backends)
-        ):
-            flagged_at = view.taken_at_s - last_good
-        await asyncio.sleep(0.01)
-    if flagged_at is None:
-        print("  a silent source was not flagged stale within 5 s")
-    else:
-        print(
-            f"  a silent source flagged stale {flagged_at:.2f} s after its last good scrape "
-            f"(interval {interval} s; two intervals = {2 * interval:.1f} s)"
-        )
+    if not args.port:  # with a shared server, leave its endpoints answering
+        await _staleness(port, urls[0], interval, views)
     await collector.stop()
     if close is not None:
-        await close()  # type: ignore[misc]
+        await close()
     if writer is not None:
         writer.close()
 
@@ -184,7 +195,21 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=3.0, help="seconds before measuring")
     ap.add_argument("--http", choices=("ice", "aiohttp"), default="ice")
     ap.add_argument("--publish", choices=("none", "shm"), default="none")
+    ap.add_argument(
+        "--port",
+        type=int,
+        help="scrape a page server already running on this port (see --serve) instead of "
+        "starting one; skips the staleness check. Two collectors (e.g. two checkouts) "
+        "measured side by side against one server see the same machine load.",
+    )
+    ap.add_argument("--serve", type=int, metavar="PORT", help="only run the page server")
     args = ap.parse_args()
+    if args.serve:
+        _serve(args.serve, PAGE.read_text())
+        return
+    if args.port:
+        asyncio.run(_run(args, args.port))
+        return
     port = free_port()
     server = multiprocessing.get_context("spawn").Process(
         target=_serve, args=(port, PAGE.read_text()), daemon=True

@@ -1,4 +1,5 @@
-"""The collector: views by stale policy, backoff, log-once, DNS pools, timeouts (no network)."""
+"""The collector: views by stale policy, backoff, log-once, DNS pools, timeouts, GPU joins and
+local GPUs through a stand-in for pynvml (no network, no GPU)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,20 @@ import asyncio
 import logging
 from dataclasses import replace
 from pathlib import Path
+from types import MappingProxyType
 
 import pytest
+from prometheus_client import REGISTRY
+from test_signals_nvml import (  # type: ignore[import-not-found]
+    GIB,
+    H200,
+    FakeNvml,
+    FakeNVMLError,
+)
 
 from ext_proc.policy.model import Pool
 from ext_proc.signals.collector import SATURATED_WAITING, Collector
+from ext_proc.signals.nvml import NvmlSource
 from ext_proc.signals.snapshot import PoolSnapshot
 
 PAGE = (
@@ -99,7 +109,7 @@ def test_failures_are_logged_once_per_change_of_state(caplog: pytest.LogCaptureF
 def views_at(stale: str, age: float) -> PoolSnapshot | None:
     pool = replace(POOL, stale=stale)  # type: ignore[arg-type]
     collector, _ = collect(pool, Pages({A: PAGE, B: PAGE}))
-    newest = max(s.history[-1].at_s for s in collector._sources.values())
+    newest = max(s.window.newest.at_s for s in collector._sources.values() if s.window.newest)
     return collector.view(pool, [A, B], newest + age)
 
 
@@ -223,3 +233,200 @@ def test_prometheus_pool_reads_each_backend_from_instant_queries() -> None:
     loaded = next(b for b in view.backends if b.url == "10.0.0.1:8000")
     assert loaded.num_requests_waiting == 16 and loaded.num_gpu_blocks == 24
     assert all('namespace="llm"' in q for q in seen_queries)
+
+
+# -- gpu_join: pod ----------------------------------------------------------------------------
+
+
+def _dcgm_page(gpus: list[dict[str, str]]) -> str:
+    """A DCGM exporter page: framebuffer and PCIe TX of each GPU, with the given labels."""
+    lines = ["# TYPE DCGM_FI_DEV_FB_USED gauge", "# TYPE DCGM_FI_PROF_PCIE_TX_BYTES gauge"]
+    for i, labels in enumerate(gpus):
+        text = ",".join(f'{k}="{v}"' for k, v in {"gpu": str(i), **labels}.items())
+        lines += [
+            f"DCGM_FI_DEV_FB_USED{{{text}}} 1024",
+            f"DCGM_FI_PROF_PCIE_TX_BYTES{{{text}}} 1e9",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+POD_GPUS = _dcgm_page(
+    [
+        {"Hostname": "node-1", "pod": "vllm-0", "namespace": "llm"},
+        {"Hostname": "node-1", "pod": "vllm-1", "namespace": "other"},
+        {"Hostname": "node-1"},  # no pod label: a GPU no pod holds, or no pod mapping
+        {"Hostname": "node-2", "exported_pod": "vllm-0", "exported_namespace": "llm"},
+        {"Hostname": "node-2", "pod": "vllm-2"},  # no namespace label
+    ]
+)
+DCGM_URL = "http://dcgm:9400/metrics"
+
+
+@pytest.mark.parametrize(
+    ("backend_pods", "joined"),
+    [
+        ({A: ("llm", "vllm-0")}, ["0", "3"]),
+        ({A: ("", "vllm-0")}, ["0", "3"]),
+        ({A: ("", "vllm-1"), B: ("llm", "vllm-0")}, ["0", "1", "3"]),
+        ({A: ("other", "vllm-0")}, []),
+        ({A: ("llm", "vllm-2")}, []),
+        ({A: ("", "vllm-2")}, ["4"]),
+        ({}, []),
+    ],
+    ids=[
+        "pod-and-namespace",
+        "pod-any-namespace",
+        "two-backends",
+        "namespace-differs",
+        "gpu-without-namespace",
+        "gpu-without-namespace-any",
+        "no-pods-known",
+    ],
+)
+def test_gpu_join_pod_takes_the_gpus_of_the_backends_pods(
+    backend_pods: dict[str, tuple[str, str]], joined: list[str]
+) -> None:
+    pool = replace(
+        POOL,
+        gpu_metrics_urls=(DCGM_URL,),
+        gpu_join="pod",
+        backend_pods=MappingProxyType(backend_pods),
+    )
+    _, published = collect(pool, Pages({A: PAGE, B: PAGE, DCGM_URL: POD_GPUS}))
+    view = published[-1]["p"]
+    assert [g.gpu for g in view.gpus] == joined
+    assert "2" not in [g.gpu for g in view.gpus]  # never the GPU without a pod label
+
+
+def test_gpu_join_pod_reads_a_prometheus_pools_pods_from_its_labels() -> None:
+    import json
+    import re
+    from urllib.parse import parse_qs, urlsplit
+
+    from test_signals_promapi import _answer, _as_prometheus  # type: ignore[import-not-found]
+
+    data = Path(__file__).parent / "data" / "vllm_cpu"
+    samples = [
+        (n, {**labels, "pod": pod, "namespace": "llm"}, v)
+        for pod, instance in (("vllm-0", "10.0.0.1:8000"), ("vllm-9", "10.0.0.9:8000"))
+        for n, labels, v in _as_prometheus("vllm", data / "metrics_idle.txt", instance)
+    ]
+
+    async def fetch(url: str, timeout_s: float) -> str:
+        if url == DCGM_URL:
+            return POD_GPUS
+        names = re.search(r'__name__=~"([^"]+)"', parse_qs(urlsplit(url).query)["query"][0])
+        assert names is not None
+        wanted = set(names.group(1).split("|"))
+        return json.dumps(_answer([s for s in samples if s[0] in wanted]))
+
+    pool = Pool(
+        name="p",
+        metrics_urls=(),
+        prometheus_url="http://prom:9090",
+        gpu_metrics_urls=(DCGM_URL,),
+        gpu_join="pod",
+    )
+    collector = Collector({"p": pool}, lambda _v: None, fetch=fetch)
+    view = asyncio.run(collector.collect_once(pool))
+    assert view is not None and len(view.backends) == 2
+    assert [(g.gpu, g.pod) for g in view.gpus] == [("0", "vllm-0"), ("3", "vllm-0")]
+
+
+# -- local GPUs through NVML ------------------------------------------------------------------
+
+
+NVML_POOL = replace(POOL, metrics_urls=(A,), local_gpus="nvml", scrape_interval_s=1.0)
+
+
+def collect_with_nvml(
+    fake: FakeNvml, pool: Pool = NVML_POOL, cycles: int = 1
+) -> tuple[Collector, PoolSnapshot | None]:
+    """Cycles of a collector whose NVML is ``fake`` (retrying a failed source at once)."""
+    collector = Collector(
+        {pool.name: pool},
+        lambda _v: None,
+        fetch=Pages({A: PAGE}),
+        nvml=lambda: NvmlSource("nvml", module=fake),
+    )
+
+    async def run() -> PoolSnapshot | None:
+        view = None
+        for _ in range(cycles):
+            for src in collector._sources.values():
+                src.retry_at = 0.0
+            view = await collector.collect_once(pool)
+        await collector.stop()
+        return view
+
+    return collector, asyncio.run(run())
+
+
+def test_local_gpus_join_the_view_where_dcgm_values_would() -> None:
+    _, view = collect_with_nvml(FakeNvml(devices=[H200]))
+    assert view is not None
+    (gpu,) = view.gpus
+    assert (gpu.source, gpu.model_name, gpu.fb_used_bytes) == ("nvml", "NVIDIA H200", 100 * GIB)
+    assert view.pcie_utilization == pytest.approx(2048 * 1024 / 32e9)  # PCIe term, as DCGM's
+    assert view.gpu_memory_used_fraction == pytest.approx(100 / 141)
+
+
+def scrape_errors(pool: str) -> float:
+    return REGISTRY.get_sample_value("ice_scrape_errors_total", {"pool": pool}) or 0.0
+
+
+def test_without_nvml_the_pool_works_without_gpus_logged_once_and_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="ice.collector")
+    pool = replace(NVML_POOL, name="no-nvml")
+    fake = FakeNvml(devices=[H200], init_error=FakeNVMLError("Driver Not Loaded"))
+    before = scrape_errors("no-nvml")
+    _, view = collect_with_nvml(fake, pool, cycles=3)
+    assert view is not None and len(view.backends) == 1 and view.gpus == ()
+    assert view.pcie_utilization is None  # the score has no PCIe term
+    failed = [r.message for r in caplog.records if "NVML read failed" in r.message]
+    assert failed == ["NVML read failed: NvmlUnavailable: NVML unavailable: Driver Not Loaded"]
+    assert scrape_errors("no-nvml") - before == 3  # every attempt counts
+    assert fake.calls.count("init") == 3  # tried again after each backoff
+
+
+def test_nvml_that_comes_up_later_is_read_and_logged_as_recovered(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="ice.collector")
+    fake = FakeNvml(devices=[H200], init_error=FakeNVMLError("Driver Not Loaded"))
+    pool = replace(NVML_POOL, name="late-nvml")
+    collector = Collector(
+        {pool.name: pool},
+        lambda _v: None,
+        fetch=Pages({A: PAGE}),
+        nvml=lambda: NvmlSource("nvml", module=fake),
+    )
+
+    async def run() -> PoolSnapshot | None:
+        await collector.collect_once(pool)
+        fake.init_error = None
+        collector._sources[(pool.name, "nvml")].retry_at = 0.0
+        view = await collector.collect_once(pool)
+        await collector.stop()
+        return view
+
+    view = asyncio.run(run())
+    assert view is not None and [g.uuid for g in view.gpus] == ["GPU-aaaa"]
+    assert any(r.message == "NVML read recovered" for r in caplog.records)
+
+
+def test_the_real_nvml_on_this_machine_never_breaks_the_pool() -> None:
+    """Without a GPU (CI) the pool's view has its backends and no GPUs."""
+    pool = replace(NVML_POOL, name="real-nvml")
+    collector = Collector({pool.name: pool}, lambda _v: None, fetch=Pages({A: PAGE}))
+
+    async def run() -> PoolSnapshot | None:
+        view = await collector.collect_once(pool)
+        await collector.stop()
+        return view
+
+    view = asyncio.run(run())
+    assert view is not None and len(view.backends) == 1
+    assert all(g.source == "nvml" for g in view.gpus)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from dataclasses import dataclass, field
 
 import pytest
 
-from ext_proc.signals.nvml import NvmlSource
+from ext_proc.signals.model import GpuScrape
+from ext_proc.signals.nvml import NvmlReader, NvmlSource, NvmlUnavailable
 
 
 class FakeNVMLError(Exception):
@@ -176,3 +179,60 @@ def test_the_real_pynvml_on_this_machine_never_raises() -> None:
     if not src.available():
         assert gpus == [] and src.reason
     src.close()
+
+
+# -- the collector's side: poll and the reader thread ----------------------------------------
+
+
+def test_poll_raises_unavailable_and_starts_nvml_again_next_time() -> None:
+    fake = FakeNvml(devices=[H200], init_error=FakeNVMLError("Driver Not Loaded"))
+    src = NvmlSource(module=fake)
+    with pytest.raises(NvmlUnavailable, match="NVML unavailable: Driver Not Loaded"):
+        src.poll(0.0)
+    fake.init_error = None  # the driver came up
+    (gpu,) = src.poll(1.0)
+    assert gpu.uuid == "GPU-aaaa" and fake.calls.count("init") == 2
+
+
+def test_poll_raises_when_the_device_list_fails_then_reads_again() -> None:
+    fake = FakeNvml(devices=[H200], count_error=FakeNVMLError("Unknown Error"))
+    src = NvmlSource(module=fake)
+    with pytest.raises(NvmlUnavailable, match="nvmlDeviceGetCount failed"):
+        src.poll(0.0)
+    fake.count_error = None
+    assert [g.gpu for g in src.poll(1.0)] == ["0"] and src.reason is None
+
+
+def test_a_host_without_gpus_polls_to_an_empty_list() -> None:
+    assert NvmlSource(module=FakeNvml(devices=[])).poll(0.0) == []
+
+
+class SlowNvml(FakeNvml):
+    """nvmlDeviceGetCount blocks until the test releases it (a driver call that hangs)."""
+
+    def __init__(self) -> None:
+        super().__init__(devices=[H200])
+        self.release = threading.Event()
+        self.counts = 0
+
+    def nvmlDeviceGetCount(self) -> int:
+        self.counts += 1
+        self.release.wait(10)
+        return super().nvmlDeviceGetCount()
+
+
+def test_the_reader_keeps_one_read_in_flight() -> None:
+    fake = SlowNvml()
+    reader = NvmlReader(NvmlSource(module=fake))
+
+    async def run() -> list[GpuScrape]:
+        first = reader.read()
+        with pytest.raises(TimeoutError):  # the caller gives up waiting; the read goes on
+            await asyncio.wait_for(asyncio.shield(first), 0.01)
+        assert reader.read() is first  # asked again: the same read, no second thread call
+        fake.release.set()
+        return await first
+
+    (gpu,) = asyncio.run(run())
+    reader.close()
+    assert gpu.uuid == "GPU-aaaa" and fake.counts == 1

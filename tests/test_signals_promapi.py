@@ -10,7 +10,13 @@ from typing import Any
 import pytest
 
 from ext_proc.signals.parse import SourceParseError, parse_dcgm, parse_engine, read_samples
-from ext_proc.signals.promapi import build_queries, engine_scrapes, gpu_scrapes, vector_samples
+from ext_proc.signals.promapi import (
+    build_queries,
+    engine_backends,
+    engine_scrapes,
+    gpu_scrapes,
+    vector_samples,
+)
 
 DATA = Path(__file__).parent / "data"
 
@@ -83,6 +89,27 @@ def test_group_by_pod_and_series_without_the_label_are_skipped() -> None:
     assert set(got) == {"sg-0", "sg-1"}
     assert got["sg-0"].kv_cache_usage == pytest.approx(0.6)
     assert (got["sg-1"].kv_cache_usage, got["sg-1"].num_requests_waiting) == (0.1, None)
+
+
+@pytest.mark.parametrize(
+    ("labels", "pod"),
+    [
+        ({"instance": "a", "pod": "vllm-0", "namespace": "llm"}, ("llm", "vllm-0")),
+        ({"instance": "a", "pod": "vllm-0"}, ("", "vllm-0")),
+        (
+            {"instance": "a", "kubernetes_pod_name": "vllm-0", "kubernetes_namespace": "llm"},
+            ("llm", "vllm-0"),
+        ),
+        ({"instance": "a"}, None),
+    ],
+    ids=["pod-and-namespace", "pod-only", "older-relabelling", "no-pod-label"],
+)
+def test_engine_backends_name_each_backends_pod(
+    labels: dict[str, str], pod: tuple[str, str] | None
+) -> None:
+    body = _answer([("vllm:num_requests_running", labels, 2.0)])
+    ((key, (scrape, got)),) = engine_backends("vllm", [body], 0.0).items()
+    assert (key, scrape.num_requests_running, got) == ("a", 2.0, pod)
 
 
 def test_dcgm_through_prometheus() -> None:

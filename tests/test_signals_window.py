@@ -4,12 +4,14 @@ Prometheus's histogram_quantile, exceedance, and derive over a scrape history.""
 from __future__ import annotations
 
 import math
+import random
 from typing import Any
 
 import pytest
 
-from ext_proc.signals.model import EngineScrape, Histogram
+from ext_proc.signals.model import Derived, EngineScrape, Histogram
 from ext_proc.signals.window import (
+    Window,
     derive,
     exceedance,
     histogram_delta,
@@ -200,3 +202,135 @@ def test_counter_missing_in_some_scrapes_uses_those_that_have_it() -> None:
         _scrape(4.0, preemptions=9.0),
     ]
     assert derive(hist, 10.0).preemptions_per_s == pytest.approx(2.0)
+
+
+# -- Window: the collector's incremental derive ---------------------------------------------
+
+
+_DERIVED_FIELDS = (
+    "window_s",
+    "prefix_cache_hit_ratio",
+    "preemptions_per_s",
+    "prompt_tokens_per_s",
+    "generation_tokens_per_s",
+    "completions_per_s",
+    "ttft_p50_s",
+    "ttft_p95_s",
+    "queue_time_p95_s",
+)
+
+
+def _close(a: float | None, b: float | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
+
+
+def _same_derived(a: Derived | None, b: Derived | None) -> bool:
+    """Equal to float rounding (running totals round differently from window sums)."""
+    if a is None or b is None:
+        return a is b
+    if not all(_close(getattr(a, f), getattr(b, f)) for f in _DERIVED_FIELDS):
+        return False
+    ha, hb = a.ttft_delta, b.ttft_delta
+    if ha is None or hb is None:
+        return ha is hb
+    return (
+        ha.bounds == hb.bounds
+        and len(ha.counts) == len(hb.counts)
+        and all(_close(x, y) for x, y in zip(ha.counts, hb.counts, strict=True))
+        and _close(ha.count, hb.count)
+        and _close(ha.sum, hb.sum)
+    )
+
+
+def _window_of(history: list[EngineScrape], window_s: float) -> Window:
+    w = Window(window_s)
+    for s in history:
+        w.append(s)
+    return w
+
+
+def test_window_gives_the_hand_computed_derive() -> None:
+    d = _window_of(HISTORY, 1.0).derived()
+    assert d is not None and d.window_s == 1.0
+    assert d.prompt_tokens_per_s == pytest.approx(400.0)
+    assert d.preemptions_per_s == pytest.approx(3.0)  # reset: the 3 since the restart
+    assert d.ttft_delta == _h((1, 2, 3, 4))
+
+
+def test_window_drops_scrapes_older_than_its_span_and_needs_two() -> None:
+    w = _window_of(HISTORY[:1], 10.0)
+    assert w.derived() is None
+    w = _window_of(HISTORY, 1.0)
+    assert [s.at_s for s in w.scrapes] == [1.0, 2.0]
+
+
+def _random_histogram(rng: random.Random, bounds: tuple[float, ...], total: float) -> Histogram:
+    counts: list[float] = []
+    running = 0.0
+    for _ in bounds:
+        running += rng.choice([0, 0, 1, 3])
+        counts.append(running)
+    counts[-1] = max(counts[-1], total)
+    return Histogram(bounds=bounds, counts=tuple(counts), count=counts[-1], sum=counts[-1] * 0.3)
+
+
+def _random_history(rng: random.Random) -> list[EngineScrape]:
+    """Counters that grow, reset or go missing; histograms that grow, reset or change bounds."""
+    bounds_a: tuple[float, ...] = (0.1, 0.5, 1.0, INF)
+    bounds_b: tuple[float, ...] = (0.2, 1.0, INF)
+    t = 0.0
+    values = dict.fromkeys(
+        (
+            "prefix_cache_hits_tokens",
+            "prefix_cache_queries_tokens",
+            "preemptions",
+            "prompt_tokens",
+            "generation_tokens",
+            "request_success",
+        ),
+        0.0,
+    )
+    bounds, ttft_total, queue_total = bounds_a, 0.0, 0.0
+    out = []
+    for _ in range(rng.randint(1, 40)):
+        t += rng.choice([0.0, 0.1, 0.2, 0.2, 0.5, 3.0])
+        fields: dict[str, Any] = {}
+        for name in values:
+            roll = rng.random()
+            if roll < 0.05:
+                values[name] = float(rng.randint(0, 3))  # a restart
+            elif roll < 0.9:
+                values[name] += rng.randint(0, 50)
+            if roll < 0.95:  # else the scrape does not carry it
+                fields[name] = values[name]
+        roll = rng.random()
+        if roll < 0.05:
+            bounds = bounds_b if bounds is bounds_a else bounds_a
+            ttft_total = 0.0
+        elif roll < 0.1:
+            ttft_total = 0.0  # reset
+        ttft_total += rng.randint(0, 5)
+        queue_total = 0.0 if rng.random() < 0.05 else queue_total + rng.randint(0, 5)
+        if rng.random() < 0.9:
+            fields["ttft_s"] = _random_histogram(rng, bounds, ttft_total)
+        if rng.random() < 0.9:
+            fields["queue_time_s"] = _random_histogram(rng, bounds_a, queue_total)
+        out.append(_scrape(t, **fields))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_window_equals_derive_on_random_histories(seed: int) -> None:
+    """After every append, Window.derived() is derive() over the same scrapes."""
+    rng = random.Random(seed)
+    history = _random_history(rng)
+    window_s = rng.choice([0.5, 1.0, 2.0, 10.0])
+    w = Window(window_s)
+    for i, scrape in enumerate(history):
+        w.append(scrape)
+        kept = [s for s in history[: i + 1] if scrape.at_s - window_s <= s.at_s]
+        assert w.scrapes == kept
+        expected = derive(kept, window_s) if len(kept) >= 2 else None
+        assert _same_derived(w.derived(), expected), (seed, i)

@@ -746,6 +746,26 @@ Global___Shedding: _TypeAlias = Shedding  # noqa: Y015
 class Pool(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class BackendPodsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     METRICS_URLS_FIELD_NUMBER: _builtins.int
     SCRAPE_INTERVAL_S_FIELD_NUMBER: _builtins.int
     SCRAPE_TIMEOUT_S_FIELD_NUMBER: _builtins.int
@@ -759,6 +779,8 @@ class Pool(_message.Message):
     GPU_JOIN_FIELD_NUMBER: _builtins.int
     PCIE_BANDWIDTH_BYTES_S_FIELD_NUMBER: _builtins.int
     PROMETHEUS_FIELD_NUMBER: _builtins.int
+    BACKEND_PODS_FIELD_NUMBER: _builtins.int
+    LOCAL_GPUS_FIELD_NUMBER: _builtins.int
     scrape_interval_s: _builtins.float
     """Seconds between scrapes. Default 0.2."""
     scrape_timeout_s: _builtins.float
@@ -780,10 +802,17 @@ class Pool(_message.Message):
     """Window of derived rates and quantiles (prefix-cache hit ratio, TTFT, drain rate). Default 10."""
     gpu_join: _builtins.str
     """Which of their GPUs belong to the pool: pool (default: all of them) | host (those whose
-    Hostname label is the host of one of the pool's backends).
+    Hostname label is the host of one of the pool's backends) | pod (those whose pod label,
+    and namespace label when the backend's namespace is known, names one of the pool's
+    backends; a GPU without a pod label is not joined).
     """
     pcie_bandwidth_bytes_s: _builtins.float
     """PCIe bandwidth per direction, bytes/s, for the PCIe pressure term. Default 32e9 (Gen4 x16)."""
+    local_gpus: _builtins.str
+    """GPUs local to ICE, for ICE deployed as a sidecar of the inference server: "nvml" reads
+    them through NVIDIA's NVML (package nvidia-ml-py) into the pool's GPU view, as DCGM
+    exporters would. Default "" (none).
+    """
     @_builtins.property
     def metrics_urls(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Prometheus endpoints of the pool's backends (vLLM /metrics)."""
@@ -802,6 +831,12 @@ class Pool(_message.Message):
         (one instant query per signal each interval) instead of scraping every pod.
         """
 
+    @_builtins.property
+    def backend_pods(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """The pod behind each static backend, for `gpu_join: pod`: metrics URL (as in metrics_urls)
+        → "namespace/pod" or "pod".
+        """
+
     def __init__(
         self,
         *,
@@ -818,10 +853,12 @@ class Pool(_message.Message):
         gpu_join: _builtins.str = ...,
         pcie_bandwidth_bytes_s: _builtins.float | None = ...,
         prometheus: Global___PrometheusSource | None = ...,
+        backend_pods: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        local_gpus: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_max_age_s", b"_max_age_s", "_pcie_bandwidth_bytes_s", b"_pcie_bandwidth_bytes_s", "_scrape_interval_s", b"_scrape_interval_s", "_scrape_timeout_s", b"_scrape_timeout_s", "_stale_after_s", b"_stale_after_s", "_window_s", b"_window_s", "dns", b"dns", "max_age_s", b"max_age_s", "pcie_bandwidth_bytes_s", b"pcie_bandwidth_bytes_s", "prometheus", b"prometheus", "scrape_interval_s", b"scrape_interval_s", "scrape_timeout_s", b"scrape_timeout_s", "stale_after_s", b"stale_after_s", "window_s", b"window_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_age_s", b"_max_age_s", "_pcie_bandwidth_bytes_s", b"_pcie_bandwidth_bytes_s", "_scrape_interval_s", b"_scrape_interval_s", "_scrape_timeout_s", b"_scrape_timeout_s", "_stale_after_s", b"_stale_after_s", "_window_s", b"_window_s", "dns", b"dns", "gpu_join", b"gpu_join", "gpu_metrics_urls", b"gpu_metrics_urls", "kind", b"kind", "max_age_s", b"max_age_s", "metrics_urls", b"metrics_urls", "pcie_bandwidth_bytes_s", b"pcie_bandwidth_bytes_s", "prometheus", b"prometheus", "scrape_interval_s", b"scrape_interval_s", "scrape_timeout_s", b"scrape_timeout_s", "stale", b"stale", "stale_after_s", b"stale_after_s", "window_s", b"window_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_age_s", b"_max_age_s", "_pcie_bandwidth_bytes_s", b"_pcie_bandwidth_bytes_s", "_scrape_interval_s", b"_scrape_interval_s", "_scrape_timeout_s", b"_scrape_timeout_s", "_stale_after_s", b"_stale_after_s", "_window_s", b"_window_s", "backend_pods", b"backend_pods", "dns", b"dns", "gpu_join", b"gpu_join", "gpu_metrics_urls", b"gpu_metrics_urls", "kind", b"kind", "local_gpus", b"local_gpus", "max_age_s", b"max_age_s", "metrics_urls", b"metrics_urls", "pcie_bandwidth_bytes_s", b"pcie_bandwidth_bytes_s", "prometheus", b"prometheus", "scrape_interval_s", b"scrape_interval_s", "scrape_timeout_s", b"scrape_timeout_s", "stale", b"stale", "stale_after_s", b"stale_after_s", "window_s", b"window_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_age_s: _TypeAlias = _typing.Literal["max_age_s"]  # noqa: Y015
     _WhichOneofArgType__max_age_s: _TypeAlias = _typing.Literal["_max_age_s", b"_max_age_s"]  # noqa: Y015

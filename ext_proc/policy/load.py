@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
@@ -233,6 +234,25 @@ def _positive(msg: Any, name: str, default: float, where: str) -> float:
     return value
 
 
+_K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+
+
+def _backend_pods(msg: policy_pb2.Pool, where: str) -> dict[str, tuple[str, str]]:
+    """``backend_pods``: metrics URL → (namespace or "", pod), each URL one of metrics_urls."""
+    out: dict[str, tuple[str, str]] = {}
+    for url, ref in sorted(msg.backend_pods.items()):
+        if url not in msg.metrics_urls:
+            raise PolicyError(f"{where}.backend_pods: {url!r} is not one of metrics_urls")
+        namespace, _, pod = ref.rpartition("/")
+        if not _K8S_NAME.fullmatch(pod) or (namespace and not _K8S_NAME.fullmatch(namespace)):
+            raise PolicyError(
+                f"{where}.backend_pods[{url!r}]: must be 'namespace/pod' or 'pod' "
+                f"(Kubernetes names), got {ref!r}"
+            )
+        out[url] = (namespace, pod)
+    return out
+
+
 def _pool(name: str, msg: policy_pb2.Pool) -> Pool:
     where = f"pools.{name}"
     d = Pool(name=name, metrics_urls=())
@@ -248,8 +268,17 @@ def _pool(name: str, msg: policy_pb2.Pool) -> Pool:
     if stale not in ("ignore", "last_known", "saturated"):
         raise PolicyError(f"{where}.stale: must be ignore, last_known or saturated, got {stale!r}")
     gpu_join = msg.gpu_join or d.gpu_join
-    if gpu_join not in ("pool", "host"):
-        raise PolicyError(f"{where}.gpu_join: must be pool or host, got {gpu_join!r}")
+    if gpu_join not in ("pool", "host", "pod"):
+        raise PolicyError(f"{where}.gpu_join: must be pool, host or pod, got {gpu_join!r}")
+    backend_pods = _backend_pods(msg, where)
+    if gpu_join == "pod" and not backend_pods and not msg.HasField("prometheus"):
+        raise PolicyError(
+            f"{where}.gpu_join: pod needs the backends' pod names: backend_pods for "
+            "metrics_urls, or a prometheus source (its series' pod labels); DNS backends are "
+            "addresses without pod names"
+        )
+    if msg.local_gpus not in ("", "nvml"):
+        raise PolicyError(f"{where}.local_gpus: must be nvml or empty, got {msg.local_gpus!r}")
     for i, url in enumerate(msg.gpu_metrics_urls):
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -285,6 +314,8 @@ def _pool(name: str, msg: policy_pb2.Pool) -> Pool:
         prometheus_matchers=prom.matchers,
         prometheus_group_by=prom.group_by or d.prometheus_group_by,
         gpu_join=gpu_join,
+        backend_pods=MappingProxyType(backend_pods),
+        local_gpus=msg.local_gpus,
         pcie_bandwidth_bytes_s=_positive(
             msg, "pcie_bandwidth_bytes_s", d.pcie_bandwidth_bytes_s, where
         ),

@@ -163,11 +163,18 @@ class Pool:
     dns_scheme: str = "http"
     dns_refresh_s: float = 5.0
     gpu_metrics_urls: tuple[str, ...] = ()  # DCGM exporters
-    gpu_join: str = "pool"  # pool: every GPU they report | host: GPUs on the backends' hosts
+    # pool: every GPU they report | host: GPUs on the backends' hosts | pod: GPUs of the
+    # backends' pods (GPU pod label = backend pod; namespace too when the backend's is known)
+    gpu_join: str = "pool"
     pcie_bandwidth_bytes_s: float = 32e9  # per direction; PCIe Gen4 x16 ≈ 32 GB/s
     prometheus_url: str = ""  # read the backends from a Prometheus server instead of scraping
     prometheus_matchers: str = ""  # e.g. 'namespace="llm",job="vllm"'
     prometheus_group_by: str = "instance"  # the label that tells backends apart
+    # static backend's metrics URL → (namespace, pod); namespace "" when not given
+    backend_pods: MappingProxyType[str, tuple[str, str]] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    local_gpus: str = ""  # "nvml": this host's GPUs through NVML (ICE as a sidecar)
 
 
 @dataclass(frozen=True, slots=True)

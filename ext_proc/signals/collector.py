@@ -4,11 +4,13 @@ One collector runs per host (in the ``ice serve`` supervisor; in the worker itse
 is one worker). Each cycle, per pool, every ``scrape_interval_s`` (±10 % jitter):
 1. endpoints: the pool's static ``metrics_urls`` plus, for a DNS source, one URL per address
    of the name (re-resolved every ``refresh_s``; a failed lookup keeps the last set);
-2. fetch each endpoint concurrently with the pool's ``scrape_timeout_s``; a failing source is
+2. fetch each endpoint concurrently with the pool's ``scrape_timeout_s`` (over kept-alive
+   connections: ``ext_proc.signals.httpget``); a failing source is
    retried after an exponential backoff (interval × 2^failures, at most ``MAX_BACKOFF_S``),
    logged once per change of state and counted in ``ice_scrape_errors_total``;
 3. parse (pure: ``ext_proc.signals.parse``), keep a per-source history of the last
-   ``window_s`` seconds, derive rates and quantiles (``ext_proc.signals.window``);
+   ``window_s`` seconds and its rates and quantiles (``ext_proc.signals.window.Window``,
+   incremental: its cost does not grow with the window);
 4. build the pool view (``PoolSnapshot``) and hand it to ``publish``.
 
 Staleness, per source: a source whose last good scrape is older than ``stale_after_s``
@@ -27,8 +29,16 @@ query per signal each interval, grouped into backends by ``group_by`` (``instanc
 backend is then a source like a scraped one (history, staleness, derived rates).
 
 GPU sources (the pool's ``gpu_metrics_urls``, DCGM exporters) are scraped alongside; their
-GPUs join the view by ``gpu_join``: ``pool`` (all of them) or ``host`` (those whose
-``Hostname`` label is the host of one of the pool's backends).
+GPUs join the view by ``gpu_join``: ``pool`` (all of them), ``host`` (those whose
+``Hostname`` label is the host of one of the pool's backends) or ``pod`` (those whose ``pod``
+label names one of the backends' pods, and whose ``namespace`` label matches where the
+backend's namespace is known; a GPU without a pod label is not joined). Backends' pods come
+from the pool's ``backend_pods`` (static URLs) or from the ``pod``/``namespace`` labels of a
+Prometheus source's series; DNS backends are addresses and have none. A pool with
+``local_gpus: nvml`` (ICE beside the inference server) also reads this host's GPUs through
+NVML, in a thread, every cycle; they always join. Without NVML (no package, library, driver)
+that source fails like any other: logged once, counted, retried after backoff; the view then
+has no GPU term.
 
 Invariant: the request path never calls into this module; it only reads published snapshots.
 """
@@ -49,17 +59,19 @@ from ext_proc import telemetry
 from ext_proc.policy.model import Pool
 from ext_proc.signals.httpget import HttpGetter
 from ext_proc.signals.model import Derived, EngineScrape, GpuScrape
+from ext_proc.signals.nvml import NvmlReader, NvmlSource
 from ext_proc.signals.parse import SourceParseError, parse_dcgm, parse_engine
-from ext_proc.signals.promapi import build_queries, engine_scrapes
+from ext_proc.signals.promapi import build_queries, engine_backends
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
 from ext_proc.signals.window import Window, derive
 
-__all__ = ["MAX_BACKOFF_S", "Collector", "Fetch", "Resolve", "backend_from_scrape"]
+__all__ = ["LOCAL_GPUS", "MAX_BACKOFF_S", "Collector", "Fetch", "Resolve", "backend_from_scrape"]
 
 log = logging.getLogger("ice.collector")
 
 MAX_BACKOFF_S = 5.0
 SATURATED_WAITING = 1e6  # a stale source under `stale: saturated` reports this queue
+LOCAL_GPUS = "nvml"  # the source name of a pool's local GPUs (logs, GpuScrape.source)
 
 Fetch = Callable[[str, float], Awaitable[str]]
 Resolve = Callable[[str, int], Awaitable[list[str]]]
@@ -110,6 +122,7 @@ class Collector:
         *,
         fetch: Fetch | None = None,
         resolve: Resolve | None = None,
+        nvml: Callable[[], NvmlSource] | None = None,
     ) -> None:
         self._pools = pools
         self._publish = publish
@@ -123,6 +136,10 @@ class Collector:
         self._logged: dict[tuple[str, ...], str] = {}
         self._prom_backends: dict[str, set[str]] = {}
         self._inflight: dict[tuple[str, str], asyncio.Task[None]] = {}
+        # pool → Prometheus backend → (namespace or "", pod), from the newest answers
+        self._pods: dict[str, dict[str, tuple[str, str]]] = {}
+        self._nvml = nvml or (lambda: NvmlSource(LOCAL_GPUS))
+        self._local_gpus: dict[str, NvmlReader] = {}
 
     # --- life cycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -141,6 +158,9 @@ class Collector:
         await asyncio.gather(*self._tasks, *self._inflight.values(), return_exceptions=True)
         self._tasks.clear()
         self._inflight.clear()
+        for reader in self._local_gpus.values():
+            reader.close()
+        self._local_gpus.clear()
         if self._http is not None:
             await self._http.close()
 
@@ -185,6 +205,8 @@ class Collector:
             self._launch(pool, url, now, self._scrape(pool, url, gpu=True))
         if pool.prometheus_url:
             self._launch(pool, pool.prometheus_url, now, self._query_prometheus(pool))
+        if pool.local_gpus == "nvml":
+            self._launch(pool, LOCAL_GPUS, now, self._read_local_gpus(pool))
         running = [t for (name, _), t in self._inflight.items() if name == pool.name]
         if running:
             await asyncio.wait(running, timeout=pool.scrape_interval_s * 0.9)
@@ -222,7 +244,7 @@ class Collector:
                 bodies = await asyncio.gather(
                     *(self._fetch(u, pool.scrape_timeout_s) for u in urls)
                 )
-            scrapes = engine_scrapes(
+            backends = engine_backends(
                 pool.kind, bodies, time.monotonic(), group_by=pool.prometheus_group_by
             )
         except (OSError, TimeoutError, SourceParseError) as e:
@@ -230,9 +252,26 @@ class Collector:
             return
         src.failures, src.retry_at = 0, 0.0
         self._recovered(("prom", pool.name), f"query of {pool.prometheus_url}")
-        self._prom_backends[pool.name] = set(scrapes)
-        for key, scrape in scrapes.items():
+        self._prom_backends[pool.name] = set(backends)
+        self._pods[pool.name] = {key: pod for key, (_, pod) in backends.items() if pod}
+        for key, (scrape, _) in backends.items():
             self._source(pool, key).window.append(scrape)
+
+    async def _read_local_gpus(self, pool: Pool) -> None:
+        """This host's GPUs through NVML, read in the reader's thread."""
+        src = self._source(pool, LOCAL_GPUS)
+        reader = self._local_gpus.get(pool.name)
+        if reader is None:
+            reader = self._local_gpus[pool.name] = NvmlReader(self._nvml())
+        try:
+            async with asyncio.timeout(pool.scrape_timeout_s):
+                gpus = await asyncio.shield(reader.read())  # a slow read goes on
+        except (OSError, TimeoutError) as e:  # NvmlUnavailable is an OSError
+            self._back_off(pool, src, ("src", pool.name, LOCAL_GPUS), "NVML read", e)
+            return
+        src.failures, src.retry_at = 0, 0.0
+        self._recovered(("src", pool.name, LOCAL_GPUS), "NVML read")
+        src.gpus, src.gpus_at_s = tuple(gpus), time.monotonic()
 
     def _source(self, pool: Pool, url: str) -> _Source:
         key = (pool.name, url)
@@ -318,15 +357,38 @@ class Collector:
         )
 
     def _gpus(self, pool: Pool, urls: list[str], now: float) -> tuple[GpuScrape, ...]:
-        """The pool's GPUs from fresh DCGM sources, joined by ``pool.gpu_join``."""
-        hosts = {urlsplit(u).hostname for u in urls}
+        """The pool's GPUs from fresh GPU sources: DCGM exporters' joined by
+        ``pool.gpu_join``, then the local ones (NVML)."""
+        if not pool.gpu_metrics_urls and not pool.local_gpus:
+            return ()
+        joins = self._join(pool, urls)
         found: list[GpuScrape] = []
-        for url in pool.gpu_metrics_urls:
+        for url in (*pool.gpu_metrics_urls, *((LOCAL_GPUS,) if pool.local_gpus else ())):
             src = self._sources.get((pool.name, url))
             if src is None or not src.gpus or now - src.gpus_at_s > pool.max_age_s:
                 continue
-            found.extend(g for g in src.gpus if pool.gpu_join == "pool" or g.host in hosts)
+            found.extend(src.gpus if url == LOCAL_GPUS else filter(joins, src.gpus))
         return tuple(found)
+
+    def _join(self, pool: Pool, urls: list[str]) -> Callable[[GpuScrape], bool]:
+        """Whether a DCGM exporter's GPU belongs to the pool (see the module docstring)."""
+        if pool.gpu_join == "host":
+            hosts = {urlsplit(u).hostname for u in urls}
+            return lambda g: g.host in hosts
+        if pool.gpu_join == "pod":
+            namespaces: dict[str, set[str]] = {}  # backend pod → its namespaces ("": unknown)
+            prometheus_pods = self._pods.get(pool.name, {})
+            for url in urls:
+                ref = pool.backend_pods.get(url) or prometheus_pods.get(url)
+                if ref is not None:
+                    namespaces.setdefault(ref[1], set()).add(ref[0])
+
+            def joined(g: GpuScrape) -> bool:
+                spaces = namespaces.get(g.pod) if g.pod else None
+                return spaces is not None and ("" in spaces or g.namespace in spaces)
+
+            return joined
+        return lambda g: True
 
 
 def _saturated(url: str, last: BackendSignals | None) -> BackendSignals:

@@ -1,18 +1,16 @@
 """The collector's HTTP client: GET over kept-alive HTTP/1.1 connections, nothing else.
 
 Why not aiohttp's ``ClientSession``: the collector fetches 64 pages of ~50 KB every 200 ms,
-and a ``ClientSession.get`` costs ~200–300 µs of CPU per request even on a reused
-connection (cookies, tracing, header multidicts, response objects); this client costs
-~60 µs (``bench/collector_cost.py --http aiohttp|ice`` compares them).
+and a ``ClientSession.get`` costs ~200 µs of CPU per request even on a reused connection
+(cookies, tracing, header multidicts, response objects, a 256 KiB buffer per read); this
+client ~100 µs, decoding included (``bench/collector_cost.py --http aiohttp|ice``).
 
-Two parts, after h11's habit:
-- ``ResponseReader`` (pure, no I/O): bytes in, one ``Response`` out. Framing by
-  ``Content-Length``, ``Transfer-Encoding: chunked``, or the end of the connection; 1xx
-  interim responses skipped; ``gzip``/``deflate`` bodies inflated (ICE asks for
-  ``identity``, but a server may insist).
-- ``HttpGetter`` (the I/O): per origin (scheme, host, port) a stack of idle connections;
-  ``get(url, timeout_s)`` takes one (or opens one), writes the request, awaits the response.
-  ``https`` uses the default TLS context. ``http://user:pass@host/`` sends basic auth.
+``HttpGetter`` keeps, per origin (scheme, host, port), a stack of idle connections;
+``get(url, timeout_s)`` takes one (or opens one), writes the request, and reads the answer
+with ``ext_proc.signals.httpread.ResponseReader`` (the pure half). Every connection receives
+into one shared buffer (``BufferedProtocol``: no allocation per read) and decodes a complete
+body before returning. ``https`` uses the default TLS context; ``http://user:pass@host/``
+sends basic auth.
 
 Invariants:
 - ``get`` raises only ``OSError`` (``HttpError`` for a bad response or a status other than
@@ -21,249 +19,48 @@ Invariants:
 - A connection is reused only after a whole response that neither side asked to close; a
   failed, timed-out or cancelled request closes its connection. A kept-alive connection the
   server closed while idle is retried once on a fresh one (no byte of an answer came back).
-- Heads over ``MAX_HEAD_BYTES`` and bodies over ``MAX_BODY_BYTES`` fail: a garbage source
-  cannot fill ICE's memory.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import re
 import ssl
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Final
 from urllib.parse import unquote, urlsplit
 
-__all__ = [
-    "MAX_BODY_BYTES",
-    "MAX_HEAD_BYTES",
-    "HttpError",
-    "HttpGetter",
-    "Response",
-    "ResponseReader",
-]
+from ext_proc.signals.httpread import HttpError, Response, ResponseReader
 
-MAX_HEAD_BYTES: Final = 64 * 1024
-MAX_BODY_BYTES: Final = 64 * 1024 * 1024
+__all__ = ["HttpError", "HttpGetter"]
+
 MAX_IDLE_PER_ORIGIN: Final = 256
 RECV_BUFFER_BYTES: Final = 256 * 1024  # one per getter, shared by its connections
 
 
-class HttpError(OSError):
-    """The server's answer is not a usable HTTP/1.x response, or its status is not 200."""
-
-
 @dataclass(frozen=True, slots=True)
-class Response:
+class _Reply:
     status: int
-    headers: dict[str, str]  # lower-case names; repeated headers joined with ", "
-    body: bytes | bytearray  # not copied into bytes (50 KB a page): do not mutate
-    keep_alive: bool  # the connection may carry another request
+    keep_alive: bool
+    text: str  # the body decoded as UTF-8, invalid bytes replaced
 
 
-class ResponseReader:
-    """Reads one response from the bytes ``feed`` hands it (and ``eof`` when the peer closed).
-
-    ``feed`` returns the ``Response`` once it is complete, else None; bytes after the response
-    (there should be none: ICE sends one request at a time) are an error. ``feed`` copies what
-    it keeps, so the caller may reuse its buffer."""
-
-    def __init__(self) -> None:
-        self._buf = bytearray()  # head and chunk framing not yet read
-        self._body = bytearray()
-        self._head: tuple[int, dict[str, str], bool] | None = None  # status, headers, keep
-        self._mode = ""  # "length" | "chunked" | "close" | "none"
-        self._remaining = 0  # body bytes still expected ("length"), or of the current chunk
-        self._chunk_state = "size"  # "size" | "data" | "crlf" | "trailer"
-        self.received = False  # any byte arrived
-
-    def feed(self, data: bytes | bytearray | memoryview) -> Response | None:
-        if not data:
-            return None
-        self.received = True
-        if self._mode == "length":  # the common case: straight into the body
-            return self._read_length(data)
-        self._buf += data
-        if self._head is None:
-            if not self._read_head():
-                return None
-            if self._mode == "length":
-                rest, self._buf = self._buf, bytearray()
-                return self._read_length(rest)
-        if self._mode == "chunked":
-            return self._read_chunked()
-        if self._mode == "none":
-            return self._finish()
-        self._append(self._buf)  # "close": everything until the end of the connection
-        self._buf.clear()
-        return None
-
-    def eof(self) -> Response:
-        """The peer closed the connection: the response, if that completes it."""
-        if self._head is not None and self._mode == "close":
-            return self._finish(keep_alive=False)
-        what = "a response" if self._head is None else "the body"
-        raise HttpError(f"connection closed before the end of {what}")
-
-    # -- head --------------------------------------------------------------------------------
-    def _read_head(self) -> bool:
-        while True:
-            end = self._buf.find(b"\r\n\r\n")
-            if end < 0:
-                if len(self._buf) > MAX_HEAD_BYTES:
-                    raise HttpError(f"response head larger than {MAX_HEAD_BYTES} bytes")
-                return False
-            lines = self._buf[:end].decode("latin-1").split("\r\n")
-            del self._buf[: end + 4]
-            status, version = _status_line(lines[0])
-            if 100 <= status < 200:  # interim (100 Continue, 103 Early Hints): skip
-                continue
-            headers = _headers(lines[1:])
-            connection = headers.get("connection", "").lower()
-            keep = "close" not in connection and (version == "1.1" or "keep-alive" in connection)
-            encoding = headers.get("transfer-encoding", "").lower()
-            length = headers.get("content-length")
-            if status in (204, 304):
-                self._mode = "none"
-            elif encoding:
-                if encoding.rsplit(",", 1)[-1].strip() != "chunked":
-                    raise HttpError(f"unsupported transfer-encoding {encoding!r}")
-                self._mode = "chunked"
-            elif length is not None:
-                self._mode = "length"
-                self._remaining = _content_length(length)
-            else:
-                self._mode, keep = "close", False
-            self._head = (status, headers, keep)
-            return True
-
-    # -- body --------------------------------------------------------------------------------
-    def _append(self, data: bytes | bytearray | memoryview) -> None:
-        if len(self._body) + len(data) > MAX_BODY_BYTES:
-            raise HttpError(f"response body larger than {MAX_BODY_BYTES} bytes")
-        self._body += data
-
-    def _read_length(self, data: bytes | bytearray | memoryview) -> Response | None:
-        if len(data) > self._remaining:
-            raise HttpError("bytes after the end of the response")
-        self._body += data  # within the declared length, checked against MAX_BODY_BYTES
-        self._remaining -= len(data)
-        return self._finish() if self._remaining == 0 else None
-
-    def _read_chunked(self) -> Response | None:
-        buf = self._buf
-        while True:
-            if self._chunk_state == "data":
-                n = min(self._remaining, len(buf))
-                self._append(memoryview(buf)[:n])
-                del buf[:n]
-                self._remaining -= n
-                if self._remaining:
-                    return None
-                self._chunk_state = "crlf"
-            line_end = buf.find(b"\r\n")
-            if line_end < 0:
-                if len(buf) > MAX_HEAD_BYTES:
-                    raise HttpError("chunk framing line too long")
-                return None
-            line = bytes(buf[:line_end])
-            del buf[: line_end + 2]
-            if self._chunk_state == "crlf":
-                if line:
-                    raise HttpError("chunk not followed by CRLF")
-                self._chunk_state = "size"
-            elif self._chunk_state == "size":
-                size_text = line.split(b";", 1)[0].strip()
-                if _HEX.fullmatch(size_text) is None:
-                    raise HttpError(f"bad chunk size {size_text[:20]!r}")
-                self._remaining = int(size_text, 16)
-                self._chunk_state = "data" if self._remaining else "trailer"
-            elif not line:  # "trailer": an empty line ends the trailers and the body
-                return self._finish()
-
-    def _finish(self, *, keep_alive: bool = True) -> Response:
-        assert self._head is not None
-        if self._buf:
-            raise HttpError("bytes after the end of the response")
-        status, headers, keep = self._head
-        body: bytes | bytearray = self._body
-        coding = headers.get("content-encoding", "identity").lower().strip()
-        if coding in ("gzip", "x-gzip", "deflate"):
-            body = _inflate(body, coding)
-        elif coding not in ("identity", ""):
-            raise HttpError(f"unsupported content-encoding {coding!r}")
-        return Response(status, headers, body, keep and keep_alive)
-
-
-_HEX: Final = re.compile(rb"[0-9a-fA-F]{1,16}")
-
-
-def _status_line(line: str) -> tuple[int, str]:
-    parts = line.split(" ", 2)
-    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or len(parts[1]) != 3:
-        raise HttpError(f"not an HTTP/1.x status line: {line[:80]!r}")
-    try:
-        return int(parts[1]), parts[0][5:]
-    except ValueError:
-        raise HttpError(f"bad status code in {line[:80]!r}") from None
-
-
-def _headers(lines: list[str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for line in lines:
-        name, colon, value = line.partition(":")
-        if not colon or not name or name != name.strip():
-            raise HttpError(f"malformed header line {line[:80]!r}")
-        key = name.lower()
-        value = value.strip()
-        out[key] = f"{out[key]}, {value}" if key in out else value
-    return out
-
-
-def _content_length(text: str) -> int:
-    values = {v.strip() for v in text.split(",")}  # repeated equal values are allowed
-    if len(values) != 1 or not (value := values.pop()).isdigit():
-        raise HttpError(f"bad content-length {text[:40]!r}")
-    length = int(value)
-    if length > MAX_BODY_BYTES:
-        raise HttpError(f"response body larger than {MAX_BODY_BYTES} bytes")
-    return length
-
-
-def _inflate(body: bytes | bytearray, coding: str) -> bytes:
-    wbits = 16 + zlib.MAX_WBITS if coding in ("gzip", "x-gzip") else zlib.MAX_WBITS
-    try:
-        d = zlib.decompressobj(wbits)
-        out = d.decompress(body, MAX_BODY_BYTES + 1)
-    except zlib.error:
-        if coding != "deflate":
-            raise HttpError("corrupt gzip body") from None
-        try:  # "deflate" sent as a raw stream, as some servers do
-            d = zlib.decompressobj(-zlib.MAX_WBITS)
-            out = d.decompress(body, MAX_BODY_BYTES + 1)
-        except zlib.error:
-            raise HttpError("corrupt deflate body") from None
-    if len(out) > MAX_BODY_BYTES:
-        raise HttpError(f"response body larger than {MAX_BODY_BYTES} bytes")
-    return out
-
-
-# -- I/O -------------------------------------------------------------------------------------
+def _reply(response: Response) -> _Reply:
+    """Decode now: the body may be a view of the receive buffer the next read overwrites."""
+    return _Reply(response.status, response.keep_alive, str(response.body, "utf-8", "replace"))
 
 
 class _Connection(asyncio.BufferedProtocol):
     """One TCP (or TLS) connection carrying one request at a time. It receives into the
-    getter's shared buffer (``recv_into``: no allocation per read; the reader copies what it
-    keeps before the next read can happen)."""
+    getter's shared buffer (``recv_into``: no allocation per read) and decodes a complete
+    body before returning, as the next read may overwrite that buffer."""
 
     def __init__(self, buffer: memoryview) -> None:
         self.transport: asyncio.Transport | None = None
         self.reader: ResponseReader | None = None
-        self.waiter: asyncio.Future[Response] | None = None
+        self.waiter: asyncio.Future[_Reply] | None = None
         self.closed = False
         self._buffer = buffer
 
@@ -286,7 +83,7 @@ class _Connection(asyncio.BufferedProtocol):
             return
         if response is not None:
             self.reader = None
-            self.waiter.set_result(response)
+            self.waiter.set_result(_reply(response))
 
     def eof_received(self) -> bool:
         self._end(None)
@@ -303,7 +100,7 @@ class _Connection(asyncio.BufferedProtocol):
             return
         self.reader = None
         try:
-            waiter.set_result(reader.eof())
+            waiter.set_result(_reply(reader.eof()))
         except HttpError as e:
             if not reader.received:
                 waiter.set_exception(
@@ -359,7 +156,7 @@ def _target(url: str) -> _Target:
     if parts.username is not None:
         cred = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
         lines.append(f"Authorization: Basic {base64.b64encode(cred.encode()).decode()}")
-    request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1", errors="strict")
+    request = ("\r\n".join(lines) + "\r\n\r\n").encode("ascii")  # else UnicodeEncodeError
     return _Target((scheme, host, port), request)
 
 
@@ -381,12 +178,12 @@ class HttpGetter:
         except UnicodeEncodeError:
             raise HttpError(f"URL is not ASCII: {url[:200]!r}") from None
         async with asyncio.timeout(timeout_s):
-            response = await self._exchange(target)
-        if response.status != 200:
-            raise HttpError(f"HTTP {response.status}")
-        return response.body.decode("utf-8", errors="replace")
+            reply = await self._exchange(target)
+        if reply.status != 200:
+            raise HttpError(f"HTTP {reply.status}")
+        return reply.text
 
-    async def _exchange(self, target: _Target) -> Response:
+    async def _exchange(self, target: _Target) -> _Reply:
         idle = self._idle.get(target.origin)
         while idle:
             conn = idle.pop()
@@ -412,7 +209,7 @@ class HttpGetter:
         )
         return conn
 
-    async def _send(self, conn: _Connection, target: _Target) -> Response:
+    async def _send(self, conn: _Connection, target: _Target) -> _Reply:
         assert conn.transport is not None
         loop = asyncio.get_running_loop()
         conn.reader = ResponseReader()
@@ -420,20 +217,20 @@ class HttpGetter:
         self._busy.add(conn)
         try:
             conn.transport.write(target.request)
-            response = await conn.waiter
+            reply = await conn.waiter
         except BaseException:
             conn.close()  # a half-read answer would poison the next request
             raise
         finally:
             self._busy.discard(conn)
             conn.waiter = None
-        if response.keep_alive and not conn.closed:
+        if reply.keep_alive and not conn.closed:
             idle = self._idle.setdefault(target.origin, [])
             if len(idle) < MAX_IDLE_PER_ORIGIN:
                 idle.append(conn)
-                return response
+                return reply
         conn.close()
-        return response
+        return reply
 
     async def close(self) -> None:
         """Close every connection (idle and in use)."""

@@ -2,11 +2,14 @@
 
 Job: ``NvmlSource.read(at_s)`` → one ``GpuScrape`` per GPU this host's driver sees, with
 framebuffer used/free/total (bytes), GPU utilisation (fraction) and PCIe throughput
-(``nvmlDeviceGetPcieThroughput``: KB/s × 1024 → bytes/s).
+(``nvmlDeviceGetPcieThroughput``: KB/s × 1024 → bytes/s). ``ice signals nvml`` prints it; a
+pool with ``local_gpus: nvml`` has the collector poll it through ``NvmlReader`` (a thread).
 
 Invariants:
-- Never raises. Without the package, the library or a driver (as on a CPU machine)
-  ``available()`` is False and ``reason`` says why; ``read`` then returns ``[]``.
+- ``read`` never raises. Without the package, the library or a driver (as on a CPU machine)
+  ``available()`` is False and ``reason`` says why; ``read`` then returns ``[]``. ``poll``
+  (the collector's call) raises ``NvmlUnavailable`` instead, and after a failed start tries
+  NVML again at the next call.
 - A query a GPU does not support leaves that field None; the GPU is still reported.
 - Cost: NVML samples PCIe throughput over 20 ms per call and direction, so a read takes about
   40 ms per GPU with ``pcie=True``; run it off the event loop (a thread) or pass
@@ -17,15 +20,22 @@ Invariants:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib
 import math
 import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ext_proc.signals.model import GpuScrape
 
-__all__ = ["NvmlSource"]
+__all__ = ["NvmlReader", "NvmlSource", "NvmlUnavailable"]
+
+
+class NvmlUnavailable(OSError):
+    """NVML cannot be read here: no nvidia-ml-py, no NVML library or driver, or no GPU list."""
 
 
 def _text(value: object) -> str | None:
@@ -88,6 +98,7 @@ class NvmlSource:
         """One GpuScrape per GPU; ``[]`` when NVML is unavailable or the device list fails."""
         if not self.available():
             return []
+        self.reason = None
         count = _number(self._call("nvmlDeviceGetCount"))
         if count is None:
             self.reason = "nvmlDeviceGetCount failed"
@@ -99,6 +110,17 @@ class NvmlSource:
             if handle is not None:
                 out.append(self._device(handle, str(i), host, at_s))
         return out
+
+    def poll(self, at_s: float) -> list[GpuScrape]:
+        """``read``, raising ``NvmlUnavailable(reason)`` where ``read`` would return ``[]``
+        with a reason. Blocking (see the cost above): call it from a thread."""
+        gpus = self.read(at_s)
+        if self.reason is None:
+            return gpus
+        reason = self.reason
+        if self._nvml is None:
+            self._tried = False  # start NVML again next time: a driver may have come up
+        raise NvmlUnavailable(reason)
 
     def _device(self, handle: Any, gpu: str, host: str, at_s: float) -> GpuScrape:
         mem = self._call("nvmlDeviceGetMemoryInfo", handle)
@@ -131,3 +153,29 @@ class NvmlSource:
             with contextlib.suppress(Exception):  # already shut down, or the driver is gone
                 nvml.nvmlShutdown()
         self._tried = False
+
+
+class NvmlReader:
+    """Polls an ``NvmlSource`` off the event loop: one worker thread and at most one read in
+    flight, so a driver call that hangs holds that thread and never starts a second one."""
+
+    def __init__(self, source: NvmlSource) -> None:
+        self.source = source
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ice-nvml")
+        self._pending: asyncio.Future[list[GpuScrape]] | None = None
+
+    def read(self) -> asyncio.Future[list[GpuScrape]]:
+        """The read in flight, or a new one: ``source.poll(time.monotonic())`` in the thread.
+        Await it through ``asyncio.shield`` to bound the wait without losing the read."""
+        if self._pending is None or self._pending.done():
+            loop = asyncio.get_running_loop()
+            self._pending = loop.run_in_executor(self._executor, self._poll)
+        return self._pending
+
+    def _poll(self) -> list[GpuScrape]:
+        return self.source.poll(time.monotonic())
+
+    def close(self) -> None:
+        """Shut NVML down after any read in flight; never waits for it."""
+        self._executor.submit(self.source.close)
+        self._executor.shutdown(wait=False)

@@ -3,7 +3,9 @@
 Job: ``build_queries(kind)`` gives the instant queries ICE sends to ``/api/v1/query``;
 ``engine_scrapes`` / ``gpu_scrapes`` turn the JSON answers into the same records a direct
 scrape gives, one ``EngineScrape`` per backend, grouped by a target label (``instance`` by
-default, or ``pod``). No HTTP client here: the caller fetches and hands the bodies in.
+default, or ``pod``); ``engine_backends`` adds each backend's pod (its series' ``pod`` and
+``namespace`` target labels), which ``gpu_join: pod`` needs. No HTTP client here: the caller
+fetches and hands the bodies in.
 
 The queries are raw selectors, one per ICE field, e.g. for ``kv_cache_usage`` of vLLM::
 
@@ -36,7 +38,14 @@ from ext_proc.signals.parse import (
     gpus_from_samples,
 )
 
-__all__ = ["Body", "build_queries", "engine_scrapes", "gpu_scrapes", "vector_samples"]
+__all__ = [
+    "Body",
+    "build_queries",
+    "engine_backends",
+    "engine_scrapes",
+    "gpu_scrapes",
+    "vector_samples",
+]
 
 Body = str | bytes | Mapping[str, Any]  # one /api/v1/query answer: raw JSON or decoded
 
@@ -128,12 +137,32 @@ def engine_scrapes(
 ) -> dict[str, EngineScrape]:
     """One EngineScrape per value of the ``group_by`` label (its ``source``), from the
     answers to ``build_queries(kind)``. ``at_s`` is when the answers arrived."""
+    return {
+        key: scrape
+        for key, (scrape, _) in engine_backends(kind, bodies, at_s, group_by=group_by).items()
+    }
+
+
+def engine_backends(
+    kind: str, bodies: Iterable[Body], at_s: float, *, group_by: str = "instance"
+) -> dict[str, tuple[EngineScrape, tuple[str, str] | None]]:
+    """``engine_scrapes`` and each backend's pod, ``(namespace or "", pod)``, from its series'
+    target labels (``pod``/``namespace``, or the older ``kubernetes_pod_name``/
+    ``kubernetes_namespace``); None when they carry no pod label."""
     if kind not in N.ENGINE_NAMES:
         raise SourceParseError(f"unknown engine kind {kind!r}")
     return {
-        key: engine_from_samples(kind, key, at_s, samples)
+        key: (engine_from_samples(kind, key, at_s, samples), _pod(samples))
         for key, samples in sorted(_grouped(bodies, group_by).items())
     }
+
+
+def _pod(samples: Iterable[Sample]) -> tuple[str, str] | None:
+    for _, labels, _ in samples:
+        pod = labels.get("pod") or labels.get("kubernetes_pod_name")
+        if pod:
+            return labels.get("namespace") or labels.get("kubernetes_namespace") or "", pod
+    return None
 
 
 def gpu_scrapes(

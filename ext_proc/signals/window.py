@@ -317,7 +317,8 @@ class Window:
         queue = self._queue.add(scrape.queue_time_s) if scrape.queue_time_s is not None else None
         entries = self._entries
         entries.append(_Entry(scrape, tuple(counters), ttft, queue))
-        while scrape.at_s - entries[0].scrape.at_s > self.window_s:
+        oldest_kept = scrape.at_s - self.window_s  # derive's rule, to the last float bit
+        while entries[0].scrape.at_s < oldest_kept:
             entries.popleft()
         self._fresh = False
 
