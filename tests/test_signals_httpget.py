@@ -117,15 +117,24 @@ def test_the_reader_copies_what_it_keeps() -> None:
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
-        (b"SSH-2.0-OpenSSH\r\n\r\n", "not an HTTP/1.x status line"),
-        (b"HTTP/1.1 2x0 OK\r\n\r\n", "bad status code"),
-        (b"HTTP/1.1 200 OK\r\nno colon\r\n\r\n", "malformed header line"),
-        (b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n", "bad content-length"),
-        (b"HTTP/1.1 200 OK\r\nContent-Length: 1, 2\r\n\r\n", "bad content-length"),
+        (b"SSH-2.0-OpenSSH\r\n\r\n", "not a usable HTTP/1.x response"),
+        (b"HTTP/1.1 2x0 OK\r\n\r\n", "not a usable HTTP/1.x response"),
+        (b"HTTP/1.1 200 OK\r\nno colon\r\n\r\n", "not a usable HTTP/1.x response"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n", "not a usable HTTP/1.x response"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 1, 2\r\n\r\n", "not a usable HTTP/1.x response"),
         (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n", "unsupported transfer-encoding"),
-        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1_0\r\n", "bad chunk size"),
-        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0x1\r\n", "bad chunk size"),
-        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nab\r\n", "not followed"),
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1_0\r\n",
+            "not a usable HTTP/1.x response",
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0x1\r\n",
+            "not a usable HTTP/1.x response",
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nab\r\n",
+            "not a usable HTTP/1.x response",
+        ),
         (b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nab", "bytes after the end"),
         (b"HTTP/1.1 200 OK\r\nContent-Encoding: br\r\nContent-Length: 0\r\n\r\n", "br"),
         (b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 2\r\n\r\nab", "gzip"),
