@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
-from urllib.parse import urlsplit
 
 import yaml
 from google.protobuf import json_format
@@ -24,6 +22,7 @@ from ext_proc._pb import policy_pb2
 from ext_proc.kv.geometry import build_geometry
 from ext_proc.kv.hfconfig import shape_from_config
 from ext_proc.policy.errors import PolicyError
+from ext_proc.policy.load_pool import pool_spec, positive
 from ext_proc.policy.load_truncation import embedding_spec, truncation_spec
 from ext_proc.policy.model import (
     PRIORITIES,
@@ -191,7 +190,7 @@ def _profile(name: str, msg: policy_pb2.Profile) -> Profile:
         retry_after_s=retry_after_s,
         fail_mode="open" if fail_mode == "open" else "closed",
         kv_model=kv_model,
-        ttft_target_s=_positive(msg, "ttft_target_s", d.ttft_target_s, where),
+        ttft_target_s=positive(msg, "ttft_target_s", d.ttft_target_s, where),
         retry_after_min_s=ra_min,
         retry_after_max_s=ra_max,
         on_kv_shortfall=(
@@ -225,116 +224,6 @@ def _kv_model(msg: policy_pb2.KvModel, where: str) -> KvModelSpec:
     except ValueError as e:  # JSON errors, KVInputError, NotModelledError
         raise PolicyError(f"{where}: {e}") from None
     return spec
-
-
-def _positive(msg: Any, name: str, default: float, where: str) -> float:
-    value = float(_opt(msg, name, default))
-    if not (math.isfinite(value) and value > 0):
-        raise PolicyError(f"{where}.{name}: must be a number > 0, got {value}")
-    return value
-
-
-_K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
-
-
-def _backend_pods(msg: policy_pb2.Pool, where: str) -> dict[str, tuple[str, str]]:
-    """``backend_pods``: metrics URL → (namespace or "", pod), each URL one of metrics_urls."""
-    out: dict[str, tuple[str, str]] = {}
-    for url, ref in sorted(msg.backend_pods.items()):
-        if url not in msg.metrics_urls:
-            raise PolicyError(f"{where}.backend_pods: {url!r} is not one of metrics_urls")
-        namespace, _, pod = ref.rpartition("/")
-        if not _K8S_NAME.fullmatch(pod) or (namespace and not _K8S_NAME.fullmatch(namespace)):
-            raise PolicyError(
-                f"{where}.backend_pods[{url!r}]: must be 'namespace/pod' or 'pod' "
-                f"(Kubernetes names), got {ref!r}"
-            )
-        out[url] = (namespace, pod)
-    return out
-
-
-def _pool(name: str, msg: policy_pb2.Pool) -> Pool:
-    where = f"pools.{name}"
-    d = Pool(name=name, metrics_urls=())
-    for i, url in enumerate(msg.metrics_urls):
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise PolicyError(f"{where}.metrics_urls[{i}]: not an http(s) URL: {url!r}")
-    interval = _positive(msg, "scrape_interval_s", d.scrape_interval_s, where)
-    kind = msg.kind or d.kind
-    if kind not in ("vllm", "sglang"):
-        raise PolicyError(f"{where}.kind: must be vllm or sglang, got {kind!r}")
-    stale = msg.stale or d.stale
-    if stale not in ("ignore", "last_known", "saturated"):
-        raise PolicyError(f"{where}.stale: must be ignore, last_known or saturated, got {stale!r}")
-    gpu_join = msg.gpu_join or d.gpu_join
-    if gpu_join not in ("pool", "host", "pod"):
-        raise PolicyError(f"{where}.gpu_join: must be pool, host or pod, got {gpu_join!r}")
-    backend_pods = _backend_pods(msg, where)
-    if gpu_join == "pod" and not backend_pods and not msg.HasField("prometheus"):
-        raise PolicyError(
-            f"{where}.gpu_join: pod needs the backends' pod names: backend_pods for "
-            "metrics_urls, or a prometheus source (its series' pod labels); DNS backends are "
-            "addresses without pod names"
-        )
-    if msg.local_gpus not in ("", "nvml"):
-        raise PolicyError(f"{where}.local_gpus: must be nvml or empty, got {msg.local_gpus!r}")
-    for i, url in enumerate(msg.gpu_metrics_urls):
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise PolicyError(f"{where}.gpu_metrics_urls[{i}]: not an http(s) URL: {url!r}")
-    prom = msg.prometheus
-    if msg.HasField("prometheus"):
-        parts = urlsplit(prom.url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise PolicyError(f"{where}.prometheus.url: not an http(s) URL: {prom.url!r}")
-    dns = msg.dns
-    if msg.HasField("dns") and not dns.name:
-        raise PolicyError(f"{where}.dns.name: required")
-    pool = Pool(
-        name=name,
-        metrics_urls=tuple(msg.metrics_urls),
-        scrape_interval_s=interval,
-        scrape_timeout_s=_opt(msg, "scrape_timeout_s", d.scrape_timeout_s),
-        max_age_s=_opt(msg, "max_age_s", d.max_age_s),
-        kind=kind,
-        stale="ignore"
-        if stale == "ignore"
-        else "last_known"
-        if stale == "last_known"
-        else "saturated",
-        stale_after_s=_opt(msg, "stale_after_s", 1.5 * interval),
-        window_s=_opt(msg, "window_s", d.window_s),
-        dns_name=dns.name,
-        dns_port=_opt(dns, "port", d.dns_port) if msg.HasField("dns") else d.dns_port,
-        dns_path=dns.path or d.dns_path,
-        dns_scheme=dns.scheme or d.dns_scheme,
-        gpu_metrics_urls=tuple(msg.gpu_metrics_urls),
-        prometheus_url=prom.url.rstrip("/"),
-        prometheus_matchers=prom.matchers,
-        prometheus_group_by=prom.group_by or d.prometheus_group_by,
-        gpu_join=gpu_join,
-        backend_pods=MappingProxyType(backend_pods),
-        local_gpus=msg.local_gpus,
-        pcie_bandwidth_bytes_s=_positive(
-            msg, "pcie_bandwidth_bytes_s", d.pcie_bandwidth_bytes_s, where
-        ),
-        dns_refresh_s=_opt(dns, "refresh_s", d.dns_refresh_s)
-        if msg.HasField("dns")
-        else d.dns_refresh_s,
-    )
-    for field in (
-        "scrape_interval_s",
-        "scrape_timeout_s",
-        "max_age_s",
-        "stale_after_s",
-        "window_s",
-        "dns_refresh_s",
-    ):
-        value = getattr(pool, field)
-        if not (math.isfinite(value) and value > 0):
-            raise PolicyError(f"{where}.{field}: must be a number > 0, got {value}")
-    return pool
 
 
 def _tokenizers(msg: policy_pb2.Policy, base_dir: Path) -> dict[str, Any]:
@@ -383,7 +272,7 @@ def _tokenizers(msg: policy_pb2.Policy, base_dir: Path) -> dict[str, Any]:
 
 def _build(msg: policy_pb2.Policy, base_dir: Path) -> Policy:
     profiles: Mapping[str, Profile] = {n: _profile(n, p) for n, p in msg.profiles.items()}
-    pools: Mapping[str, Pool] = {n: _pool(n, p) for n, p in msg.pools.items()}
+    pools: Mapping[str, Pool] = {n: pool_spec(n, p) for n, p in msg.pools.items()}
     default_profile = msg.default_profile or "default"
     if default_profile not in profiles:
         if msg.default_profile:
