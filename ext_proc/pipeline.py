@@ -438,6 +438,20 @@ class Pipeline:
             self.similarity,
         )
         tplan = result.plan
+        if isinstance(tplan, Overflow) and decision.reason == "context_budget":
+            # the context, not pressure, asked: judge the request as it is (a downgrade to the
+            # room left, or 400 context_length_exceeded), as without truncation
+            snapshot = self.lookup(route.pool)
+            as_is = evaluate(
+                features,
+                self._pressure(route, snapshot),
+                route.profile,
+                facts.priority,
+                self._kv_fit(route, snapshot),
+                self._drain(snapshot) if snapshot is not None else None,
+                ladder=LADDER_AFTER_TRUNCATION,
+            )
+            return BodyVerdict(as_is, features, plan(as_is, adapter, pending.body, features))
         if isinstance(tplan, Overflow):
             k = spec.keep_last_turns
             message = (

@@ -294,3 +294,17 @@ def test_bad_input_never_sends_a_corrupted_conversation() -> None:
     _well_formed(msgs, sent)
     assert {"role": "narrator", "content": "An aside the API does not define."} in sent
     assert len(sent) < len(msgs)
+
+
+def test_a_context_budget_overflow_is_judged_as_without_truncation() -> None:
+    # max_model_len 4096, min_output 600: input (~3,970) > 4096 − 600 triggers the context
+    # budget 4096 − 2048 = 2048; the current question alone is ~3,750 tokens, so truncation
+    # cannot reach it: the ladder judges the request as it is (a downgrade to the 126 tokens
+    # of room left), not a truncation 400.
+    text = POLICY.replace("max_model_len: 32768", "max_model_len: 4096\n    min_output_tokens: 600")
+    pipeline, route = _pipeline(text.replace("budget_tokens: {high: 120}", "budget_tokens: {}"))
+    body = chat_body()
+    body["messages"][-1]["content"] = "word " * 3000
+    done = _judge(pipeline, route, json.dumps(body).encode())
+    assert isinstance(done.decision, Downgrade), done.decision
+    assert done.decision.reason == "context_budget"
