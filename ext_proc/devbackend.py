@@ -52,7 +52,7 @@ class DevState:
     kv_cache_usage_perc: float = 0.0
     num_requests_running: int = 0
     num_requests_waiting: int = 0
-    num_gpu_blocks: int = 1024
+    num_gpu_blocks: int = 65536  # a large pool (1M tokens): small tests never fill it
     block_size: int = 16
     legacy: bool = False
     num_preemptions_total: int = 0

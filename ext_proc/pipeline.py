@@ -19,12 +19,22 @@ Invariant: ``on_body`` returns ``None`` when the request passes untouched and un
 from __future__ import annotations
 
 import logging
+import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ext_proc import rawjson, telemetry
-from ext_proc.decision import Decision, Pass, Reject, Truncate, Truncated, verdict_headers
+from ext_proc.decision import (
+    Decision,
+    Downgrade,
+    Pass,
+    Reject,
+    Truncate,
+    Truncated,
+    verdict_headers,
+)
 from ext_proc.kv.geometry import KVGeometry, build_geometry
 from ext_proc.plan import Continue, Outcome, Respond, plan, reject_outcome
 from ext_proc.policy.evaluate import LADDER_AFTER_TRUNCATION, KvFit, evaluate
@@ -187,6 +197,8 @@ class Pipeline:
         # the server when a profile truncates; None: truncation falls back to recency.
         self.similarity: Any = None
         self._efficiency_cache: dict[str, tuple[PoolSnapshot, float | None]] = {}
+        # pool → (time.monotonic() it was passed, KV blocks) of requests sent upstream
+        self._inflight: dict[str, deque[tuple[float, int]]] = {}
         if policy.tokenizers:  # loads every tokenizer now: a bad file stops start-up
             from ext_proc.tokencount import CounterRegistry
 
@@ -282,6 +294,40 @@ class Pipeline:
         self._drain_cache[snapshot.pool] = (snapshot, drain)
         return drain
 
+    def _room(self, route: Route, snapshot: PoolSnapshot | None) -> KvFit | None:
+        """The pool's KV room less the blocks of the requests this worker passed since the
+        snapshot was taken: the view cannot show them yet, and a burst that arrives between
+        two scrapes would otherwise be judged against the same free blocks, request after
+        request. A request counts until a view taken after it arrives (then the backend's own
+        gauges hold it, or its queue does); per worker, never twice."""
+        fit = self._kv_fit(route, snapshot)
+        if fit is None or snapshot is None:
+            return fit
+        entries = self._inflight.get(route.pool)
+        if not entries:
+            return fit
+        taken = snapshot.taken_at_s
+        while entries and entries[0][0] <= taken:  # oldest first: what the view now shows
+            entries.popleft()
+        held = sum(blocks for _, blocks in entries)
+        return replace(fit, free_blocks=max(0, fit.free_blocks - held)) if held else fit
+
+    def _hold(self, route: Route, verdict: BodyVerdict) -> None:
+        """Remember the blocks of a request that goes upstream (see ``_room``)."""
+        d, f = verdict.decision, verdict.features
+        if f is None or not isinstance(d, Pass | Downgrade | Truncated):
+            return
+        fit = self._kv_fit(route, self.lookup(route.pool))
+        if fit is None:
+            return
+        then = d.then if isinstance(d, Truncated) else d
+        output = then.max_tokens if isinstance(then, Downgrade) else f.max_tokens
+        blocks = fit.blocks(f.input_tokens, output or route.profile.min_output_tokens)
+        entries = self._inflight.setdefault(route.pool, deque())
+        entries.append((time.monotonic(), blocks))
+        if len(entries) > 4096:  # no view for a long while: keep the newest
+            entries.popleft()
+
     def _kv_fit(self, route: Route, snapshot: PoolSnapshot | None) -> KvFit | None:
         """The pool's KV room for the route's model, built once per snapshot."""
         if snapshot is None:
@@ -359,6 +405,7 @@ class Pipeline:
             telemetry.count_decision(route.name, d.decision, d.reason)
         if verdict.features is not None:
             telemetry.count_input_tokens(verdict.features.input_tokens_source)
+        self._hold(route, verdict)
 
     def on_body(self, route: Route, facts: HeaderFacts, body: bytes) -> BodyVerdict | None:
         adapter = facts.adapter
@@ -383,7 +430,7 @@ class Pipeline:
             features = self._exact_count(adapter, features, values, len(body))
         snapshot = self.lookup(route.pool)  # one read of the store per request
         pressure = self._pressure(route, snapshot)
-        kv = self._kv_fit(route, snapshot)
+        kv = self._room(route, snapshot)
         drain = self._drain(snapshot) if snapshot is not None else None
         efficiency = None
         if route.profile.truncation is not None and snapshot is not None:
@@ -447,7 +494,7 @@ class Pipeline:
                 self._pressure(route, snapshot),
                 route.profile,
                 facts.priority,
-                self._kv_fit(route, snapshot),
+                self._room(route, snapshot),
                 self._drain(snapshot) if snapshot is not None else None,
                 ladder=LADDER_AFTER_TRUNCATION,
             )
@@ -473,7 +520,7 @@ class Pipeline:
         )
         snapshot = self.lookup(route.pool)
         pressure = self._pressure(route, snapshot)
-        kv = self._kv_fit(route, snapshot)
+        kv = self._room(route, snapshot)
         drain = self._drain(snapshot) if snapshot is not None else None
         then = evaluate(
             shorter,

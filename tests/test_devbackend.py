@@ -143,8 +143,8 @@ def test_metrics_reflect_state_and_counters() -> None:
         assert value(fams, "vllm:kv_cache_usage_perc", model_name=MODEL, engine="0") == 0.0
         assert "vllm:gpu_cache_usage_perc" not in fams
         info = fams["vllm:cache_config_info"].samples[0]
-        assert info.labels["num_gpu_blocks"] == "1024"
-        assert info.labels["kv_cache_size_tokens"] == str(1024 * 16)
+        assert info.labels["num_gpu_blocks"] == "65536"
+        assert info.labels["kv_cache_size_tokens"] == str(65536 * 16)
 
         update = {
             "kv_cache_usage_perc": 0.75,

@@ -40,7 +40,8 @@ and hybrid layer groups) when the profile names the model's config; less the who
 the expected prefix-cache hit (input × the pool's recent hit ratio, at most input − 1). This
 errs towards admitting: a hit on blocks no running request holds still takes them off
 vLLM's free list. Free blocks are
-floor((num_gpu_blocks − 1) × (1 − kv_cache_usage)) of the backend with the most.
+floor((num_gpu_blocks − 1) × (1 − kv_cache_usage)) of the backend with the most, less the
+blocks of the requests the worker passed since the view was taken (``Pipeline._room``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,59 @@
+"""Requests ICE passed since its view was taken count against the view's free blocks
+(``Pipeline._room``): a burst between two scrapes is not judged against the same free
+blocks request after request."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from ext_proc.pipeline import HeaderFacts, Pipeline
+from ext_proc.policy.load import parse_policy
+from ext_proc.schemas import OPENAI_CHAT
+from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
+
+# 11 blocks of 16 tokens, none used: floor((11 − 1) × 1.0) = 10 free blocks
+BACKEND = BackendSignals(
+    url="u", kv_cache_usage=0.0, num_requests_waiting=0, num_gpu_blocks=11, block_size=16
+)
+# "x" * 200 → 50 tokens + 4 + 3 = 57 input; + 40 output = 97 tokens = 7 blocks of 16
+BODY = json.dumps({"messages": [{"role": "user", "content": "x" * 200}], "max_tokens": 40})
+
+
+def test_a_passed_request_holds_its_blocks_until_a_newer_view() -> None:
+    views = {"now": PoolSnapshot("default", (BACKEND,), time.monotonic() - 1.0)}
+    pipeline = Pipeline(
+        parse_policy("profiles: {default: {on_kv_shortfall: shed}}"), lambda _: views["now"]
+    )
+    route = pipeline.router.resolve([])
+    facts = HeaderFacts(adapter=OPENAI_CHAT, priority="standard")
+
+    def judge() -> str:
+        verdict = pipeline.on_body(route, facts, BODY.encode())
+        assert verdict is not None and verdict.decision is not None
+        pipeline.record(route, verdict)
+        return f"{verdict.decision.decision}:{verdict.decision.reason}"
+
+    assert judge() == "pass:ok"
+    # 10 − 7 = 3 blocks left in this worker's view: 7 do not fit
+    assert judge() == "reject:kv_exhausted"
+    views["now"] = PoolSnapshot("default", (BACKEND,), time.monotonic())  # a newer view
+    assert judge() == "pass:ok"  # the view now speaks for the first request
+
+
+def test_rejected_requests_hold_nothing() -> None:
+    views = {"now": PoolSnapshot("default", (BACKEND,), time.monotonic() - 1.0)}
+    pipeline = Pipeline(
+        parse_policy("profiles: {default: {on_kv_shortfall: shed}}"), lambda _: views["now"]
+    )
+    route = pipeline.router.resolve([])
+    facts = HeaderFacts(adapter=OPENAI_CHAT, priority="standard")
+    big = json.dumps({"messages": [{"role": "user", "content": "x" * 200}], "max_tokens": 400})
+    for _ in range(3):  # 57 + 400 tokens = 29 blocks > 10: shed, and nothing is held
+        verdict = pipeline.on_body(route, facts, big.encode())
+        assert verdict is not None and verdict.decision is not None
+        assert verdict.decision.decision == "reject"
+        pipeline.record(route, verdict)
+    verdict = pipeline.on_body(route, facts, BODY.encode())
+    assert verdict is not None and verdict.decision is not None
+    assert verdict.decision.decision == "pass"
