@@ -136,7 +136,7 @@ def stage_table(servicer: ExtProcServicer, messages: list[pb.ProcessingRequest],
     assert adapter is not None
     doc = rawjson.parse_object(body_msg.body)
     features = adapter.features(doc.values)
-    pressure = pipeline._pressure(route, pipeline.lookup(route.pool))
+    pressure = pipeline.views.pressure(route.profile, pipeline.lookup(route.pool))
     verdict = pipeline.on_body(route, facts, body_msg.body)
     assert verdict is not None and verdict.decision is not None
     if verdict.decision.decision != "pass":
@@ -153,7 +153,10 @@ def stage_table(servicer: ExtProcServicer, messages: list[pb.ProcessingRequest],
         ("body phase: on_body (the 4 below)", lambda: on_body(route, facts, body_msg.body)),
         ("  rawjson.parse_object", lambda: rawjson.parse_object(body_msg.body)),
         ("  adapter.features", lambda: adapter.features(doc.values)),
-        ("  pipeline._pressure", lambda: pipeline._pressure(route, pipeline.lookup(route.pool))),
+        (
+            "  views.pressure",
+            lambda: pipeline.views.pressure(route.profile, pipeline.lookup(route.pool)),
+        ),
         ("  evaluate", lambda: evaluate(features, pressure, route.profile, facts.priority)),
         ("render.render_body_outcome", lambda: render.render_body_outcome(verdict.outcome)),
         ("pipeline.record (telemetry)", lambda: record(route, verdict)),

@@ -19,8 +19,6 @@ Invariant: ``on_body`` returns ``None`` when the request passes untouched and un
 from __future__ import annotations
 
 import logging
-import time
-from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -35,12 +33,10 @@ from ext_proc.decision import (
     Truncated,
     verdict_headers,
 )
-from ext_proc.kv.geometry import KVGeometry, build_geometry
 from ext_proc.plan import Continue, Outcome, Respond, plan, reject_outcome
-from ext_proc.policy.evaluate import LADDER_AFTER_TRUNCATION, KvFit, evaluate
-from ext_proc.policy.model import PRIORITIES, Policy, PressureModel, Priority, Profile
-from ext_proc.policy.pressure import Pressure, pressure_of
-from ext_proc.policy.scores import DrainInputs, cache_efficiency_ratio, drain_inputs
+from ext_proc.policy.evaluate import LADDER, LADDER_AFTER_TRUNCATION, Rule, evaluate
+from ext_proc.policy.model import PRIORITIES, Policy, Priority, Profile
+from ext_proc.poolview import PoolViews
 from ext_proc.schemas import BadRequest, RequestFeatures, SchemaAdapter, adapter_for_path
 from ext_proc.signals.snapshot import PoolSnapshot
 
@@ -196,19 +192,11 @@ class Pipeline:
         # The embedding worker's client (ext_proc.truncate.client.EmbeddingClient), set by
         # the server when a profile truncates; None: truncation falls back to recency.
         self.similarity: Any = None
-        self._efficiency_cache: dict[str, tuple[PoolSnapshot, float | None]] = {}
-        # pool → (time.monotonic() it was passed, KV blocks) of requests sent upstream
-        self._inflight: dict[str, deque[tuple[float, int]]] = {}
+        self.views = PoolViews()  # what each pool's snapshot says, once per snapshot
         if policy.tokenizers:  # loads every tokenizer now: a bad file stops start-up
             from ext_proc.tokencount import CounterRegistry
 
             self.counters = CounterRegistry(dict(policy.tokenizers))
-        self._drain_cache: dict[str, tuple[PoolSnapshot, DrainInputs | None]] = {}
-        self._kv_cache: dict[tuple[str, str], tuple[PoolSnapshot, KvFit | None]] = {}
-        self._geometries: dict[tuple[str, int], KVGeometry] = {}
-        self._pressure_cache: dict[
-            tuple[str, PressureModel], tuple[PoolSnapshot, Pressure | None]
-        ] = {}
 
     def on_headers(
         self, route: Route, headers: Iterable[tuple[str, bytes]], end_of_stream: bool
@@ -254,19 +242,6 @@ class Pipeline:
             )
         return facts
 
-    def _pressure(self, route: Route, snapshot: PoolSnapshot | None) -> Pressure | None:
-        """The pool's pressure under the route's model, computed once per snapshot."""
-        if snapshot is None:
-            return None
-        model = route.profile.pressure
-        key = (route.pool, model)
-        cached = self._pressure_cache.get(key)
-        if cached is not None and cached[0] is snapshot:
-            return cached[1]
-        pressure = pressure_of(snapshot, model)
-        self._pressure_cache[key] = (snapshot, pressure)
-        return pressure
-
     def needs_helper(self, body: bytes) -> bool:
         """Exact counting of a body this large belongs in the helper process."""
         return self.counters is not None and len(body) > self.policy.exact_count_inline_bytes
@@ -286,98 +261,6 @@ class Pipeline:
             return replace(features, input_tokens_source="fallback")
         return replace(features, input_tokens=exact, input_tokens_source="exact")
 
-    def _drain(self, snapshot: PoolSnapshot) -> DrainInputs | None:
-        cached = self._drain_cache.get(snapshot.pool)
-        if cached is not None and cached[0] is snapshot:
-            return cached[1]
-        drain = drain_inputs(snapshot)
-        self._drain_cache[snapshot.pool] = (snapshot, drain)
-        return drain
-
-    def _room(self, route: Route, snapshot: PoolSnapshot | None) -> KvFit | None:
-        """The pool's KV room less the blocks of the requests this worker passed since the
-        snapshot was taken: the view cannot show them yet, and a burst that arrives between
-        two scrapes would otherwise be judged against the same free blocks, request after
-        request. A request counts until a view taken after it arrives (then the backend's own
-        gauges hold it, or its queue does); per worker, never twice."""
-        fit = self._kv_fit(route, snapshot)
-        if fit is None or snapshot is None:
-            return fit
-        entries = self._inflight.get(route.pool)
-        if not entries:
-            return fit
-        taken = snapshot.taken_at_s
-        while entries and entries[0][0] <= taken:  # oldest first: what the view now shows
-            entries.popleft()
-        held = sum(blocks for _, blocks in entries)
-        return replace(fit, free_blocks=max(0, fit.free_blocks - held)) if held else fit
-
-    def _hold(self, route: Route, verdict: BodyVerdict) -> None:
-        """Remember the blocks of a request that goes upstream (see ``_room``)."""
-        d, f = verdict.decision, verdict.features
-        if f is None or not isinstance(d, Pass | Downgrade | Truncated):
-            return
-        fit = self._kv_fit(route, self.lookup(route.pool))
-        if fit is None:
-            return
-        then = d.then if isinstance(d, Truncated) else d
-        output = then.max_tokens if isinstance(then, Downgrade) else f.max_tokens
-        blocks = fit.blocks(f.input_tokens, output or route.profile.min_output_tokens)
-        entries = self._inflight.setdefault(route.pool, deque())
-        entries.append((time.monotonic(), blocks))
-        if len(entries) > 4096:  # no view for a long while: keep the newest
-            entries.popleft()
-
-    def _kv_fit(self, route: Route, snapshot: PoolSnapshot | None) -> KvFit | None:
-        """The pool's KV room for the route's model, built once per snapshot."""
-        if snapshot is None:
-            return None
-        key = (route.pool, route.profile.name)
-        cached = self._kv_cache.get(key)
-        if cached is not None and cached[0] is snapshot:
-            return cached[1]
-        fit: KvFit | None = None
-        free, usable, bs = (
-            snapshot.max_free_blocks,
-            snapshot.max_usable_blocks,
-            snapshot.block_size,
-        )
-        if free is not None and usable is not None and bs is not None:
-            reuse = self._efficiency(snapshot)
-            fit = KvFit(free, usable, bs, self._blocks_fn(route.profile, bs, reuse or 0.0))
-        self._kv_cache[key] = (snapshot, fit)
-        return fit
-
-    def _blocks_fn(
-        self, profile: Profile, block_size: int, reuse: float
-    ) -> Callable[[int, int], int]:
-        """Blocks a request of (input, output) tokens needs, less the whole blocks of its
-        expected prefix-cache hit: cached = floor(input × reuse), where reuse is the pool's
-        recent hit ratio (``cache_efficiency_ratio``); vLLM always recomputes the last prompt
-        token, so at most input − 1 tokens are reused."""
-        spec = profile.kv_model
-        if spec is None:
-
-            def full_attention(i: int, o: int) -> int:
-                hit = min(int(i * reuse), i - 1) if i > 1 else 0
-                return -(-(i + o) // block_size) - hit // block_size
-
-            return full_attention
-        key = (profile.name, block_size)
-        geometry = self._geometries.get(key)
-        if geometry is None:
-            geometry = self._geometries[key] = build_geometry(
-                spec.shape,
-                tp=spec.tp,
-                kv_dtype=spec.kv_dtype,
-                block_size=block_size,
-                max_num_batched_tokens=spec.max_num_batched_tokens,
-            )
-        if reuse <= 0:
-            return geometry.request_blocks
-        request_blocks = geometry.request_blocks
-        return lambda i, o: request_blocks(i, o, int(i * reuse))
-
     def _bad(
         self,
         route: Route,
@@ -389,7 +272,11 @@ class Pipeline:
     ) -> Respond:
         """A 4xx for a request that broke its API's contract, with the verdict headers."""
         verdict = Reject(
-            self._pressure(route, self.lookup(route.pool)), status, code, message, param
+            self.views.pressure(route.profile, self.lookup(route.pool)),
+            status,
+            code,
+            message,
+            param,
         )
         return reject_outcome(
             adapter, status, code, message, param, extra_headers=verdict_headers(verdict)
@@ -401,11 +288,16 @@ class Pipeline:
         if verdict.bad is not None:
             telemetry.BAD_REQUESTS.labels(route=route.name, reason=verdict.bad).inc()
         elif verdict.decision is not None:
-            d = verdict.decision
-            telemetry.count_decision(route.name, d.decision, d.reason)
+            telemetry.count_decision(route.name, verdict.decision.decision, verdict.decision.reason)
         if verdict.features is not None:
             telemetry.count_input_tokens(verdict.features.input_tokens_source)
-        self._hold(route, verdict)
+        d, f = verdict.decision, verdict.features
+        if f is not None and isinstance(d, Pass | Downgrade | Truncated):  # goes upstream:
+            # its blocks count against the pool's free blocks until a newer view (poolview)
+            then = d.then if isinstance(d, Truncated) else d
+            output = then.max_tokens if isinstance(then, Downgrade) else f.max_tokens
+            output = output or route.profile.min_output_tokens
+            self.views.hold(route.profile, self.lookup(route.pool), f.input_tokens, output)
 
     def on_body(self, route: Route, facts: HeaderFacts, body: bytes) -> BodyVerdict | None:
         adapter = facts.adapter
@@ -428,38 +320,32 @@ class Pipeline:
             return BodyVerdict(None, None, outcome, bad="invalid_json")
         if self.counters is not None:
             features = self._exact_count(adapter, features, values, len(body))
-        snapshot = self.lookup(route.pool)  # one read of the store per request
-        pressure = self._pressure(route, snapshot)
-        kv = self._room(route, snapshot)
-        drain = self._drain(snapshot) if snapshot is not None else None
-        efficiency = None
-        if route.profile.truncation is not None and snapshot is not None:
-            efficiency = self._efficiency(snapshot)
-        decision = evaluate(
-            features,
-            pressure,
-            route.profile,
-            facts.priority,
-            kv,
-            drain,
-            cache_efficiency=efficiency,
-        )
+        decision = self._evaluate(route, facts, features, LADDER)
         if isinstance(decision, Truncate):
-            waiting = Continue(verdict_headers(Pass(pressure)), None)
+            waiting = Continue(verdict_headers(Pass(decision.pressure)), None)
             return BodyVerdict(decision, features, waiting, pending=PendingTruncation(values, body))
         return BodyVerdict(decision, features, plan(decision, adapter, body, features))
 
-    def _efficiency(self, snapshot: PoolSnapshot) -> float | None:
-        """The pool's cache_efficiency_ratio, computed once per snapshot."""
-        cached = self._efficiency_cache.get(snapshot.pool)
-        if cached is not None and cached[0] is snapshot:
-            return cached[1]
-        ratio = cache_efficiency_ratio(
-            (b.derived, b.derived.prompt_tokens_per_s if b.derived else None, b.cache_hit_rate)
-            for b in snapshot.backends
+    def _evaluate(
+        self,
+        route: Route,
+        facts: HeaderFacts,
+        features: RequestFeatures,
+        ladder: tuple[Rule, ...],
+    ) -> Decision:
+        """Run ``ladder`` against one read of the pool's snapshot (``PoolViews`` figures)."""
+        snapshot = self.lookup(route.pool)
+        views = self.views
+        return evaluate(
+            features,
+            views.pressure(route.profile, snapshot),
+            route.profile,
+            facts.priority,
+            views.room(route.profile, snapshot),
+            views.drain(snapshot),
+            ladder=ladder,
+            cache_efficiency=views.efficiency(snapshot) if route.profile.truncation else None,
         )
-        self._efficiency_cache[snapshot.pool] = (snapshot, ratio)
-        return ratio
 
     async def finish_truncation(
         self, route: Route, facts: HeaderFacts, verdict: BodyVerdict
@@ -488,16 +374,7 @@ class Pipeline:
         if isinstance(tplan, Overflow) and decision.reason == "context_budget":
             # the context, not pressure, asked: judge the request as it is (a downgrade to the
             # room left, or 400 context_length_exceeded), as without truncation
-            snapshot = self.lookup(route.pool)
-            as_is = evaluate(
-                features,
-                self._pressure(route, snapshot),
-                route.profile,
-                facts.priority,
-                self._room(route, snapshot),
-                self._drain(snapshot) if snapshot is not None else None,
-                ladder=LADDER_AFTER_TRUNCATION,
-            )
+            as_is = self._evaluate(route, facts, features, LADDER_AFTER_TRUNCATION)
             return BodyVerdict(as_is, features, plan(as_is, adapter, pending.body, features))
         if isinstance(tplan, Overflow):
             k = spec.keep_last_turns
@@ -518,19 +395,7 @@ class Pipeline:
             input_tokens=max(0, features.input_tokens - result.saved_tokens),
             message_count=len(tplan.kept_messages) + placeholders,
         )
-        snapshot = self.lookup(route.pool)
-        pressure = self._pressure(route, snapshot)
-        kv = self._room(route, snapshot)
-        drain = self._drain(snapshot) if snapshot is not None else None
-        then = evaluate(
-            shorter,
-            pressure,
-            route.profile,
-            facts.priority,
-            kv,
-            drain,
-            ladder=LADDER_AFTER_TRUNCATION,
-        )
+        then = self._evaluate(route, facts, shorter, LADDER_AFTER_TRUNCATION)
         if isinstance(then, Reject) or not tplan.changed:
             return BodyVerdict(then, shorter, plan(then, adapter, body, shorter))
         assert not isinstance(then, Truncate | Truncated)

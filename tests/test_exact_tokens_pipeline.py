@@ -94,7 +94,7 @@ def test_expected_prefix_reuse_lowers_the_blocks_a_request_needs() -> None:
     )
     snap = PoolSnapshot(pool="default", backends=(backend,), taken_at_s=time.monotonic())
     p = Pipeline(policy, lambda _pool: snap)
-    kv = p._kv_fit(p.router.resolve([]), snap)
+    kv = p.views.room(p.router.resolve([]).profile, snap)
     assert kv is not None and kv.free_blocks == 10
     # input 200, output 40: ceil(240 / 16) = 15 blocks; expected hit floor(200 × 0.5) = 100
     # tokens → 6 whole blocks already cached → 9 new blocks ≤ 10 free
