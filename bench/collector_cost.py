@@ -44,21 +44,16 @@ from ext_proc.signals.collector import Collector, Fetch  # noqa: E402
 from ext_proc.signals.snapshot import PoolSnapshot  # noqa: E402
 from ext_proc.stack import free_port  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from collector_parse import vary  # noqa: E402
+
 PAGE = ROOT / "tests/data/vllm_cpu/metrics_preempting.txt"
 VERSIONS = 200  # distinct answers per endpoint before the values start over (a reset)
 
 
 def version(page: str, n: int) -> bytes:
-    """The page with every sample scaled by 1 + n/1000."""
-    factor = 1.0 + n / 1000.0
-    lines = []
-    for line in page.splitlines():
-        if line and not line.startswith("#"):
-            head, _, value = line.rpartition(" ")
-            lines.append(f"{head} {float(value) * factor!r}")
-        else:
-            lines.append(line)
-    return ("\n".join(lines) + "\n").encode()
+    """The page with every sample scaled by 1 + n/1000 (collector_parse.vary)."""
+    return vary(page, n).encode()
 
 
 def _serve(port: int, page: str) -> None:

@@ -32,7 +32,7 @@ from ext_proc.kv.geometry import KVGeometry, build_geometry
 from ext_proc.policy.evaluate import KvFit
 from ext_proc.policy.model import PressureModel, Profile
 from ext_proc.policy.pressure import Pressure, pressure_of
-from ext_proc.policy.scores import DrainInputs, cache_efficiency_ratio, drain_inputs
+from ext_proc.policy.scores import DrainInputs, drain_inputs, pool_cache_efficiency
 from ext_proc.signals.snapshot import PoolSnapshot
 
 __all__ = ["PoolViews"]
@@ -83,10 +83,7 @@ class PoolViews:
         cached = self._efficiency.get(snapshot.pool)
         if cached is not None and cached[0] is snapshot:
             return cached[1]
-        ratio = cache_efficiency_ratio(
-            (b.derived, b.derived.prompt_tokens_per_s if b.derived else None, b.cache_hit_rate)
-            for b in snapshot.backends
-        )
+        ratio = pool_cache_efficiency(snapshot)
         self._efficiency[snapshot.pool] = (snapshot, ratio)
         return ratio
 

@@ -40,7 +40,7 @@ from ext_proc.pipeline import DEFAULT_MAX_BODY_BYTES, Pipeline
 from ext_proc.policy.load import load_policy
 from ext_proc.policy.model import Policy
 from ext_proc.policy.pressure import pressure_of
-from ext_proc.policy.scores import cache_efficiency_ratio, tokenize_latency_risk
+from ext_proc.policy.scores import pool_cache_efficiency, tokenize_latency_risk
 from ext_proc.servicer import ExtProcServicer
 from ext_proc.signals.collector import Collector
 from ext_proc.signals.shm import SnapshotReader, SnapshotWriter
@@ -90,10 +90,7 @@ def _observer(policy: Policy) -> Callable[[dict[str, PoolSnapshot]], None]:
             p = pressure_of(snapshot, default.pressure)
             if p is not None:
                 telemetry.PRESSURE.labels(pool=snapshot.pool).set(p.score)
-            ratio = cache_efficiency_ratio(
-                (b.derived, b.derived.prompt_tokens_per_s if b.derived else None, b.cache_hit_rate)
-                for b in snapshot.backends
-            )
+            ratio = pool_cache_efficiency(snapshot)
             if ratio is not None:
                 telemetry.CACHE_EFFICIENCY.labels(pool=snapshot.pool).set(ratio)
             risk = tokenize_latency_risk(

@@ -36,6 +36,7 @@ __all__ = [
     "DrainInputs",
     "cache_efficiency_ratio",
     "drain_inputs",
+    "pool_cache_efficiency",
     "retry_after_s",
     "tokenize_latency_risk",
 ]
@@ -62,6 +63,15 @@ def cache_efficiency_ratio(
     if den > 0:
         return (num + sum(plain)) / (den + len(plain)) if plain else num / den
     return sum(plain) / len(plain) if plain else None
+
+
+def pool_cache_efficiency(snapshot: PoolSnapshot) -> float | None:
+    """``cache_efficiency_ratio`` of a pool's snapshot: each backend's window hit ratio,
+    weighted by its prompt tokens/s, else its engine's gauge."""
+    return cache_efficiency_ratio(
+        (b.derived, b.derived.prompt_tokens_per_s if b.derived else None, b.cache_hit_rate)
+        for b in snapshot.backends
+    )
 
 
 def tokenize_latency_risk(deltas: Iterable[Histogram | None], ttft_target_s: float) -> float | None:
