@@ -7,8 +7,10 @@ Modules, in the request's order:
   (recency), and the edited body (pure; kept messages are copied byte for byte);
 - ``runner``: asks the embedding worker for similarities under a deadline and falls back to
   recency when it is late or down (the only part that waits);
-- ``embed`` / ``worker`` / ``client``: the sentence-transformers model, the one embedding
-  worker process per host, and the stdlib-only client the ext_proc workers use.
+- ``embed`` / ``worker`` / ``client`` / ``process`` / ``host``: the sentence-transformers
+  model, the one embedding worker process per host, the stdlib-only client the ext_proc
+  workers use, the worker's process handle, and how ``ice serve`` runs it;
+- ``lexical``: term overlap blended into the similarity; ``cli``: ``ice truncate``.
 
 Invariant: nothing here imports torch except ``embed`` (and ``worker``, which uses it), so
 the ext_proc workers stay small; this package is imported only when a profile enables

@@ -18,7 +18,7 @@ import tempfile
 import threading
 
 from ext_proc.policy.model import EmbeddingSpec
-from ext_proc.truncate.client import EmbeddingWorkerProcess
+from ext_proc.truncate.process import EmbeddingWorkerProcess
 
 __all__ = ["EmbeddingService"]
 
