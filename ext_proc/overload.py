@@ -208,7 +208,7 @@ async def send(
             if resp.status != 200:
                 text = await resp.text()
                 shot.ttft_s = time.monotonic() - start
-                shot.error = text[:300]
+                shot.error = text[:2000]
             else:
                 async for raw in resp.content:
                     line = raw.strip()

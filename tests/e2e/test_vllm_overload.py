@@ -6,14 +6,16 @@ sends the same burst both ways and asserts the direction, not numbers:
 
 - the burst really overloads vLLM: straight to it, every request completes and vLLM preempts
   (no preemption at all means the set-up is broken, and the test fails saying so);
-- through ICE, vLLM preempts less, ICE sheds some requests, and every 429 carries
-  ``Retry-After`` and arrives fast: well under the slowest direct request.
+- through ICE, vLLM preempts less, ICE sheds some requests, and every 429 is ICE's own
+  (``x-ice-decision: reject``, ``Retry-After``, OpenAI error body) and never reached vLLM.
+  Latencies are measured by ``bench/overload.py``, not asserted here.
 
 Needs ``.venv-vllm`` (``make vllm-install``) and ``ICE_VLLM=1``; about 50 s on 2 cores.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 
@@ -86,18 +88,25 @@ def test_ice_cuts_preemptions(outcome: Outcome) -> None:
     )
 
 
-def test_shed_requests_get_a_fast_429_with_retry_after(outcome: Outcome) -> None:
-    slowest_direct = max(s.latency_s for s in outcome.direct.shots)
+def test_shed_requests_get_an_ice_429_with_retry_after_and_never_reach_vllm(
+    outcome: Outcome,
+) -> None:
     shed = [s for s in outcome.ice.shots if s.status == 429]
     assert shed, f"ICE shed nothing\n{outcome.context()}"
     for s in shed:
+        # vLLM never answers 429, and Envoy fails open past its 1 s message_timeout: a 429
+        # is ICE's answer, given within that timeout. How fast it came is measured by
+        # bench/overload.py (not asserted here: vLLM holds both cores of this machine).
+        assert s.decision == "reject", s
+        assert s.reason in {"kv_exhausted", "memory_pressure"}, s
         assert s.retry_after is not None and s.retry_after.isdigit(), s
         assert int(s.retry_after) >= 1, s
-        # Envoy gives ICE 1 s (message_timeout) before failing open, so a 429 takes about that
-        # at most; the slowest request sent straight to vLLM waited many seconds.
-        assert s.latency_s < 0.25 * slowest_direct, (s, slowest_direct)
-    latencies = sorted(s.latency_s for s in shed)
-    assert latencies[len(latencies) // 2] < 0.5, [round(x, 3) for x in latencies]
+        assert s.error is not None, s
+        error = json.loads(s.error)["error"]
+        assert (error["type"], error["code"]) == ("rate_limit_error", s.reason), s
     # Nothing else happened to the burst: a 200 that completed, or a 429.
     for s in outcome.ice.shots:
         assert (s.status == 200 and s.error is None) or s.status == 429, s
+    # Shed requests cost vLLM nothing: it finished no more requests than ICE let through.
+    ok = outcome.ice.summary()["ok"]
+    assert outcome.ice.vllm_requests <= ok, (outcome.ice.vllm_requests, ok)
