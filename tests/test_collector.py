@@ -430,3 +430,37 @@ def test_the_real_nvml_on_this_machine_never_breaks_the_pool() -> None:
     view = asyncio.run(run())
     assert view is not None and len(view.backends) == 1
     assert all(g.source == "nvml" for g in view.gpus)
+
+
+def test_sources_of_vanished_dns_addresses_are_forgotten(caplog: pytest.LogCaptureFixture) -> None:
+    one, two = "http://10.0.0.1:8000/metrics", "http://10.0.0.2:8000/metrics"
+    answers = [["10.0.0.1", "10.0.0.2"], ["10.0.0.1"]]
+
+    async def resolve(name: str, port: int) -> list[str]:
+        return answers.pop(0) if len(answers) > 1 else answers[0]
+
+    pool = Pool(
+        name="d",
+        metrics_urls=(),
+        dns_name="vllm.svc",
+        dns_port=8000,
+        dns_refresh_s=0.0,
+        scrape_interval_s=0.1,
+    )
+    pages = Pages({one: PAGE, two: "!connection refused"})
+    collector = Collector({"d": pool}, lambda _v: None, fetch=pages, resolve=resolve)
+
+    async def run() -> list[PoolSnapshot | None]:
+        views = [await collector.collect_once(pool)]
+        assert ("d", two) in collector._sources  # scraped, failing
+        views.append(await collector.collect_once(pool))  # 10.0.0.2 no longer resolves
+        return views
+
+    with caplog.at_level(logging.INFO, logger="ice.collector"):
+        first, second = asyncio.run(run())
+    assert first is not None and [b.url for b in first.backends] == [one]
+    assert second is not None and [b.url for b in second.backends] == [one]
+    assert sorted(url for _, url in collector._sources) == [one]
+    assert ("src", "d", two) not in collector._logged
+    assert f"{two} left pool d" in caplog.text
+    assert pages.calls.count(two) == 1

@@ -3,7 +3,9 @@
 One collector runs per host (in the ``ice serve`` supervisor; in the worker itself when there
 is one worker). Each cycle, per pool, every ``scrape_interval_s`` (±10 % jitter):
 1. endpoints: the pool's static ``metrics_urls`` plus, for a DNS source, one URL per address
-   of the name (re-resolved every ``refresh_s``; a failed lookup keeps the last set);
+   of the name (re-resolved every ``refresh_s``; a failed lookup keeps the last set); the
+   sources of endpoints that are gone (an address no longer resolved, a backend no longer in
+   the Prometheus answers) are forgotten once no scrape of them is running;
 2. fetch each endpoint concurrently with the pool's ``scrape_timeout_s`` (over kept-alive
    connections: ``ext_proc.signals.httpget``); a failing source is
    retried after an exponential backoff (interval × 2^failures, at most ``MAX_BACKOFF_S``),
@@ -213,6 +215,7 @@ class Collector:
         for key in [k for k, t in self._inflight.items() if t.done()]:
             del self._inflight[key]
         urls += sorted(self._prom_backends.get(pool.name, ()))
+        self._prune(pool, urls)
         view = self.view(pool, urls, time.monotonic())
         if view is None:
             self._views.pop(pool.name, None)
@@ -272,6 +275,19 @@ class Collector:
         src.failures, src.retry_at = 0, 0.0
         self._recovered(("src", pool.name, LOCAL_GPUS), "NVML read")
         src.gpus, src.gpus_at_s = tuple(gpus), time.monotonic()
+
+    def _prune(self, pool: Pool, backends: list[str]) -> None:
+        """Forget the sources of ``pool`` that are no longer among its endpoints (an address
+        gone from its DNS name, a backend gone from its Prometheus answers), unless a scrape
+        of one is still running: their history, backoff and log-once state. Without this, a
+        long-lived collector in front of a churning Deployment keeps every pod it ever saw."""
+        live = {*backends, *pool.gpu_metrics_urls, pool.prometheus_url, LOCAL_GPUS}
+        for key in [k for k in self._sources if k[0] == pool.name and k[1] not in live]:
+            if key in self._inflight:
+                continue
+            del self._sources[key]
+            if self._logged.pop(("src", *key), None) is not None:
+                log.info("%s left pool %s", key[1], pool.name)
 
     def _source(self, pool: Pool, url: str) -> _Source:
         key = (pool.name, url)
