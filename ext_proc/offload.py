@@ -9,7 +9,8 @@ only errs towards offloading); a body over ``heavy_containers`` is judged by
 requests, including long single strings (documents, base64 images), stay in-process.
 
 Invariants: the helper receives only picklable plain data (route key, adapter name,
-priority, body bytes, pool snapshot) and returns a ``BodyVerdict``; metrics are counted by the
+priority, body bytes, pool snapshot, the KV blocks its worker's ledger holds against that
+snapshot: ``PoolViews.held``) and returns a ``BodyVerdict``; metrics are counted by the
 caller. The server starts the helper at start-up (``warm``), and a broken helper is replaced.
 """
 
@@ -48,9 +49,12 @@ def _judge(
     priority: Priority,
     body: bytes,
     snapshot: PoolSnapshot | None,
+    held_blocks: int = 0,
 ) -> BodyVerdict | None:
     helper = _HELPER[0]
     _SNAPSHOT[0] = snapshot
+    if snapshot is not None:
+        helper.views.assume_held(snapshot, held_blocks)
     route = helper.router.route_for(route_key)
     facts = HeaderFacts(adapter=ADAPTERS[path], priority=priority)
     return helper.on_body(route, facts, body)
@@ -107,8 +111,9 @@ class Offload:
         if path is None:
             return pipeline.on_body(route, facts, body)
         snapshot = pipeline.lookup(route.pool)
+        held = pipeline.views.held(snapshot) if snapshot is not None else 0
         loop = asyncio.get_running_loop()
-        args = (route.key, path, facts.priority, body, snapshot)
+        args = (route.key, path, facts.priority, body, snapshot, held)
         try:
             return await loop.run_in_executor(self._executor(), _judge, *args)
         except BrokenProcessPool:

@@ -9,7 +9,8 @@ worker's ledger of requests in flight.
   view cannot show those yet, and a burst that arrives between two scrapes would otherwise
   be judged against the same free blocks request after request. A request counts until a
   view taken after it arrives (then the backend's own gauges hold it, or its queue does),
-  so never twice; per worker; what the backend's gauges lag behind a scrape is not covered.
+  so never twice; per worker (a heavy body judged in the offload helper is judged with its
+  worker's ledger); what the backend's gauges lag behind a scrape is not covered.
 
 KV blocks of a request: ceil((input + output) / block_size) on a full-attention model, or
 the ``ext_proc.kv`` geometry's ``request_blocks`` (sliding-window and hybrid layer groups)
@@ -92,13 +93,22 @@ class PoolViews:
         fit = self._fit(profile, snapshot)
         if fit is None or snapshot is None:
             return fit
+        held = self.held(snapshot)
+        return replace(fit, free_blocks=max(0, fit.free_blocks - held)) if held else fit
+
+    def held(self, snapshot: PoolSnapshot) -> int:
+        """KV blocks of the requests passed to ``snapshot``'s pool since it was taken."""
         entries = self._inflight.get(snapshot.pool)
         if not entries:
-            return fit
+            return 0
         while entries and entries[0][0] <= snapshot.taken_at_s:  # the view now shows these
             entries.popleft()
-        held = sum(blocks for _, blocks in entries)
-        return replace(fit, free_blocks=max(0, fit.free_blocks - held)) if held else fit
+        return sum(blocks for _, blocks in entries)
+
+    def assume_held(self, snapshot: PoolSnapshot, blocks: int) -> None:
+        """Make ``blocks`` the ledger of ``snapshot``'s pool: the offload helper judges a heavy
+        body with the blocks its ICE worker holds (``held``), as the worker itself would."""
+        self._inflight[snapshot.pool] = deque([(float("inf"), blocks)] if blocks else [])
 
     def hold(
         self, profile: Profile, snapshot: PoolSnapshot | None, input_tokens: int, output: int

@@ -17,8 +17,8 @@ from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
 PART = {"type": "text", "text": "a"}
 
 
-def heavy_body(max_tokens: int) -> bytes:
-    content = [PART] * 30_000
+def heavy_body(max_tokens: int, parts: int = 30_000) -> bytes:
+    content = [PART] * parts
     return json.dumps(
         {"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens}
     ).encode()
@@ -41,3 +41,32 @@ def test_offloaded_verdict_equals_in_process_verdict(usage: float) -> None:
     local = pipeline.on_body(route, facts, body)
     assert remote == local
     assert remote is not None and remote.decision is not None
+
+
+def test_offloaded_verdict_counts_the_workers_inflight_blocks() -> None:
+    # ~2,000 input tokens against 100,000 free blocks of 16 tokens; the worker has just passed
+    # requests holding all but 100 of them (1,600 tokens), which the snapshot cannot show yet.
+    backend = BackendSignals(
+        url="u", kv_cache_usage=0.0, num_requests_waiting=0, num_gpu_blocks=100_001, block_size=16
+    )
+    snap = PoolSnapshot(pool="default", backends=(backend,), taken_at_s=time.monotonic())
+    pipeline = Pipeline(load_policy(None), lambda _pool: snap)
+    route = pipeline.router.resolve([("x-ice-route", "chat")])
+    facts = HeaderFacts(adapter=OPENAI_CHAT, priority="standard")
+    body = heavy_body(4096, parts=2_000)
+    before = pipeline.on_body(route, facts, body)
+    assert before is not None and before.decision is not None
+    assert before.decision.decision == "pass"
+    time.sleep(0.001)  # the ledger counts requests passed after the snapshot was taken
+    pipeline.views.hold(route.profile, snap, (100_000 - 100) * 16, 0)
+    assert pipeline.views.held(snap) == 100_000 - 100
+    offload = Offload(None, pipeline.max_body_bytes, heavy_containers=1_000)
+    assert offload.is_heavy(body)
+    try:
+        remote = asyncio.run(offload.on_body(pipeline, route, facts, body))
+    finally:
+        offload.close()
+    local = pipeline.on_body(route, facts, body)
+    assert local is not None and local.decision is not None
+    assert local.decision.reason == "kv_exhausted", local.decision
+    assert remote == local
