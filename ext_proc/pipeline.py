@@ -261,6 +261,19 @@ class Pipeline:
             return replace(features, input_tokens_source="fallback")
         return replace(features, input_tokens=exact, input_tokens_source="exact")
 
+    def _recount(
+        self, adapter: SchemaAdapter, shorter: RequestFeatures, body: bytes
+    ) -> RequestFeatures:
+        """The truncated body's exact count, when the original was counted exactly and the
+        new body is small enough to count on the event loop (``exact_count_inline_bytes``);
+        otherwise ``shorter`` as it is: the planner's figure, input − saved, where saved is
+        the dropped turns' share of the exact count."""
+        if len(body) <= self.policy.exact_count_inline_bytes:
+            recounted = self._exact_count(adapter, shorter, rawjson.decode_object(body), len(body))
+            if recounted.input_tokens_source == "exact":
+                return recounted
+        return shorter
+
     def _bad(
         self,
         route: Route,
@@ -395,6 +408,11 @@ class Pipeline:
             input_tokens=max(0, features.input_tokens - result.saved_tokens),
             message_count=len(tplan.kept_messages) + placeholders,
         )
+        saved = result.saved_tokens
+        if tplan.changed and features.input_tokens_source == "exact":
+            shorter = self._recount(adapter, shorter, body)
+            if shorter.input_tokens_source == "exact":
+                saved = features.input_tokens - shorter.input_tokens
         then = self._evaluate(route, facts, shorter, LADDER_AFTER_TRUNCATION)
         if isinstance(then, Reject) or not tplan.changed:
             return BodyVerdict(then, shorter, plan(then, adapter, body, shorter))
@@ -403,7 +421,7 @@ class Pipeline:
             then=then,
             reason=decision.reason,
             dropped_messages=tplan.dropped_messages,
-            saved_tokens=result.saved_tokens,
+            saved_tokens=saved,
             mode=tplan.mode,
             fallback=result.fallback,
         )

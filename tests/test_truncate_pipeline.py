@@ -24,6 +24,8 @@ from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
 from ext_proc.truncate import cli as truncate_cli
 from ext_proc.truncate.client import EmbeddingClient, EmbeddingWorkerProcess
 
+DATA = Path(__file__).parent / "data"
+
 POLICY = """
 profiles:
   default:
@@ -140,6 +142,27 @@ def test_no_worker_means_recency_with_fallback_unavailable(tmp_path: Path) -> No
     assert (done.decision.mode, done.decision.fallback) == ("recency", "unavailable")
     contents = [m["content"] for m in _sent(done)["messages"]]
     assert TOPICS[0][0] not in contents  # recency keeps the newest turns only
+
+
+def test_an_exactly_counted_request_is_recounted_exactly_after_truncation(tmp_path: Path) -> None:
+    text = POLICY + "tokenizers:\n  m: {model_dir: vllm_cpu/tokenizer}\n"
+    pipeline = Pipeline(parse_policy(text, base_dir=DATA), lambda _pool: HIGH)
+    route = pipeline.router.resolve([])
+    pipeline.similarity = EmbeddingClient(str(tmp_path / "nobody.sock"))  # recency
+    body = chat_body()
+    first = pipeline.on_body(route, HeaderFacts(adapter=OPENAI_CHAT), json.dumps(body).encode())
+    assert first is not None and first.features is not None
+    assert first.features.input_tokens_source == "exact"
+    done = _judge(pipeline, route, json.dumps(body).encode())
+    assert isinstance(done.decision, Truncated) and done.features is not None
+    counter = pipeline.counters.counter_for("m") if pipeline.counters else None
+    assert counter is not None
+    sent_tokens = counter.count_request(OPENAI_CHAT.name, _sent(done))
+    assert done.features.input_tokens == sent_tokens
+    assert done.features.input_tokens_source == "exact"
+    assert done.decision.saved_tokens == first.features.input_tokens - sent_tokens
+    headers = dict(done.outcome.headers)
+    assert f";tokens={done.decision.saved_tokens};" in headers["x-ice-truncated"]
 
 
 def test_must_keep_overflow_is_a_400_in_the_anthropic_format() -> None:
