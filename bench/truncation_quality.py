@@ -29,7 +29,12 @@ from typing import Any
 from ext_proc.policy.model import EmbeddingSpec, TruncationSpec
 from ext_proc.schemas import adapter_for_path
 from ext_proc.truncate.planner import Plan
-from ext_proc.truncate.runner import LocalSimilarity, SimilaritySource, truncate
+from ext_proc.truncate.runner import (
+    LocalSimilarity,
+    SimilaritySource,
+    conversation_for,
+    truncate,
+)
 
 DATA = (
     Path(__file__).resolve().parent.parent / "tests" / "data" / "truncation" / "conversations.json"
@@ -50,7 +55,8 @@ async def _one(
     body = convo["body"]
     tokens = adapter.features(body).input_tokens
     budget = int(tokens * ratio)
-    result = await truncate(adapter.name, body, tokens, budget, spec, source)
+    conv = conversation_for(adapter.name, body, spec)
+    result = await truncate(conv, tokens, budget, spec, source)
     plan = result.plan
     if not isinstance(plan, Plan):
         return {"id": convo["id"], "kept": False, "overflow": True}

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ext_proc import rawjson, telemetry
 from ext_proc.decision import (
@@ -39,6 +39,9 @@ from ext_proc.policy.model import PRIORITIES, Policy, Priority, Profile
 from ext_proc.poolview import PoolViews
 from ext_proc.schemas import BadRequest, RequestFeatures, SchemaAdapter, adapter_for_path
 from ext_proc.signals.snapshot import PoolSnapshot
+
+if TYPE_CHECKING:
+    from ext_proc.truncate.units import Conversation
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
@@ -148,9 +151,10 @@ class HeaderFacts:
 
 @dataclass(frozen=True, slots=True)
 class PendingTruncation:
-    """What ``finish_truncation`` needs: the decoded body and the original bytes."""
+    """What ``finish_truncation`` needs: the request's units (built where the body was
+    decoded, possibly the offload helper) and the original bytes."""
 
-    values: dict[str, Any]
+    conversation: Conversation
     body: bytes
 
 
@@ -334,9 +338,13 @@ class Pipeline:
         if self.counters is not None:
             features = self._exact_count(adapter, features, values, len(body))
         decision = self._evaluate(route, facts, features, LADDER)
-        if isinstance(decision, Truncate):
+        spec = route.profile.truncation
+        if isinstance(decision, Truncate) and spec is not None:
+            from ext_proc.truncate.runner import conversation_for
+
+            conv = conversation_for(adapter.name, values, spec)
             waiting = Continue(verdict_headers(Pass(decision.pressure)), None)
-            return BodyVerdict(decision, features, waiting, pending=PendingTruncation(values, body))
+            return BodyVerdict(decision, features, waiting, pending=PendingTruncation(conv, body))
         return BodyVerdict(decision, features, plan(decision, adapter, body, features))
 
     def _evaluate(
@@ -376,8 +384,7 @@ class Pipeline:
         if adapter is None or spec is None:
             return verdict
         result = await truncate(
-            adapter.name,
-            pending.values,
+            pending.conversation,
             features.input_tokens,
             decision.budget_tokens,
             spec,

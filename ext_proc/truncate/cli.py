@@ -29,7 +29,12 @@ from ext_proc.policy.load import load_policy
 from ext_proc.policy.model import EmbeddingSpec, TruncationSpec
 from ext_proc.schemas import BadRequest, adapter_for_path
 from ext_proc.truncate.planner import Overflow, apply_plan
-from ext_proc.truncate.runner import LocalSimilarity, SimilaritySource, truncate
+from ext_proc.truncate.runner import (
+    LocalSimilarity,
+    SimilaritySource,
+    conversation_for,
+    truncate,
+)
 from ext_proc.truncate.units import message_text
 
 __all__ = ["main", "run"]
@@ -81,9 +86,8 @@ async def run(
         return 1, {"error": f"{path}: not a chat path (/v1/chat/completions, /v1/messages)"}
     values = rawjson.decode_object(body)
     features = adapter.features(values)
-    result = await truncate(
-        adapter.name, values, features.input_tokens, budget_tokens, spec, source
-    )
+    conv = conversation_for(adapter.name, values, spec)
+    result = await truncate(conv, features.input_tokens, budget_tokens, spec, source)
     plan = result.plan
     report: dict[str, Any] = {"input_tokens": features.input_tokens, "budget": budget_tokens}
     if isinstance(plan, Overflow):

@@ -1,6 +1,6 @@
 """Carry out a ``Truncate`` decision: similarities under a deadline, then the plan.
 
-Steps for one request (``truncate``):
+Steps for one request (``conversation_for``, then ``truncate``):
 1. Split the body into units (``units.conversation_of``) with the profile's turn rules.
 2. The budget is in the request's token units (exact when a tokenizer is configured, else
    the estimator's); units are in the estimator's. ``scale = input_tokens / units' total``
@@ -40,6 +40,7 @@ __all__ = [
     "LocalSimilarity",
     "SimilaritySource",
     "TruncationResult",
+    "conversation_for",
     "rules_of",
     "truncate",
     "turn_text",
@@ -87,17 +88,22 @@ def rules_of(spec: TruncationSpec) -> tuple[TurnRules, PlanRules]:
     )
 
 
+def conversation_for(schema: str, values: dict[str, Any], spec: TruncationSpec) -> Conversation:
+    """Step 1: the request's units under the profile's turn rules (pure CPU work: the
+    pipeline does it where it decoded the body, so a heavy body's units are built in the
+    offload helper and only they, not the decoded body, come back to the event loop)."""
+    return conversation_of(schema, values, rules_of(spec)[0])
+
+
 async def truncate(
-    schema: str,
-    values: dict[str, Any],
+    conv: Conversation,
     input_tokens: int,
     budget_tokens: int,
     spec: TruncationSpec,
     source: SimilaritySource | None,
 ) -> TruncationResult:
-    """Plan the truncation of one request (see the module docstring)."""
-    turn_rules, plan_rules = rules_of(spec)
-    conv = conversation_of(schema, values, turn_rules)
+    """Plan the truncation of one request's units (see the module docstring)."""
+    plan_rules = rules_of(spec)[1]
     scale = input_tokens / conv.total_tokens if conv.total_tokens > 0 else 1.0
     budget = int(budget_tokens / scale) if scale > 0 else budget_tokens
     droppable = [k for k, u in enumerate(conv.units) if u.keep is None]
