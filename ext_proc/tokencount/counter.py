@@ -1,0 +1,352 @@
+"""``ExactCounter``: one model's tokenizer and chat template, counting prompts as vLLM does.
+
+Job: load a ``TokenizerSpec`` (``tokenizer.json`` through ``tokenizers``, plus the config's
+special tokens the JSON lacks, as transformers adds them; the templates through
+``templates``) and count a decoded request body's prompt tokens for each API in
+``API_NAMES``: a completions prompt is encoded with special tokens; chat messages are shaped
+(``shaping``), rendered with the named special tokens, ``tools`` and the request's template
+keywords, and encoded without them; Anthropic messages are converted first (``anthropic``).
+The body fields that change the prompt are read here (``add_generation_prompt``,
+``continue_final_message``, ``add_special_tokens``, ``chat_template_kwargs``,
+``reasoning_effort``, ``documents``, ``output_config.effort``, ``thinking``).
+
+Invariants: an ``ExactCounter`` is immutable after ``load``, so every method may run in many
+threads at once (the Rust tokenizer is only read; each render gets its own jinja context).
+``load`` raises only ``TokenizerLoadError``; counting raises only ``TokenCountError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from typing import Any, Literal
+
+import jinja2
+from tokenizers import AddedToken, Tokenizer
+
+from ext_proc.tokencount.anthropic import _anthropic_tools, anthropic_to_chat
+from ext_proc.tokencount.shaping import (
+    _conversation_message,
+    _cut_at_tag,
+    _developer_to_system,
+    _postprocess,
+    _tag_final_message,
+    _tool_dicts,
+)
+from ext_proc.tokencount.spec import TokenCountError, TokenizerLoadError, TokenizerSpec
+from ext_proc.tokencount.templates import (
+    _environment,
+    _extra_tokens,
+    _loops_over_content,
+    _needs_system_first,
+    _read_json,
+    _special_tokens,
+    _Template,
+    _templates,
+)
+
+# The schema adapters' names (``RequestFeatures.schema``) that ``count_request`` reads.
+API_NAMES = ("openai.chat", "openai.completions", "anthropic.messages")
+# Anthropic efforts vLLM compares "none" with (``AnthropicEffort``).
+_EFFORTS = ("low", "medium", "high", "xhigh", "max")
+
+
+class ExactCounter:
+    """One model's tokenizer and chat template; counts prompts as vLLM does (see module doc)."""
+
+    __slots__ = ("_special", "_template_kwargs", "_templates", "_tokenizer", "source")
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        templates: Mapping[str, _Template],
+        special_tokens: Mapping[str, str],
+        template_kwargs: Mapping[str, Any],
+        source: str,
+    ) -> None:
+        self._tokenizer = tokenizer
+        self._templates = MappingProxyType(dict(templates))
+        self._special = MappingProxyType(dict(special_tokens))
+        self._template_kwargs = MappingProxyType(dict(template_kwargs))
+        self.source = source
+
+    @classmethod
+    def load(cls, spec: TokenizerSpec) -> ExactCounter:
+        """Load ``spec``'s files; raise ``TokenizerLoadError`` naming the file and problem."""
+        path = spec.tokenizer_json
+        if not path.is_file():
+            raise TokenizerLoadError(f"tokenizer {path}: no such file")
+        try:
+            tokenizer = Tokenizer.from_file(str(path))
+        except Exception as e:  # the Rust loader's errors are plain Exceptions
+            raise TokenizerLoadError(f"tokenizer {path}: not a tokenizers JSON file: {e}") from None
+        config: dict[str, Any] = {}
+        if spec.tokenizer_config is not None:
+            config = _read_json(spec.tokenizer_config, "tokenizer config")
+            legacy = spec.tokenizer_config.parent / "special_tokens_map.json"
+            if "added_tokens_decoder" not in config and legacy.is_file():
+                config.update(_read_json(legacy, "special tokens map"))
+        special = _special_tokens(config)
+        known = {t.content for t in tokenizer.get_added_tokens_decoder().values()}
+        missing = []
+        for text in [*special.values(), *_extra_tokens(config)]:
+            if text not in known:
+                known.add(text)
+                missing.append(AddedToken(text, special=True, normalized=False))
+        if missing:  # transformers adds the config's special tokens the JSON lacks
+            tokenizer.add_special_tokens(missing)
+        env = _environment()
+        templates: dict[str, _Template] = {}
+        where = spec.chat_template or spec.tokenizer_config
+        for name, source in _templates(config, spec.tokenizer_config, spec.chat_template).items():
+            try:
+                compiled = env.from_string(source)
+                tree = env.parse(source)
+            except jinja2.TemplateSyntaxError as e:
+                raise TokenizerLoadError(
+                    f"chat template {name!r} of {where}: line {e.lineno}: {e.message}"
+                ) from None
+            fmt = spec.content_format
+            if fmt == "auto":
+                fmt = "openai" if _loops_over_content(tree) else "string"
+            templates[name] = _Template(
+                source=source,
+                compiled=compiled,
+                content_format=fmt,
+                knows_developer="'developer'" in source or '"developer"' in source,
+                system_first=_needs_system_first(source),
+            )
+        kwargs = dict(spec.template_kwargs)
+        return cls(tokenizer, templates, special, kwargs, source=str(path))
+
+    # -- properties
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(self._templates)
+
+    def content_format(self, *, tools: bool = False) -> Literal["string", "openai"]:
+        """The content format vLLM would detect for the template in use."""
+        return self._template(tools).content_format
+
+    # -- counting
+
+    def count_text(self, text: str, *, add_special_tokens: bool = True) -> int:
+        """Tokens of a ``/v1/completions`` prompt (the post-processor adds BOS as vLLM does)."""
+        try:
+            return len(self._tokenizer.encode(text, add_special_tokens=add_special_tokens))
+        except Exception as e:  # e.g. a lone surrogate ("\ud800" in JSON) is no valid str
+            raise TokenCountError(f"cannot tokenize the text: {e}") from None
+
+    def count_chat(
+        self,
+        messages: Sequence[Any],
+        *,
+        tools: Any = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        add_special_tokens: bool = False,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> int:
+        """Tokens of an OpenAI chat request's prompt: ``messages`` and ``tools`` as in the
+        request body; the keywords are the request's fields of the same names
+        (``template_kwargs`` is ``chat_template_kwargs``)."""
+        text = self.render_chat(
+            messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            template_kwargs=template_kwargs,
+        )
+        return self.count_text(text, add_special_tokens=add_special_tokens)
+
+    def count_anthropic(
+        self,
+        messages: Sequence[Any],
+        *,
+        system: Any = None,
+        tools: Any = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> int:
+        """Tokens of an Anthropic ``/v1/messages`` request's prompt, as vLLM renders it."""
+        tool_dicts = _anthropic_tools(tools)
+        chat = anthropic_to_chat(
+            messages, system, system_first=self._system_first(tool_dicts is not None)
+        )
+        text = self._render(chat, tool_dicts, True, False, template_kwargs)
+        return self.count_text(text, add_special_tokens=False)
+
+    def count_request(self, api: str, body: Mapping[str, Any]) -> int:
+        """Prompt tokens of a decoded request body for ``api`` (one of ``API_NAMES``, the
+        schema adapters' names), reading the body's fields that change the prompt. A
+        completions batch counts its longest prompt (vLLM's ``usage`` sums them)."""
+        try:
+            return self._count_request(api, body)
+        except RecursionError:
+            raise TokenCountError("the request is nested too deeply to count") from None
+
+    def _count_request(self, api: str, body: Mapping[str, Any]) -> int:
+        if api == "openai.chat":
+            messages = body.get("messages")
+            if not isinstance(messages, list):
+                raise TokenCountError("messages: must be an array")
+            return self.count_chat(
+                messages,
+                tools=body.get("tools"),  # kept with tool_choice "none", as vLLM does
+                add_generation_prompt=_flag(body, "add_generation_prompt", True),
+                continue_final_message=_flag(body, "continue_final_message", False),
+                add_special_tokens=_flag(body, "add_special_tokens", False),
+                template_kwargs=_template_kwargs(body, body.get("reasoning_effort")),
+            )
+        if api == "anthropic.messages":
+            messages = body.get("messages")
+            if not isinstance(messages, list):
+                raise TokenCountError("messages: must be an array")
+            effort = None
+            config = body.get("output_config")
+            if isinstance(config, dict):
+                effort = config.get("effort")
+            thinking = body.get("thinking")
+            if isinstance(thinking, dict) and thinking.get("type") == "disabled":
+                effort = self._disabled_effort()
+            return self.count_anthropic(
+                messages,
+                system=body.get("system"),
+                tools=body.get("tools"),
+                template_kwargs=_template_kwargs(body, effort),
+            )
+        if api == "openai.completions":
+            prompt = body.get("prompt")
+            special = _flag(body, "add_special_tokens", True)
+            if isinstance(prompt, str):
+                return self.count_text(prompt, add_special_tokens=special)
+            if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+                counts = [self.count_text(p, add_special_tokens=special) for p in prompt]
+                return max(counts, default=0)
+            if isinstance(prompt, list) and all(_is_int(p) for p in prompt):
+                return len(prompt)  # token ids go to the model as they are
+            if isinstance(prompt, list) and all(
+                isinstance(p, list) and all(_is_int(i) for i in p) for p in prompt
+            ):
+                return max((len(p) for p in prompt), default=0)
+            raise TokenCountError("prompt: must be text or token ids")
+        raise TokenCountError(f"unknown API {api!r}; expected one of {', '.join(API_NAMES)}")
+
+    def _disabled_effort(self) -> str:
+        """vLLM's ``reasoning_effort`` for Anthropic ``thinking: disabled``: "none", unless
+        the template rejects it or renders it like a real effort (then "low")."""
+        probe = [{"role": "user", "content": "Hi"}]
+
+        def render(effort: str) -> str | None:
+            kwargs = {"reasoning_effort": effort, "enable_thinking": effort != "none"}
+            try:
+                return self._render(probe, None, True, False, kwargs)
+            except TokenCountError:
+                return None
+
+        none = render("none")
+        if none is None or any(render(e) == none for e in _EFFORTS):
+            return "low"
+        return "none"
+
+    # -- rendering
+
+    def render_chat(
+        self,
+        messages: Sequence[Any],
+        *,
+        tools: Any = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> str:
+        """The prompt text vLLM renders for an OpenAI chat request (before tokenizing)."""
+        tool_dicts = _tool_dicts(tools)
+        return self._render(
+            list(messages),
+            tool_dicts,
+            add_generation_prompt,
+            continue_final_message,
+            template_kwargs,
+        )
+
+    def _template(self, tools: bool) -> _Template:
+        if not self._templates:
+            raise TokenCountError(f"{self.source}: no chat template configured")
+        if tools and "tool_use" in self._templates:
+            return self._templates["tool_use"]
+        if "default" in self._templates:
+            return self._templates["default"]
+        if len(self._templates) == 1:
+            return next(iter(self._templates.values()))
+        raise TokenCountError(f"{self.source}: several chat templates and none is 'default'")
+
+    def _system_first(self, tools: bool) -> bool:
+        # vLLM probes both the tool and the plain template; either one asks for the merge.
+        if not self._templates:
+            return True
+        return self._template(False).system_first or self._template(True).system_first
+
+    def _render(
+        self,
+        messages: list[Any],
+        tools: list[dict[str, Any]] | None,
+        add_generation_prompt: bool,
+        continue_final_message: bool,
+        template_kwargs: Mapping[str, Any] | None,
+    ) -> str:
+        template = self._template(tools is not None)
+        conversation = [
+            _conversation_message(m, f"messages[{i}]", template.content_format)
+            for i, m in enumerate(messages)
+        ]
+        _postprocess(conversation)
+        if not template.knows_developer and any(m["role"] == "developer" for m in conversation):
+            conversation = _developer_to_system(conversation)
+        if continue_final_message and add_generation_prompt:
+            raise TokenCountError("continue_final_message and add_generation_prompt both set")
+        final: str | None = None
+        if continue_final_message:
+            final = _tag_final_message(conversation)
+        kwargs: dict[str, Any] = {**self._template_kwargs, **(template_kwargs or {})}
+        kwargs = {**self._special, **kwargs}
+        for key in ("messages", "tools", "documents", "add_generation_prompt"):
+            kwargs.pop(key, None)
+        documents = (template_kwargs or {}).get("documents")
+        try:
+            text = template.compiled.render(
+                messages=conversation,
+                tools=tools,
+                documents=documents,
+                add_generation_prompt=add_generation_prompt,
+                **kwargs,
+            )
+        except RecursionError:
+            raise TokenCountError("chat template: recursion too deep") from None
+        except Exception as e:  # a template may raise anything on odd input
+            raise TokenCountError(f"chat template: {type(e).__name__}: {e}") from None
+        if final is not None:
+            text = _cut_at_tag(text, final)
+        return text
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _flag(body: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = body.get(key)
+    return value if isinstance(value, bool) else default
+
+
+def _template_kwargs(body: Mapping[str, Any], effort: Any) -> dict[str, Any]:
+    """``chat_template_kwargs`` with what vLLM adds from the request (unset when None)."""
+    given = body.get("chat_template_kwargs")
+    kwargs: dict[str, Any] = dict(given) if isinstance(given, dict) else {}
+    if effort is not None and effort != "auto":
+        kwargs.setdefault("enable_thinking", effort != "none")
+        kwargs["reasoning_effort"] = effort
+    documents = body.get("documents")
+    if documents is not None:
+        kwargs["documents"] = documents
+    return kwargs

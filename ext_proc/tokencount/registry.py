@@ -1,0 +1,51 @@
+"""``CounterRegistry``: served model name → ``ExactCounter``, built once from configuration.
+
+Job: load every configured ``TokenizerSpec`` at start-up (eagerly: a bad file stops start-up
+with a ``TokenizerLoadError`` that names ``tokenizers.<model>``, the file and the problem),
+share one counter among models whose specs are equal (``TokenizerSpec.key``), and answer
+``counter_for(model)`` (None: estimate instead).
+
+Invariant: immutable after construction (a read-only mapping), so it is shared by threads;
+there is no module state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from types import MappingProxyType
+from typing import Any
+
+from ext_proc.tokencount.counter import ExactCounter
+from ext_proc.tokencount.spec import TokenizerLoadError, TokenizerSpec
+
+
+class CounterRegistry:
+    """Served model name → ``ExactCounter``, loaded once (eagerly, so a bad file stops
+    start-up with ``TokenizerLoadError``). Models whose specs are equal share a counter."""
+
+    __slots__ = ("_counters",)
+
+    def __init__(self, specs: Mapping[str, TokenizerSpec] | None = None) -> None:
+        loaded: dict[tuple[Any, ...], ExactCounter] = {}
+        counters: dict[str, ExactCounter] = {}
+        for model, spec in (specs or {}).items():
+            key = spec.key()
+            if key not in loaded:
+                try:
+                    loaded[key] = ExactCounter.load(spec)
+                except TokenizerLoadError as e:
+                    raise TokenizerLoadError(f"tokenizers.{model}: {e}") from None
+            counters[model] = loaded[key]
+        self._counters = MappingProxyType(counters)
+
+    def counter_for(self, model: str | None) -> ExactCounter | None:
+        """The counter for a request's ``model``, or None (then estimate)."""
+        if model is None:
+            return None
+        return self._counters.get(model)
+
+    def __len__(self) -> int:
+        return len(self._counters)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._counters)
