@@ -10,11 +10,15 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import subprocess
 import sys
 import urllib.request
 from pathlib import Path
 
 import pytest
+from packaging.markers import default_environment
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 from prometheus_client.parser import text_string_to_metric_families
 
 from ext_proc import vllm_local as vl
@@ -76,42 +80,44 @@ Requires-Dist: not-a-requirement
 """
 
 
-@pytest.mark.parametrize(
-    ("name", "canonical"),
-    [("Typing_Extensions", "typing-extensions"), ("py.cpuinfo", "py-cpuinfo"), ("a--B", "a-b")],
-    ids=["underscore", "dot", "runs"],
-)
-def test_canonical_name(name: str, canonical: str) -> None:
-    assert vl.canonical_name(name) == canonical
+def _keys(reqs: list[Requirement]) -> list[str]:
+    return [canonicalize_name(r.name) for r in reqs]
+
+
+def _applies(marker: str, env: dict[str, str]) -> bool:
+    """Whether a requirement under ``marker`` is chosen for ``env`` (no extra asked)."""
+    metadata = f"Metadata-Version: 2.4\nName: x\nVersion: 1\nRequires-Dist: probe; {marker}\n"
+    return bool(vl.requirements_from_metadata(metadata, env))
+
+
+PIP_SPECS = [
+    ("regex", "regex"),
+    ("transformers<5.20.0,>=5.16.1", "transformers<5.20.0,>=5.16.1"),
+    ("fastapi[standard]<0.137.0,>=0.133.0", "fastapi[standard]<0.137.0,>=0.133.0"),
+    ('protobuf==7.36.1; platform_machine == "s390x"', "protobuf==7.36.1"),
+    ("foo (>=1.0, <2)", "foo<2,>=1.0"),
+    ("a[x, y] ; extra == 'z'", "a[x,y]"),
+]
 
 
 @pytest.mark.parametrize(
-    ("line", "expected"),
-    [
-        ("regex", vl.Requirement("regex")),
-        ("transformers<5.20.0,>=5.16.1", vl.Requirement("transformers", (), "<5.20.0,>=5.16.1")),
-        (
-            "fastapi[standard]<0.137.0,>=0.133.0",
-            vl.Requirement("fastapi", ("standard",), "<0.137.0,>=0.133.0"),
-        ),
-        (
-            'protobuf==7.36.1; platform_machine == "s390x"',
-            vl.Requirement("protobuf", (), "==7.36.1", 'platform_machine == "s390x"'),
-        ),
-        ("foo (>=1.0, <2)", vl.Requirement("foo", (), ">=1.0,<2")),
-        ("a[x, y] ; extra == 'z'", vl.Requirement("a", ("x", "y"), "", "extra == 'z'")),
-    ],
+    ("line", "spec"),
+    PIP_SPECS,
     ids=["bare", "range", "extras", "marker", "parenthesised", "extras-marker"],
 )
-def test_parse_requirement(line: str, expected: vl.Requirement) -> None:
-    req = vl.parse_requirement(line)
-    assert req == expected
-    assert ";" not in req.pip_spec()
+def test_pip_spec_drops_the_marker_only(line: str, spec: str) -> None:
+    req = Requirement(line)
+    assert vl.pip_spec(req) == spec
+    assert Requirement(spec).name == req.name
+    assert Requirement(spec).extras == req.extras
+    assert Requirement(spec).specifier == req.specifier
+    assert str(req.marker or "") == str(Requirement(line).marker or "")  # req is not changed
 
 
-def test_parse_requirement_rejects_urls() -> None:
-    with pytest.raises(ValueError, match="unsupported"):
-        vl.parse_requirement("pkg @ https://example.invalid/pkg.whl")
+def test_url_requirements_are_refused() -> None:
+    metadata = "Name: x\nRequires-Dist: pkg @ https://example.invalid/pkg.whl\n"
+    with pytest.raises(ValueError, match="URL"):
+        vl.requirements_from_metadata(metadata, LINUX_X86)
 
 
 MARKERS = [
@@ -136,35 +142,43 @@ MARKERS = [
 
 
 @pytest.mark.parametrize(("marker", "expected"), MARKERS, ids=[m for m, _ in MARKERS])
-def test_evaluate_marker_linux_x86(marker: str, expected: bool) -> None:
-    assert vl.evaluate_marker(marker, LINUX_X86) is expected
+def test_markers_linux_x86(marker: str, expected: bool) -> None:
+    assert _applies(marker, LINUX_X86) is expected
 
 
 @pytest.mark.parametrize(
-    "env", [LINUX_X86, LINUX_S390X, DARWIN_ARM_312], ids=["linux-x86", "s390x", "darwin-312"]
+    ("marker", "env"),
+    [
+        ('platform_machine == "s390x"', LINUX_S390X),
+        ('sys_platform == "darwin" and platform_machine == "arm64"', DARWIN_ARM_312),
+        ('python_version > "3.11"', DARWIN_ARM_312),
+    ],
+    ids=["s390x", "darwin-arm64", "python-312"],
 )
-def test_evaluate_marker_agrees_with_packaging(env: dict[str, str]) -> None:
-    markers = pytest.importorskip("packaging.markers")
-    for marker, _ in MARKERS:
-        theirs = markers.Marker(marker).evaluate({**env, "extra": ""})
-        assert vl.evaluate_marker(marker, env) is theirs, marker
+def test_markers_follow_the_target_not_this_interpreter(marker: str, env: dict[str, str]) -> None:
+    """True for the target environment although false for LINUX_X86 (and for this machine,
+    when it is one): nothing comes from the interpreter running the test."""
+    assert not _applies(marker, LINUX_X86)
+    assert _applies(marker, env)
+
+
+def test_an_incomplete_environment_is_refused() -> None:
+    env = {k: v for k, v in LINUX_X86.items() if k != "platform_machine"}
+    with pytest.raises(ValueError, match="platform_machine"):
+        _applies('platform_machine == "x86_64"', env)
 
 
 @pytest.mark.parametrize(
     "marker", ['platform_machine = "x"', "bogus_var == '1'", '(os_name == "posix"'], ids=str
 )
-def test_evaluate_marker_rejects_malformed(marker: str) -> None:
-    with pytest.raises((ValueError, KeyError)):
-        vl.evaluate_marker(marker, LINUX_X86)
-
-
-def test_extra_requested_by_name() -> None:
-    assert vl.evaluate_marker('extra == "Bench"', {**LINUX_X86, "extra": "bench"})
+def test_malformed_markers_are_refused(marker: str) -> None:
+    with pytest.raises(ValueError):
+        _applies(marker, LINUX_X86)
 
 
 def test_requirements_from_metadata_linux_x86_311() -> None:
     reqs = vl.requirements_from_metadata(SAMPLE_METADATA, LINUX_X86)
-    assert [r.pip_spec() for r in reqs] == [
+    assert [vl.pip_spec(r) for r in reqs] == [
         "regex",
         "transformers<5.20.0,>=5.16.1",
         "protobuf!=6.30.*,>=5.29.6",
@@ -178,29 +192,37 @@ def test_requirements_from_metadata_linux_x86_311() -> None:
 
 
 def test_requirements_from_metadata_other_platforms() -> None:
-    s390x = [r.pip_spec() for r in vl.requirements_from_metadata(SAMPLE_METADATA, LINUX_S390X)]
+    s390x = [vl.pip_spec(r) for r in vl.requirements_from_metadata(SAMPLE_METADATA, LINUX_S390X)]
     assert "protobuf==7.36.1" in s390x
     assert not any(s.startswith(("llguidance", "xgrammar", "intel-openmp")) for s in s390x)
-    darwin = [r.key for r in vl.requirements_from_metadata(SAMPLE_METADATA, DARWIN_ARM_312)]
+    darwin = _keys(vl.requirements_from_metadata(SAMPLE_METADATA, DARWIN_ARM_312))
     assert {"six", "llguidance"} <= set(darwin)
     assert "xgrammar" not in darwin
 
 
 def test_excluded_requirements_never_come_back() -> None:
     everything = vl.requirements_from_metadata(SAMPLE_METADATA, LINUX_X86, exclude=frozenset())
-    assert {"torch", "torchaudio", "torchvision", "torchcodec", "triton"} <= {
-        r.key for r in everything
-    }
+    assert {"torch", "torchaudio", "torchvision", "torchcodec", "triton"} <= set(_keys(everything))
     for env in (LINUX_X86, LINUX_S390X, DARWIN_ARM_312):
-        keys = {r.key for r in vl.requirements_from_metadata(SAMPLE_METADATA, env)}
+        keys = set(_keys(vl.requirements_from_metadata(SAMPLE_METADATA, env)))
         assert not keys & vl.EXCLUDED_REQUIREMENTS
         assert "not-a-requirement" not in keys  # the description is not read
+        assert not keys & {"pandas", "cohere-melody"}  # only under an extra
 
 
 def test_marker_environment_of_this_interpreter() -> None:
     env = vl.marker_environment()
     assert env["python_version"] == "{}.{}".format(*sys.version_info[:2])
-    assert vl.evaluate_marker('python_version >= "3.11"', env)
+    assert env.keys() == default_environment().keys()
+    assert _applies('python_version >= "3.11"', env)
+
+
+def test_marker_environment_asks_the_given_interpreter(tmp_path: Path) -> None:
+    other = {**DARWIN_ARM_312}
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\ncat <<'EOF'\n{json.dumps(other)}\nEOF\n")
+    fake.chmod(0o755)
+    assert vl.marker_environment(fake) == other
 
 
 def test_vllm_alias_dist_info(tmp_path: Path) -> None:
@@ -297,6 +319,86 @@ def test_startup_lines_keep_kv_lines_only() -> None:
     kept = vl.startup_lines(log)
     assert len(kept) == 3
     assert not any("Route" in line or "/health" in line for line in kept)
+
+
+PAGE = """\
+# HELP vllm:num_preemptions_total Cumulative number of preemptions.
+# TYPE vllm:num_preemptions_total counter
+vllm:num_preemptions_total{engine="0",model_name="tiny"} 3.0
+vllm:num_preemptions_total{engine="1",model_name="tiny"} 4.0
+# HELP vllm:request_queue_time_seconds Queue time.
+# TYPE vllm:request_queue_time_seconds histogram
+vllm:request_queue_time_seconds_bucket{engine="0",le="0.5"} 1.0
+vllm:request_queue_time_seconds_bucket{engine="0",le="+Inf"} 2.0
+vllm:request_queue_time_seconds_count{engine="0"} 2.0
+vllm:request_queue_time_seconds_sum{engine="0"} 1.25
+# HELP vllm:kv_cache_usage_perc KV-cache usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0"} 0.5
+# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="128",note="a \\"quoted\\" word"} 1.0
+# TYPE process_open_fds gauge
+process_open_fds 12
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "values"),
+    [
+        ("vllm:num_preemptions_total", [3.0, 4.0]),
+        ("vllm:num_preemptions", []),  # the family's name is no sample's
+        ("vllm:request_queue_time_seconds_sum", [1.25]),
+        ("vllm:request_queue_time_seconds_count", [2.0]),
+        ("vllm:request_queue_time_seconds_bucket", [1.0, 2.0]),
+        ("vllm:kv_cache_usage_perc", [0.5]),
+        ("vllm:cache_config_info", [1.0]),
+        ("process_open_fds", [12.0]),
+        ("vllm:absent", []),
+    ],
+    ids=["counter", "family", "sum", "count", "buckets", "gauge", "info", "unlabelled", "absent"],
+)
+def test_metric_values_by_sample_name(name: str, values: list[float]) -> None:
+    assert vl.metric_values(PAGE, name) == values
+
+
+def test_metric_labels() -> None:
+    labels = vl.metric_labels(PAGE, "vllm:cache_config_info")
+    assert labels == {"block_size": "128", "note": 'a "quoted" word'}
+    assert vl.metric_labels(PAGE, "vllm:num_preemptions_total") == {
+        "engine": "0",
+        "model_name": "tiny",
+    }  # the first sample's
+    assert vl.metric_labels(PAGE, "process_open_fds") == {}
+    assert vl.metric_labels(PAGE, "vllm:absent") == {}
+
+
+def test_metric_values_refuse_a_page_that_is_not_prometheus_text() -> None:
+    with pytest.raises(ValueError):
+        vl.metric_values("<html>502 Bad Gateway</html>\n", "vllm:kv_cache_usage_perc")
+
+
+# --- the package ------------------------------------------------------------------------------
+
+
+def test_public_names_resolve() -> None:
+    assert len(set(vl.__all__)) == len(vl.__all__)
+    for name in vl.__all__:
+        assert getattr(vl, name) is not None, name
+    root = Path(__file__).resolve().parent.parent
+    assert root == vl.REPO_ROOT
+    assert vl.DEFAULT_VENV.parent == root
+
+
+def test_runs_as_a_module() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "ext_proc.vllm_local", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=vl.REPO_ROOT,
+    ).stdout
+    assert "{install,build-model,serve,record}" in out
 
 
 # --- the recorded pages (python -m ext_proc.vllm_local record) ---------------------------------
