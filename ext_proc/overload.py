@@ -681,12 +681,13 @@ def totals(results: Sequence[RunResult]) -> str:
         if not runs:
             continue
         pre = [s["preemptions"] for s in runs]
+        shed_max = [s["shed_max_s"] for s in runs if s["shed_max_s"] is not None]
         lines.append(
             f"{mode:>6}: preemptions {'/'.join(map(str, pre))} (sum {sum(pre)}), "
             f"429s {sum(s['shed_429'] for s in runs)}, "
             f"output tokens {sum(s['output_tokens'] for s in runs)}, "
             f"longest wait {max((s['wait_max_s'] or 0.0) for s in runs)} s, "
-            f"slowest 429 {max((s['shed_max_s'] or 0.0) for s in runs)} s"
+            f"slowest 429 {f'{max(shed_max)} s' if shed_max else '-'}"
         )
     return "\n".join(lines)
 
