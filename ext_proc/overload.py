@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import sys
 import time
@@ -47,6 +48,7 @@ from typing import Any
 
 import aiohttp
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from ext_proc import vllm_local as vl
 from ext_proc.stack import ENVOY_DIR, Stack, free_port, render_envoy_config
@@ -69,9 +71,11 @@ __all__ = [
     "Sample",
     "Setup",
     "Shot",
+    "bucket_quantile",
     "compare",
     "ext_proc_stats",
     "fetch",
+    "ice_body_buckets",
     "interleave",
     "metric_sum",
     "one_line",
@@ -287,6 +291,8 @@ class RunResult:
     ext_proc: dict[str, int]
     shots: list[Shot]
     samples: list[Sample] = field(default_factory=list)
+    # ICE's ice_processing_seconds{phase="request_body"} over the run: bucket bound → count
+    ice_body_buckets: dict[float, float] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         ok = [s for s in self.shots if s.status == 200 and s.error is None]
@@ -330,7 +336,34 @@ class RunResult:
             "kv_usage_max": round(self.kv_usage_max, 3),
             "vllm_requests": self.vllm_requests,
             "unjudged": self.ext_proc.get("failure_mode_allowed", 0),
+            "ice_body_p50_s": bucket_quantile(self.ice_body_buckets, 0.5),
+            "ice_body_max_s": bucket_quantile(self.ice_body_buckets, 1.0),
         }
+
+
+def ice_body_buckets(page: str) -> dict[float, float]:
+    """Cumulative counts of ICE's ``ice_processing_seconds`` body-phase buckets on a page."""
+    out: dict[float, float] = {}
+    for family in text_string_to_metric_families(page):
+        for sample in family.samples:
+            if (
+                sample.name == "ice_processing_seconds_bucket"
+                and sample.labels.get("phase") == "request_body"
+            ):
+                le = float(sample.labels["le"])
+                out[le] = out.get(le, 0.0) + float(sample.value)
+    return out
+
+
+def bucket_quantile(cumulative: dict[float, float], q: float) -> float | None:
+    """The upper bound of the bucket that holds the nearest-rank ``q`` quantile (q = 1.0: the
+    bucket of the slowest message; inf when it is past the last bound); None without data."""
+    bounds = sorted(cumulative)
+    total = cumulative[bounds[-1]] if bounds else 0.0
+    if total <= 0:
+        return None
+    rank = max(1.0, math.ceil(q * total))
+    return next(b for b in bounds if cumulative[b] >= rank)
 
 
 def _q(values: Sequence[float], q: float) -> float | None:
@@ -368,8 +401,10 @@ async def run_burst(
     seed: int,
     sample_s: float = 0.1,
     admin_port: int | None = None,
+    ice_metrics_url: str | None = None,
 ) -> RunResult:
-    """Send ``burst`` to ``target`` (a base URL) and watch vLLM's ``metrics_url`` meanwhile."""
+    """Send ``burst`` to ``target`` (a base URL) and watch vLLM's ``metrics_url`` meanwhile
+    (and, given ``ice_metrics_url``, how long ICE took over each body)."""
     connector = aiohttp.TCPConnector(limit=0, force_close=True)
     timeout = aiohttp.ClientTimeout(total=600)
     async with (
@@ -378,6 +413,7 @@ async def run_burst(
     ):
         before = await fetch(probe, metrics_url)
         stats0 = ext_proc_stats(admin_port)
+        ice0 = ice_body_buckets(await fetch(probe, ice_metrics_url)) if ice_metrics_url else {}
         base = metric_sum(before, "vllm:num_preemptions_total")
         samples: list[Sample] = []
         stop = asyncio.Event()
@@ -398,6 +434,7 @@ async def run_burst(
             stop.set()
             await asyncio.gather(sampler, return_exceptions=True)
         after = await fetch(probe, metrics_url)
+        ice1 = ice_body_buckets(await fetch(probe, ice_metrics_url)) if ice_metrics_url else {}
     stats1 = ext_proc_stats(admin_port)
     q_sum = metric_sum(after, "vllm:request_queue_time_seconds_sum") - metric_sum(
         before, "vllm:request_queue_time_seconds_sum"
@@ -418,6 +455,7 @@ async def run_burst(
         ext_proc={k: stats1.get(k, 0) - stats0.get(k, 0) for k in stats1},
         shots=list(shots),
         samples=samples,
+        ice_body_buckets={b: n - ice0.get(b, 0.0) for b, n in ice1.items()},
     )
 
 
@@ -464,6 +502,7 @@ class Setup:
     vllm: vl.VllmServer
     ice_address: str = ""
     policy: Path = POLICY  # the rendered policy ICE runs with
+    ice_metrics_url: str | None = None  # ICE's own /metrics
 
     @property
     def metrics_url(self) -> str:
@@ -509,7 +548,8 @@ def overload_setup(
             os.setpriority(os.PRIO_PGRP, server.proc.pid, vllm_nice)
         rendered = render_policy(policy, workdir / "policy.yaml", cfg.port, cfg.model_dir)
         ice_address = ice_address or f"127.0.0.1:{free_port()}"
-        ice = stack.start_ice(ice_address, policy=rendered)
+        ice_metrics = f"127.0.0.1:{free_port()}"
+        ice = stack.start_ice(ice_address, policy=rendered, metrics_address=ice_metrics)
         envoy_port = envoy_port or free_port()
         admin_port = admin_port or free_port()
         config = render_envoy_config(
@@ -528,6 +568,7 @@ def overload_setup(
             vllm=server,
             ice_address=ice_address,
             policy=rendered,
+            ice_metrics_url=f"http://{ice_metrics}/metrics",
         )
         if warm:
             warm_up(setup)
@@ -587,6 +628,7 @@ def compare(
                     seed=seed,
                     sample_s=sample_s,
                     admin_port=setup.admin_port if mode == "ice" else None,
+                    ice_metrics_url=setup.ice_metrics_url if mode == "ice" else None,
                 )
             )
             results.append(result)
@@ -636,6 +678,8 @@ ROWS: tuple[tuple[str, str], ...] = (
     ("running_max", "vLLM running max"),
     ("kv_usage_max", "vLLM KV usage max"),
     ("unjudged", "ICE fail-open (unjudged)"),
+    ("ice_body_p50_s", "ICE time per body p50 (s, ≤ bucket)"),
+    ("ice_body_max_s", "ICE time per body max (s, ≤ bucket)"),
 )
 
 

@@ -10,6 +10,7 @@ in ``pipeline.HeaderFacts``.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator
 
 import grpc
@@ -43,6 +44,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         route = self.pipeline.router.resolve(context.invocation_metadata() or ())
         facts = HeaderFacts(priority=route.default_priority)
         async for request in request_iterator:
+            started = time.perf_counter()
             phase = request.WhichOneof("request")
             try:
                 if phase == "request_headers":
@@ -59,6 +61,9 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                     response = _continue(phase)
             except Exception as e:
                 response = self._fault(route, facts, phase, e)
+            telemetry.PROCESSING_SECONDS.labels(phase=phase or "unknown").observe(
+                time.perf_counter() - started
+            )
             yield response
 
     def _headers(

@@ -183,3 +183,19 @@ def test_unexpected_phases_get_a_matching_empty_reply() -> None:
     msg = pb.ProcessingRequest(response_headers=pb.HttpHeaders())
     out = run([msg])
     assert out[0].WhichOneof("response") == "response_headers"
+
+
+def _processed(phase: str) -> float:
+    from prometheus_client import REGISTRY
+
+    value = REGISTRY.get_sample_value("ice_processing_seconds_count", {"phase": phase})
+    return value or 0.0
+
+
+def test_each_answered_message_is_timed_by_phase() -> None:
+    before = {p: _processed(p) for p in ("request_headers", "request_body")}
+    body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5})
+    responses = run([headers_msg(), body_msg(body.encode())], snapshot(0.2, 0))
+    assert len(responses) == 2
+    assert _processed("request_headers") == before["request_headers"] + 1
+    assert _processed("request_body") == before["request_body"] + 1
