@@ -1,6 +1,6 @@
 """One overload burst sent twice to a real vLLM: straight to it, and through Envoy + ICE.
 
-The command line of ``ext_proc/overload.py`` (which does the work; ``ice demo`` uses it too).
+The command line of ``ext_proc/overload/`` (which does the work; ``ice demo`` uses it too).
 
 ```
 burst ─┬─ direct ──────────────────────────────────────► vllm serve (tiny model, 24 KV blocks)
