@@ -21,7 +21,11 @@ if TYPE_CHECKING:
 CHAT = "/v1/chat/completions"
 # Long requests sent straight to vLLM to give it a queue for the 429 step: three ~887-token
 # prompts fill 21 of the 23 usable KV blocks, the rest wait (and preempted ones rejoin them).
+# Each asks for BUSY_OUTPUT_TOKENS (887 + 1,000 < the 2,048-token context), so the queue lasts
+# several seconds even on a fast machine (with the burst's 200 it could drain within the tries).
 BUSY_REQUESTS = 6
+BUSY_OUTPUT_TOKENS = 1000
+PROBE_TRIES = 10
 
 
 def _say(text: str = "") -> None:
@@ -90,29 +94,33 @@ async def _shed_while_busy(
     vllm_url: str, model: str, probe: dict[str, Any], headers: dict[str, str]
 ) -> tuple[dict[str, float], int, tuple[int, dict[str, str], bytes]]:
     """Keep vLLM busy with ``BUSY_REQUESTS`` long streamed requests sent straight to it; once
-    vLLM reports a queue (ICE scrapes it every 0.1 s), send ``probe`` through ICE, up to five
-    times 0.3 s apart until it gets 429; then drop the long requests (vLLM aborts them).
-    Returns vLLM's gauges just before the answered try, the number of tries, the answer."""
+    vLLM reports a queue (ICE scrapes it every 0.1 s), send ``probe`` through ICE, up to
+    ``PROBE_TRIES`` times 0.3 s apart until it gets 429; then drop the long requests (vLLM
+    aborts them). Returns vLLM's gauges just before the answered try, the number of tries,
+    the answer."""
     import aiohttp
 
     from ext_proc import overload
 
     metrics = f"{vllm_url}/metrics"
     connector = aiohttp.TCPConnector(limit=0, force_close=True)
-    async with aiohttp.ClientSession(connector=connector) as session:
+    async with (
+        aiohttp.ClientSession(connector=connector) as session,
+        aiohttp.ClientSession() as probes,  # gauges and the probe never queue behind `busy`
+    ):
 
         async def busy(i: int) -> None:
-            plan = overload.Planned(i, 0.0, "standard", overload.PROMPT_TOKENS, overload.MAX_TOKENS)
+            plan = overload.Planned(i, 0.0, "standard", overload.PROMPT_TOKENS, BUSY_OUTPUT_TOKENS)
             body = overload.request_body(plan, model, seed=7_000 + i)
             async with session.post(vllm_url + CHAT, json=body) as resp:
                 async for _ in resp.content:
                     pass
 
         async def gauges() -> dict[str, float]:
-            return _gauges(await overload.fetch(session, metrics))
+            return _gauges(await overload.fetch(probes, metrics))
 
         async def send() -> tuple[int, dict[str, str], bytes]:
-            async with session.post(ENVOY_URL + CHAT, json=probe, headers=headers) as resp:
+            async with probes.post(ENVOY_URL + CHAT, json=probe, headers=headers) as resp:
                 got = {k.lower(): v for k, v in resp.headers.items()}
                 return resp.status, got, await resp.read()
 
@@ -129,7 +137,7 @@ async def _shed_while_busy(
                 tries += 1
                 seen = await gauges()
                 answer = await send()
-                if answer[0] == 429 or tries == 5:
+                if answer[0] == 429 or tries == PROBE_TRIES:
                     return seen, tries, answer
                 await asyncio.sleep(0.3)
         finally:
