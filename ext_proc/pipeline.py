@@ -1,7 +1,7 @@
 """The request's way through ICE, free of gRPC: route → headers → body → outcome.
 
-1. ``Router.resolve`` maps the route's gRPC metadata (``x-ice-route``, ``x-ice-profile``,
-   ``x-ice-pool``, ``x-ice-priority``) to a ``Route``.
+1. ``Router.resolve`` (``ext_proc.routing``) maps the route's gRPC metadata
+   (``x-ice-route``, ``x-ice-profile``, ``x-ice-pool``, ``x-ice-priority``) to a ``Route``.
 2. ``on_headers`` reads the request headers once: the schema adapter for the path, whether
    the body is JSON, the priority header, spoofed ICE headers to strip, and the answers that
    need no body (empty body → 400, declared length over the limit → 413).
@@ -35,8 +35,9 @@ from ext_proc.decision import (
 )
 from ext_proc.plan import Continue, Outcome, Respond, plan, reject_outcome
 from ext_proc.policy.evaluate import LADDER, LADDER_AFTER_TRUNCATION, Rule, evaluate
-from ext_proc.policy.model import PRIORITIES, Policy, Priority, Profile
+from ext_proc.policy.model import PRIORITIES, Policy, Priority
 from ext_proc.poolview import PoolViews
+from ext_proc.routing import Route, Router
 from ext_proc.schemas import BadRequest, RequestFeatures, SchemaAdapter, adapter_for_path
 from ext_proc.signals.snapshot import PoolSnapshot
 
@@ -61,81 +62,6 @@ DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 SPOOF_PREFIXES = ("x-mem-pressure", "x-ice-", "x-downgraded")
 
 SnapshotLookup = Callable[[str], PoolSnapshot | None]
-
-
-@dataclass(frozen=True, slots=True)
-class Route:
-    """What a route's gRPC metadata selects. ``key`` rebuilds it: ``Router.route_for(key)``."""
-
-    name: str
-    profile: Profile
-    pool: str
-    default_priority: Priority
-    key: tuple[str, str, str, str] = ("", "", "", "")
-
-
-class Router:
-    """Resolves route metadata against the policy; unknown names fall back to defaults."""
-
-    def __init__(self, policy: Policy) -> None:
-        self.policy = policy
-        self._cache: dict[tuple[str, str, str, str], Route] = {}
-        self._warned: set[str] = set()
-
-    def resolve(self, metadata: Iterable[tuple[str, str | bytes]]) -> Route:
-        name = profile = pool = priority = ""
-        for key, value in metadata:
-            if not key.startswith("x-ice-") or not isinstance(value, str):
-                continue
-            if key == "x-ice-route":
-                name = value
-            elif key == "x-ice-profile":
-                profile = value
-            elif key == "x-ice-pool":
-                pool = value
-            elif key == "x-ice-priority":
-                priority = value
-        return self.route_for((name, profile, pool, priority))
-
-    def route_for(self, key: tuple[str, str, str, str]) -> Route:
-        """The route for metadata values (route, profile, pool, priority)."""
-        route = self._cache.get(key)
-        if route is None:
-            route = self._build(*key)
-            if len(self._cache) < 1024:
-                self._cache[key] = route
-        return route
-
-    def _warn_once(self, what: str) -> None:
-        if what not in self._warned:
-            self._warned.add(what)
-            log.warning("%s; using the default", what)
-
-    def _build(self, name: str, profile: str, pool: str, priority: str) -> Route:
-        p = self.policy
-        binding = p.routes.get(name)
-        if binding is not None:
-            profile = profile or binding.profile
-            pool = pool or binding.pool
-            priority = priority or (binding.priority or "")
-        if profile and profile not in p.profiles:
-            self._warn_once(f"route {name or '?'} names unknown profile {profile!r}")
-            profile = ""
-        if pool and pool not in p.pools:
-            self._warn_once(f"route {name or '?'} names unknown pool {pool!r}")
-            pool = ""
-        prof = p.profiles[profile or p.default_profile]
-        prio: Priority = prof.default_priority
-        for candidate in PRIORITIES:
-            if candidate == priority:
-                prio = candidate
-        return Route(
-            name=name or "default",
-            profile=prof,
-            pool=pool or p.default_pool,
-            default_priority=prio,
-            key=(name, profile, pool, priority),
-        )
 
 
 @dataclass(slots=True)
