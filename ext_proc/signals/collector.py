@@ -30,17 +30,12 @@ A pool may instead read its backends from a Prometheus server (``prometheus``): 
 query per signal each interval, grouped into backends by ``group_by`` (``instance``); each
 backend is then a source like a scraped one (history, staleness, derived rates).
 
-GPU sources (the pool's ``gpu_metrics_urls``, DCGM exporters) are scraped alongside; their
-GPUs join the view by ``gpu_join``: ``pool`` (all of them), ``host`` (those whose
-``Hostname`` label is the host of one of the pool's backends) or ``pod`` (those whose ``pod``
-label names one of the backends' pods, and whose ``namespace`` label matches where the
-backend's namespace is known; a GPU without a pod label is not joined). Backends' pods come
-from the pool's ``backend_pods`` (static URLs) or from the ``pod``/``namespace`` labels of a
-Prometheus source's series; DNS backends are addresses and have none. A pool with
-``local_gpus: nvml`` (ICE beside the inference server) also reads this host's GPUs through
-NVML, in a thread, every cycle; they always join. Without NVML (no package, library, driver)
-that source fails like any other: logged once, counted, retried after backoff; the view then
-has no GPU term.
+GPU sources (the pool's ``gpu_metrics_urls``, DCGM exporters) are scraped alongside; a pool
+with ``local_gpus: nvml`` (ICE beside the inference server) also reads this host's GPUs
+through NVML, in a thread, every cycle. Without NVML (no package, library, driver) that
+source fails like any other: logged once, counted, retried after backoff; the view then has
+no GPU term. Which GPUs join the view (``gpu_join``), and the other pure parts of the view:
+``ext_proc.signals.poolbuild``.
 
 Invariant: the request path never calls into this module; it only reads published snapshots.
 """
@@ -55,52 +50,33 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import urlencode
 
 from ext_proc import telemetry
 from ext_proc.policy.model import Pool
 from ext_proc.signals.httpget import HttpGetter
-from ext_proc.signals.model import Derived, EngineScrape, GpuScrape
+from ext_proc.signals.model import GpuScrape
 from ext_proc.signals.nvml import NvmlReader, NvmlSource
 from ext_proc.signals.parse import SourceParseError, parse_dcgm, parse_engine
+from ext_proc.signals.poolbuild import (
+    LOCAL_GPUS,
+    backend_from_scrape,
+    backend_signals,
+    pool_gpus,
+    saturated,
+)
 from ext_proc.signals.promapi import build_queries, engine_backends
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
-from ext_proc.signals.window import Window, derive
+from ext_proc.signals.window import Window
 
 __all__ = ["LOCAL_GPUS", "MAX_BACKOFF_S", "Collector", "Fetch", "Resolve", "backend_from_scrape"]
 
 log = logging.getLogger("ice.collector")
 
 MAX_BACKOFF_S = 5.0
-SATURATED_WAITING = 1e6  # a stale source under `stale: saturated` reports this queue
-LOCAL_GPUS = "nvml"  # the source name of a pool's local GPUs (logs, GpuScrape.source)
 
 Fetch = Callable[[str, float], Awaitable[str]]
 Resolve = Callable[[str, int], Awaitable[list[str]]]
-
-
-def backend_from_scrape(
-    scrape: EngineScrape, history: list[EngineScrape], window_s: float
-) -> BackendSignals:
-    """The evaluator's view of one backend from its newest scrape and recent history."""
-    return _backend(scrape, derive(history, window_s) if len(history) >= 2 else None)
-
-
-def _backend(scrape: EngineScrape, derived: Derived | None, age_s: float = 0.0) -> BackendSignals:
-    blocks, block_size = scrape.num_gpu_blocks, scrape.block_size
-    if blocks is None and scrape.kv_capacity_tokens is not None:
-        blocks, block_size = scrape.kv_capacity_tokens, 1  # token-granular caches (SGLang)
-    return BackendSignals(
-        url=scrape.source,
-        kv_cache_usage=scrape.kv_cache_usage,
-        num_requests_running=scrape.num_requests_running,
-        num_requests_waiting=scrape.num_requests_waiting,
-        num_gpu_blocks=blocks,
-        block_size=block_size,
-        derived=derived,
-        cache_hit_rate=scrape.cache_hit_rate,
-        age_s=age_s,
-    )
 
 
 @dataclass
@@ -349,10 +325,10 @@ class Collector:
             if src is None or newest is None:
                 stale_seen = True
                 if pool.stale == "saturated":
-                    backends.append(_saturated(url, None))
+                    backends.append(saturated(url, None))
                 continue
             age = now - newest.at_s
-            backend = _backend(newest, src.window.derived(), age)
+            backend = backend_signals(newest, src.window.derived(), age)
             if age <= pool.stale_after_s:
                 backends.append(backend)
                 continue
@@ -360,7 +336,7 @@ class Collector:
             if pool.stale == "last_known" and age <= pool.max_age_s:
                 backends.append(replace(backend, stale=True))
             elif pool.stale == "saturated":
-                backends.append(_saturated(url, backend))
+                backends.append(saturated(url, backend))
         if not backends:
             return None
         return PoolSnapshot(
@@ -373,43 +349,8 @@ class Collector:
         )
 
     def _gpus(self, pool: Pool, urls: list[str], now: float) -> tuple[GpuScrape, ...]:
-        """The pool's GPUs from fresh GPU sources: DCGM exporters' joined by
-        ``pool.gpu_join``, then the local ones (NVML)."""
-        if not pool.gpu_metrics_urls and not pool.local_gpus:
-            return ()
-        joins = self._join(pool, urls)
-        found: list[GpuScrape] = []
-        for url in (*pool.gpu_metrics_urls, *((LOCAL_GPUS,) if pool.local_gpus else ())):
-            src = self._sources.get((pool.name, url))
-            if src is None or not src.gpus or now - src.gpus_at_s > pool.max_age_s:
-                continue
-            found.extend(src.gpus if url == LOCAL_GPUS else filter(joins, src.gpus))
-        return tuple(found)
-
-    def _join(self, pool: Pool, urls: list[str]) -> Callable[[GpuScrape], bool]:
-        """Whether a DCGM exporter's GPU belongs to the pool (see the module docstring)."""
-        if pool.gpu_join == "host":
-            hosts = {urlsplit(u).hostname for u in urls}
-            return lambda g: g.host in hosts
-        if pool.gpu_join == "pod":
-            namespaces: dict[str, set[str]] = {}  # backend pod → its namespaces ("": unknown)
-            prometheus_pods = self._pods.get(pool.name, {})
-            for url in urls:
-                ref = pool.backend_pods.get(url) or prometheus_pods.get(url)
-                if ref is not None:
-                    namespaces.setdefault(ref[1], set()).add(ref[0])
-
-            def joined(g: GpuScrape) -> bool:
-                spaces = namespaces.get(g.pod) if g.pod else None
-                return spaces is not None and ("" in spaces or g.namespace in spaces)
-
-            return joined
-        return lambda g: True
-
-
-def _saturated(url: str, last: BackendSignals | None) -> BackendSignals:
-    base = last or BackendSignals(url=url)
-    return replace(base, kv_cache_usage=1.0, num_requests_waiting=SATURATED_WAITING, stale=True)
+        """The pool's GPUs from fresh GPU sources (``poolbuild.pool_gpus``)."""
+        return pool_gpus(pool, urls, now, self._sources, self._pods.get(pool.name, {}))
 
 
 async def _resolve_dns(name: str, port: int) -> list[str]:

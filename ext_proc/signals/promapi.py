@@ -12,7 +12,7 @@ The queries are raw selectors, one per ICE field, e.g. for ``kv_cache_usage`` of
     {__name__=~"vllm:kv_cache_usage_perc|vllm:gpu_cache_usage_perc"}
 
 so Prometheus returns the series as the backends exposed them (plus its target labels), and
-the combination over engines, ranks and ``model_name`` series is ``parse.engine_from_samples``,
+the combination over engines, ranks and ``model_name`` series is ``combine.engine_from_samples``,
 the one a direct scrape uses — ICE sees the same numbers either way. Histograms come as their
 ``_bucket``/``_count``/``_sum`` series; counters stay cumulative (``window.derive`` makes the
 rates from successive answers). The queries may be sent one by one or joined with ``or``.
@@ -30,13 +30,13 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ext_proc.signals import names as N
-from ext_proc.signals.model import EngineScrape, GpuScrape
-from ext_proc.signals.parse import (
+from ext_proc.signals.combine import (
     Sample,
     SourceParseError,
     engine_from_samples,
     gpus_from_samples,
 )
+from ext_proc.signals.model import EngineScrape, GpuScrape
 
 __all__ = [
     "Body",
