@@ -1,0 +1,132 @@
+"""Development inference backend: a fake OpenAI/Anthropic-compatible LLM server.
+
+This module: the ``aiohttp`` application, its control endpoints and the entry point.
+
+- ``build_app``: a fresh ``_Backend`` and the routes: the three inference endpoints
+  (``inference``), ``/health``, ``/v1/models``, ``/metrics`` and the ``/_dev/*`` controls.
+- ``metrics``: the backend's registry rendered as text, or the verbatim page ``PUT
+  /_dev/metrics`` set, after ``DevState.metrics_delay_s``.
+- ``dev_state`` / ``dev_metrics`` / ``dev_requests``: set or read ``DevState``, set or clear
+  the page override, list or clear the recorded requests.
+- ``main`` / ``_serve``: ``--host``/``--port``/``--model``; serve until SIGINT/SIGTERM.
+
+Invariants: a ``PUT /_dev/state`` is applied whole or not at all: every key must be a
+``DevState`` field and every value of its field's type (bools are not numbers; ints are taken
+for float fields), else 400 and nothing changes; once the site accepts connections ``_serve``
+prints exactly one line ``devbackend listening on http://H:P`` (the real port for
+``--port 0``); the first line of this docstring is ``--help``'s description.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import signal
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import generate_latest
+
+from ext_proc.devbackend.inference import chat_completions, completions, messages
+from ext_proc.devbackend.state import _DEFAULTS, BACKEND, METRICS_CONTENT_TYPE, _Backend
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.Response(status=200)
+
+
+async def models(request: web.Request) -> web.Response:
+    model = {"id": request.app[BACKEND].model, "object": "model", "created": 0}
+    return web.json_response({"object": "list", "data": [{**model, "owned_by": "ice-dev"}]})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    backend = request.app[BACKEND]
+    if backend.state.metrics_delay_s > 0:
+        await asyncio.sleep(backend.state.metrics_delay_s)
+    page = backend.raw_metrics
+    if page is None:
+        page = generate_latest(backend.registry)
+    return web.Response(body=page, headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+
+def _fits(key: str, value: Any) -> bool:
+    """Whether ``value`` may be stored in state field ``key`` (bools are not numbers here)."""
+    kind = type(_DEFAULTS[key]) if key in _DEFAULTS else None
+    wanted = (int, float) if kind is float else kind
+    return (
+        wanted is not None and isinstance(value, wanted) and (kind is bool) == (type(value) is bool)
+    )
+
+
+async def dev_state(request: web.Request) -> web.Response:
+    backend = request.app[BACKEND]
+    if request.method == "PUT":
+        try:
+            update = json.loads(await request.read())
+        except ValueError as exc:
+            return web.json_response({"error": f"invalid JSON body: {exc}"}, status=400)
+        if not isinstance(update, dict) or not all(_fits(k, v) for k, v in update.items()):
+            return web.json_response({"error": f"invalid state update: {update!r}"}, status=400)
+        update = {k: float(v) if type(_DEFAULTS[k]) is float else v for k, v in update.items()}
+        backend.state = dataclasses.replace(backend.state, **update)
+    return web.json_response(dataclasses.asdict(backend.state))
+
+
+async def dev_metrics(request: web.Request) -> web.Response:
+    request.app[BACKEND].raw_metrics = await request.read() if request.method == "PUT" else None
+    return web.Response()
+
+
+async def dev_requests(request: web.Request) -> web.Response:
+    recorded = request.app[BACKEND].requests
+    if request.method == "DELETE":
+        recorded.clear()
+    return web.json_response(list(recorded))
+
+
+def build_app(model: str) -> web.Application:
+    """The devbackend application serving ``model``, with fresh state and metrics."""
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app[BACKEND] = _Backend(model)
+    for method, path, handler in [
+        ("POST", "/v1/chat/completions", chat_completions),
+        ("POST", "/v1/completions", completions),
+        ("POST", "/v1/messages", messages),
+        ("GET", "/health", health),
+        ("GET", "/v1/models", models),
+        ("GET", "/metrics", metrics),
+        *(("GET", "/_dev/state", dev_state), ("PUT", "/_dev/state", dev_state)),
+        *(("PUT", "/_dev/metrics", dev_metrics), ("DELETE", "/_dev/metrics", dev_metrics)),
+        *(("GET", "/_dev/requests", dev_requests), ("DELETE", "/_dev/requests", dev_requests)),
+    ]:
+        app.router.add_route(method, path, handler)
+    return app
+
+
+async def _serve(host: str, port: int, model: str) -> None:
+    runner = web.AppRunner(build_app(model), access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+        bound = runner.addresses[0][1]
+        shown = f"[{host}]" if ":" in host else host
+        print(f"devbackend listening on http://{shown}:{bound}", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--model", default="dev-model")
+    args = parser.parse_args(argv)
+    asyncio.run(_serve(args.host, args.port, args.model))
