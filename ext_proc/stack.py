@@ -155,6 +155,16 @@ class Stack:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def log_tails(self, lines: int = 15, extra: dict[str, Path] | None = None) -> str:
+        """The last ``lines`` lines of each process's log (and of ``extra`` logs), for the
+        message of a failed check; an unreadable log is left out."""
+        out = []
+        for name, path in [*self.logs.items(), *(extra or {}).items()]:
+            with contextlib.suppress(OSError):
+                tail = path.read_text(errors="replace").splitlines()[-lines:]
+                out.append(f"--- {name} log ---\n" + "\n".join(tail))
+        return "\n".join(out)
+
     def _spawn(
         self, name: str, argv: list[str], env: dict[str, str] | None = None
     ) -> subprocess.Popen[str]:

@@ -73,12 +73,7 @@ class Setup:
         return f"{self.vllm_url}/metrics"
 
     def log_tails(self, lines: int = 20) -> str:
-        out = []
-        for name, path in [*self.stack.logs.items(), ("vllm", self.vllm.log_path)]:
-            with contextlib.suppress(OSError):
-                tail = path.read_text(errors="replace").splitlines()[-lines:]
-                out.append(f"--- {name} ---\n" + "\n".join(tail))
-        return "\n".join(out)
+        return self.stack.log_tails(lines, extra={"vllm": self.vllm.log_path})
 
 
 @contextlib.contextmanager

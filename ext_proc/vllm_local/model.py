@@ -17,7 +17,7 @@ import json
 import os
 import subprocess
 import sysconfig
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -159,16 +159,7 @@ def build_model(
     model = model.to(getattr(torch, geometry.dtype))
     model.config.dtype = geometry.dtype
     model.save_pretrained(str(out))
-    built = ModelGeometry(
-        layers=geometry.layers,
-        hidden_size=geometry.hidden_size,
-        attention_heads=geometry.attention_heads,
-        kv_heads=geometry.kv_heads,
-        intermediate_size=geometry.intermediate_size,
-        max_position_embeddings=geometry.max_position_embeddings,
-        vocab_size=vocab_size,
-        dtype=geometry.dtype,
-    )
+    built = replace(geometry, vocab_size=vocab_size)
     stamp = {"seed": seed, **built.__dict__, "head_dim": built.head_dim}
     (out / MODEL_STAMP).write_text(json.dumps(stamp, indent=2) + "\n")
     return built

@@ -395,12 +395,7 @@ class E2E:
         return hosts
 
     def log_tails(self, lines: int = 15) -> str:
-        out = []
-        for name, path in self.stack.logs.items():
-            with contextlib.suppress(OSError):
-                tail = path.read_text(errors="replace").splitlines()[-lines:]
-                out.append(f"--- {name} log ---\n" + "\n".join(tail))
-        return "\n".join(out)
+        return self.stack.log_tails(lines)
 
 
 @contextlib.contextmanager
