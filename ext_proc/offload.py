@@ -25,7 +25,7 @@ from concurrent.futures.process import BrokenProcessPool
 from ext_proc.pipeline import BodyVerdict, HeaderFacts, Pipeline, Route
 from ext_proc.policy.load import load_policy
 from ext_proc.policy.model import Priority
-from ext_proc.schemas import ADAPTERS
+from ext_proc.schemas import BY_NAME
 from ext_proc.signals.snapshot import PoolSnapshot
 
 __all__ = ["DEFAULT_HEAVY_CONTAINERS", "Offload"]
@@ -45,7 +45,7 @@ def _init_helper(policy_path: str | None, max_body_bytes: int) -> None:
 
 def _judge(
     route_key: tuple[str, str, str, str],
-    path: str,
+    schema: str,
     priority: Priority,
     body: bytes,
     snapshot: PoolSnapshot | None,
@@ -56,19 +56,12 @@ def _judge(
     if snapshot is not None:
         helper.views.assume_held(snapshot, held_blocks)
     route = helper.router.route_for(route_key)
-    facts = HeaderFacts(adapter=ADAPTERS[path], priority=priority)
+    facts = HeaderFacts(adapter=BY_NAME[schema], priority=priority)
     return helper.on_body(route, facts, body)
 
 
 def _ready() -> bool:
     return bool(_HELPER)
-
-
-def _path_of(facts: HeaderFacts) -> str | None:
-    for path, adapter in ADAPTERS.items():
-        if adapter is facts.adapter:
-            return path
-    return None
 
 
 class Offload:
@@ -107,13 +100,12 @@ class Offload:
         self, pipeline: Pipeline, route: Route, facts: HeaderFacts, body: bytes
     ) -> BodyVerdict | None:
         """``pipeline.on_body`` run in the helper process (same policy, same snapshot)."""
-        path = _path_of(facts)
-        if path is None:
+        if facts.adapter is None:
             return pipeline.on_body(route, facts, body)
         snapshot = pipeline.lookup(route.pool)
         held = pipeline.views.held(snapshot) if snapshot is not None else 0
         loop = asyncio.get_running_loop()
-        args = (route.key, path, facts.priority, body, snapshot, held)
+        args = (route.key, facts.adapter.name, facts.priority, body, snapshot, held)
         try:
             return await loop.run_in_executor(self._executor(), _judge, *args)
         except BrokenProcessPool:

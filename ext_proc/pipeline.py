@@ -2,9 +2,12 @@
 
 1. ``Router.resolve`` (``ext_proc.routing``) maps the route's gRPC metadata
    (``x-ice-route``, ``x-ice-profile``, ``x-ice-pool``, ``x-ice-priority``) to a ``Route``.
-2. ``on_headers`` reads the request headers once: the schema adapter for the path, whether
-   the body is JSON, the priority header, spoofed ICE headers to strip, and the answers that
-   need no body (empty body → 400, declared length over the limit → 413).
+2. ``on_headers`` reads the request headers once: the schema adapter (the route's
+   ``schema`` binding, else the path's), whether the body is JSON, the priority header,
+   spoofed ICE headers to strip, and the answers that need no body (an unknown path → 404,
+   a judged path with a body that is not JSON → 415, empty body → 400, declared length over
+   the limit → 413). Read-only paths (GET/HEAD) and the policy's ``passthrough_paths`` pass
+   without a body phase.
 3. ``on_body`` parses the body once, extracts features, reads the pool's snapshot, runs the
    evaluator and plans the edits.
 4. When the evaluator asks to truncate history, ``on_body`` returns the verdict with
@@ -12,8 +15,10 @@
    the profile's deadline) plans the truncation, edits the body and judges the shorter
    request with the rest of the ladder.
 
-Invariant: ``on_body`` returns ``None`` when the request passes untouched and unannotated
-(not an inference request); every other outcome carries the verdict headers.
+Invariants: nothing reaches the backend on a path ICE does not judge unless the policy or
+the read-only list opens it; ``on_body`` returns ``None`` when the request passes untouched
+and unannotated (not an inference request); every other outcome carries the verdict
+headers.
 """
 
 from __future__ import annotations
@@ -33,12 +38,21 @@ from ext_proc.decision import (
     Truncated,
     verdict_headers,
 )
+from ext_proc.media import media_cost
 from ext_proc.plan import Continue, Outcome, Respond, plan, reject_outcome
-from ext_proc.policy.evaluate import LADDER, LADDER_AFTER_TRUNCATION, Rule, evaluate
+from ext_proc.policy.evaluate import LADDER, LADDER_AFTER_TRUNCATION, Rule, Shape, evaluate
 from ext_proc.policy.model import PRIORITIES, Policy, Priority
 from ext_proc.poolview import PoolViews
 from ext_proc.routing import Route, Router
-from ext_proc.schemas import BadRequest, RequestFeatures, SchemaAdapter, adapter_for_path
+from ext_proc.schemas import (
+    OPENAI_CHAT_FALLBACK,
+    READ_ONLY_PATHS,
+    BadRequest,
+    RequestFeatures,
+    SchemaAdapter,
+    normal_path,
+    schema_for_path,
+)
 from ext_proc.signals.snapshot import PoolSnapshot
 
 if TYPE_CHECKING:
@@ -133,10 +147,12 @@ class Pipeline:
     ) -> HeaderFacts:
         """Read the request headers (raw bytes values; only the ones ICE uses are decoded)."""
         facts = HeaderFacts(priority=route.default_priority)
-        path = content_type = content_length = ""
+        path = content_type = content_length = method = ""
         for key, raw in headers:
             if key == ":path":
                 path = raw.decode("latin-1")
+            elif key == ":method":
+                method = raw.decode("latin-1")
             elif key == "content-type":
                 content_type = raw.decode("latin-1")
             elif key == "content-length":
@@ -148,13 +164,38 @@ class Pipeline:
                         facts.priority = candidate
             elif key.startswith(SPOOF_PREFIXES):
                 facts.strip.append(key)
-        adapter = adapter_for_path(path)
-        if adapter is None or not _is_json(content_type):
-            facts.skip_body = True
-            reason = "path" if adapter is None else "content_type"
-            telemetry.PASSTHROUGH.labels(route=route.name, reason=reason).inc()
+        adapter = route.schema or schema_for_path(path)
+        if adapter is None:
+            plain = normal_path(path)
+            opened = plain in self.policy.passthrough_paths
+            if opened or (plain in READ_ONLY_PATHS and method in ("GET", "HEAD")):
+                facts.skip_body = True
+                telemetry.PASSTHROUGH.labels(route=route.name, reason="path").inc()
+                return facts
+            telemetry.BAD_REQUESTS.labels(route=route.name, reason="unknown_endpoint").inc()
+            facts.answer = self._bad(
+                route,
+                OPENAI_CHAT_FALLBACK,
+                404,
+                "unknown_endpoint",
+                f"{method or 'A request'} {plain} is not served by this gateway: it judges the "
+                f"inference endpoints only (see docs/endpoints.md).",
+            )
             return facts
         facts.adapter = adapter
+        if not _is_json(content_type):
+            # a judged endpoint reads JSON only: a body in another type is not judged, so it
+            # does not go on (servers that sniff bodies would read it anyway)
+            telemetry.BAD_REQUESTS.labels(route=route.name, reason="unsupported_media_type").inc()
+            facts.answer = self._bad(
+                route,
+                adapter,
+                415,
+                "unsupported_media_type",
+                f"This endpoint takes a JSON body (content-type: application/json), not "
+                f"{content_type.split(';', 1)[0].strip()!r}.",
+            )
+            return facts
         if end_of_stream:
             telemetry.BAD_REQUESTS.labels(route=route.name, reason="empty_body").inc()
             facts.answer = self._bad(
@@ -186,10 +227,17 @@ class Pipeline:
         if counter is None:
             return features
         try:
-            exact = counter.count_request(adapter.name, values)
+            exact = counter.prompt_counts(features.schema, values)
         except TokenCountError:
             return replace(features, input_tokens_source="fallback")
-        return replace(features, input_tokens=exact, input_tokens_source="exact")
+        media = features.media_tokens  # the tokenizer sees placeholders, not the media
+        counts = tuple(c + media for c in exact)
+        return replace(
+            features,
+            input_tokens=max(counts),
+            prompt_tokens=counts if len(counts) > 1 else (),
+            input_tokens_source="exact",
+        )
 
     def _recount(
         self, adapter: SchemaAdapter, shorter: RequestFeatures, body: bytes
@@ -239,8 +287,9 @@ class Pipeline:
             # its blocks count against the pool's free blocks until a newer view (poolview)
             then = d.then if isinstance(d, Truncated) else d
             output = then.max_tokens if isinstance(then, Downgrade) else f.max_tokens
-            output = output or route.profile.min_output_tokens
-            self.views.hold(route.profile, self.lookup(route.pool), f.input_tokens, output)
+            output = (output or route.profile.min_output_tokens) if f.generates else 0
+            shape = Shape.of(f, route.profile)
+            self.views.hold(route.profile, self.lookup(route.pool), shape, output)
 
     def on_body(self, route: Route, facts: HeaderFacts, body: bytes) -> BodyVerdict | None:
         adapter = facts.adapter
@@ -253,7 +302,7 @@ class Pipeline:
             outcome = self._bad(route, adapter, 400, "invalid_json", message)
             return BodyVerdict(None, None, outcome, bad="invalid_json")
         try:
-            features = adapter.features(values)
+            features = adapter.features(values, media_cost(route.profile.media))
         except BadRequest as e:
             outcome = self._bad(route, adapter, 400, e.code, e.message, e.param)
             return BodyVerdict(None, None, outcome, bad=e.code)
@@ -268,7 +317,7 @@ class Pipeline:
         if isinstance(decision, Truncate) and spec is not None:
             from ext_proc.truncate.runner import conversation_for
 
-            conv = conversation_for(adapter.name, values, spec)
+            conv = conversation_for(features.schema, values, spec, media_cost(route.profile.media))
             waiting = Continue(verdict_headers(Pass(decision.pressure)), None)
             return BodyVerdict(decision, features, waiting, pending=PendingTruncation(conv, body))
         return BodyVerdict(decision, features, plan(decision, adapter, body, features))

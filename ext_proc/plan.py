@@ -14,12 +14,17 @@ from ext_proc.schemas.base import RequestFeatures, SchemaAdapter
 
 __all__ = ["LIMIT_FIELDS", "Continue", "Outcome", "Respond", "plan", "reject_outcome"]
 
-# Output-limit fields per schema, all rewritten when a downgrade lowers the limit (a backend
-# may read either; leaving a larger one would undo the downgrade).
-LIMIT_FIELDS: dict[str, tuple[str, ...]] = {
-    "openai.chat": ("max_completion_tokens", "max_tokens"),
-    "openai.completions": ("max_tokens",),
-    "anthropic.messages": ("max_tokens",),
+# Output-limit fields per schema (paths: a top-level key, or a key inside the object(s) of a
+# top-level key). A downgrade lowers every one present that is above the new limit, so no
+# backend's precedence rule can undo it; with none present it injects the first.
+LIMIT_FIELDS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "openai.chat": (("max_tokens",), ("max_completion_tokens",)),
+    "openai.chat_batch": (("max_tokens",), ("max_completion_tokens",)),
+    "openai.completions": (("max_tokens",),),
+    "anthropic.messages": (("max_tokens",),),
+    "openai.responses": (("max_output_tokens",),),
+    "vllm.generate": (("sampling_params", "max_tokens"),),
+    "sglang.generate": (("sampling_params", "max_new_tokens"),),
 }
 
 
@@ -91,20 +96,44 @@ def plan(
     return Continue(headers, None)
 
 
+def _lower(doc: rawjson.TopLevel, key: str, limit: int) -> bytes | None:
+    """``doc`` with ``key`` lowered to ``limit`` (added when absent); None: already ≤."""
+    value = doc.values.get(key)
+    if value is None:
+        if key in doc.values:
+            return rawjson.replace_value(doc, key, limit)
+        return rawjson.add_member(doc, key, limit)
+    if isinstance(value, int) and value > limit:
+        return rawjson.replace_value(doc, key, limit)
+    return None
+
+
 def _rewrite_limit(
     doc: rawjson.TopLevel, features: RequestFeatures, adapter: SchemaAdapter, limit: int
 ) -> bytes:
-    present = [
-        f
-        for f in LIMIT_FIELDS.get(features.schema, (adapter.inject_field,))
-        if doc.values.get(f) is not None
-    ]
-    if not present:
-        return rawjson.add_member(doc, adapter.inject_field, limit)
+    paths = LIMIT_FIELDS.get(features.schema, ((adapter.inject_field,),))
+    top = [p[0] for p in paths if len(p) == 1 and doc.values.get(p[0]) is not None]
+    nested = [p for p in paths if len(p) == 2]
+    if nested:
+        (outer, inner) = nested[0]
+        if outer not in doc.values or doc.values[outer] is None:
+            return (
+                rawjson.replace_value(doc, outer, {inner: limit})
+                if outer in doc.values
+                else (rawjson.add_member(doc, outer, {inner: limit}))
+            )
+
+        def edit(obj: rawjson.TopLevel) -> bytes:
+            lowered = _lower(obj, inner, limit)
+            return lowered if lowered is not None else obj.text.encode("utf-8")
+
+        return rawjson.edit_member(doc, outer, edit)
+    if not top:
+        return rawjson.add_member(doc, paths[0][0], limit)
     body: bytes | None = None
-    for field in present:
-        value = doc.values[field]
-        if isinstance(value, int) and value > limit:
-            body = rawjson.replace_value(doc, field, limit)
+    for field in top:
+        lowered = _lower(doc, field, limit)
+        if lowered is not None:
+            body = lowered
             doc = rawjson.parse_object(body)
-    return body if body is not None else rawjson.replace_value(doc, present[0], limit)
+    return body if body is not None else doc.text.encode("utf-8")

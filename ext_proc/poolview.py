@@ -12,11 +12,13 @@ worker's ledger of requests in flight.
   so never twice; per worker (a heavy body judged in the offload helper is judged with its
   worker's ledger); what the backend's gauges lag behind a scrape is not covered.
 
-KV blocks of a request: ceil((input + output) / block_size) on a full-attention model, or
+KV blocks of a sequence: ceil((input + output) / block_size) on a full-attention model, or
 the ``ext_proc.kv`` geometry's ``request_blocks`` (sliding-window and hybrid layer groups)
 when the profile names the model's config; less the whole blocks of its expected prefix-cache
 hit: cached = floor(input × reuse), reuse = the pool's recent hit ratio, at most input − 1
-tokens (vLLM always recomputes the last prompt token).
+tokens (vLLM always recomputes the last prompt token). Further samples of one prompt (``n``)
+hit its whole prompt (at most input − 1 tokens) when every backend caches prefixes; a
+request's blocks are summed over its sequences (``KvFit.need``).
 
 Invariant: caches are keyed by snapshot identity, so a new snapshot recomputes everything;
 nothing here does I/O.
@@ -30,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from ext_proc.kv.geometry import KVGeometry, build_geometry
-from ext_proc.policy.evaluate import KvFit
+from ext_proc.policy.evaluate import KvFit, Shape
 from ext_proc.policy.model import PressureModel, Profile
 from ext_proc.policy.pressure import Pressure, pressure_of
 from ext_proc.policy.scores import DrainInputs, drain_inputs, pool_cache_efficiency
@@ -111,14 +113,15 @@ class PoolViews:
         self._inflight[snapshot.pool] = deque([(float("inf"), blocks)] if blocks else [])
 
     def hold(
-        self, profile: Profile, snapshot: PoolSnapshot | None, input_tokens: int, output: int
+        self, profile: Profile, snapshot: PoolSnapshot | None, shape: Shape, output: int
     ) -> None:
-        """Remember the blocks of a request sent upstream to ``snapshot``'s pool."""
+        """Remember the blocks of a request (all its sequences) sent upstream to
+        ``snapshot``'s pool."""
         fit = self._fit(profile, snapshot)
         if fit is None or snapshot is None:
             return
         entries = self._inflight.setdefault(snapshot.pool, deque())
-        entries.append((time.monotonic(), fit.blocks(input_tokens, output)))
+        entries.append((time.monotonic(), fit.need(shape, output)))
         if len(entries) > MAX_INFLIGHT:
             entries.popleft()
 
@@ -138,19 +141,27 @@ class PoolViews:
         )
         if free is not None and usable is not None and bs is not None:
             reuse = self.efficiency(snapshot) or 0.0
-            fit = KvFit(free, usable, bs, self._blocks_fn(profile, bs, reuse))
+            blocks = self._blocks_fn(profile, bs)
+
+            def first(i: int, o: int) -> int:
+                return blocks(i, o, int(i * reuse))
+
+            def sibling(i: int, o: int) -> int:  # its prompt's full blocks are cached
+                return blocks(i, o, i)
+
+            shared = sibling if snapshot.prefix_caching else None
+            fit = KvFit(free, usable, bs, first, shared)
         self._kv[key] = (snapshot, fit)
         return fit
 
-    def _blocks_fn(
-        self, profile: Profile, block_size: int, reuse: float
-    ) -> Callable[[int, int], int]:
-        """Blocks a request of (input, output) tokens needs (see the module docstring)."""
+    def _blocks_fn(self, profile: Profile, block_size: int) -> Callable[[int, int, int], int]:
+        """Blocks a request of (input, output) tokens needs with ``cached`` prompt tokens
+        already in the prefix cache (see the module docstring)."""
         spec = profile.kv_model
         if spec is None:
 
-            def full_attention(i: int, o: int) -> int:
-                hit = min(int(i * reuse), i - 1) if i > 1 else 0
+            def full_attention(i: int, o: int, cached: int) -> int:
+                hit = min(cached, i - 1) if i > 1 else 0
                 return -(-(i + o) // block_size) - hit // block_size
 
             return full_attention
@@ -164,7 +175,4 @@ class PoolViews:
                 block_size=block_size,
                 max_num_batched_tokens=spec.max_num_batched_tokens,
             )
-        if reuse <= 0:
-            return geometry.request_blocks
-        request_blocks = geometry.request_blocks
-        return lambda i, o: request_blocks(i, o, int(i * reuse))
+        return geometry.request_blocks

@@ -8,12 +8,16 @@ Invariants:
 - Values are decoded by the standard library's JSON decoder (C scanner); this module only
   walks the top-level object and records spans, it never re-serialises the body.
 - ``replace_value`` and ``add_member`` return new bytes; the input is never modified.
-- Duplicate keys: the last occurrence wins, as with ``json.loads`` (and Python backends).
+- Duplicate keys: the last occurrence wins, as with ``json.loads`` (and Python backends);
+  ``decode_object`` also remembers, per object, which keys were repeated
+  (``duplicate_keys``), so that a schema adapter can refuse a repeated key it reads. Objects
+  without repeats are plain dicts.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any
@@ -24,6 +28,8 @@ __all__ = [
     "add_member",
     "array_items",
     "decode_object",
+    "duplicate_keys",
+    "edit_member",
     "parse_object",
     "replace_array",
     "replace_value",
@@ -47,6 +53,31 @@ class TopLevel:
     close_index: int  # index of the closing ``}``
 
 
+class _Repeated(dict[str, Any]):
+    """A decoded object that gave some keys more than once (their last values kept)."""
+
+    __slots__ = ("repeated",)
+    repeated: frozenset[str]
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) == len(pairs):
+        return obj
+    seen: set[str] = set()
+    repeated: set[str] = set()
+    for key, _ in pairs:
+        (repeated if key in seen else seen).add(key)
+    marked = _Repeated(obj)
+    marked.repeated = frozenset(repeated)
+    return marked
+
+
+def duplicate_keys(obj: object) -> frozenset[str]:
+    """The keys a decoded object gave more than once (empty for most objects)."""
+    return obj.repeated if type(obj) is _Repeated else frozenset()
+
+
 def _skip_ws(text: str, i: int) -> int:
     n = len(text)
     while i < n and text[i] in _WS:
@@ -64,7 +95,7 @@ def decode_object(body: bytes) -> dict[str, Any]:
     except UnicodeDecodeError as e:
         raise InvalidJSON(f"body is not valid UTF-8 (byte {e.start})") from None
     try:
-        value = json.loads(text)
+        value = json.loads(text, object_pairs_hook=_object)
     except RecursionError:
         raise InvalidJSON("the JSON is nested too deeply") from None
     except json.JSONDecodeError as e:
@@ -170,3 +201,22 @@ def replace_array(doc: TopLevel, key: str, items: list[str]) -> bytes:
     e.g. from ``array_items``, kept byte for byte) joined by ``", "``."""
     start, end = doc.spans[key]
     return (doc.text[:start] + "[" + ", ".join(items) + "]" + doc.text[end:]).encode("utf-8")
+
+
+def edit_member(doc: TopLevel, key: str, edit: Callable[[TopLevel], bytes]) -> bytes:
+    """Return the body with the value of top-level ``key`` (an object, or an array of
+    objects) replaced by ``edit`` of each object (parsed with ``parse_object``): everything
+    outside the edited objects stays byte for byte (array elements are rejoined by ``", "``).
+
+    Raises ``InvalidJSON`` when the member is neither."""
+    start, end = doc.spans[key]
+    value = doc.values[key]
+    if isinstance(value, dict):
+        inner = parse_object(doc.text[start:end].encode("utf-8"))
+        return (doc.text[:start] + edit(inner).decode("utf-8") + doc.text[end:]).encode("utf-8")
+    if isinstance(value, list) and all(isinstance(v, dict) for v in value):
+        items = [
+            edit(parse_object(t.encode("utf-8"))).decode("utf-8") for t in array_items(doc, key)
+        ]
+        return replace_array(doc, key, items)
+    raise InvalidJSON(f"'{key}' is not an object or an array of objects")

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ext_proc.policy.model import PRIORITIES, Policy, Priority, Profile
+from ext_proc.schemas import SCHEMAS, SchemaAdapter
 
 __all__ = ["Route", "Router"]
 
@@ -32,6 +33,7 @@ class Route:
     pool: str
     default_priority: Priority
     key: tuple[str, str, str, str] = ("", "", "", "")
+    schema: SchemaAdapter | None = None  # the binding's schema; None: chosen by path
 
 
 class Router:
@@ -74,6 +76,7 @@ class Router:
     def _build(self, name: str, profile: str, pool: str, priority: str) -> Route:
         p = self.policy
         binding = p.routes.get(name)
+        schema = SCHEMAS.get(binding.schema) if binding is not None else None
         if binding is not None:
             profile = profile or binding.profile
             pool = pool or binding.pool
@@ -95,4 +98,5 @@ class Router:
             pool=pool or p.default_pool,
             default_priority=prio,
             key=(name, profile, pool, priority),
+            schema=schema,
         )

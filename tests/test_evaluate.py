@@ -8,7 +8,7 @@ from types import MappingProxyType
 import pytest
 
 from ext_proc.decision import Decision, Downgrade, Pass, Reject, verdict_headers
-from ext_proc.policy.evaluate import KvFit, evaluate, safe_output_tokens
+from ext_proc.policy.evaluate import KvFit, Shape, evaluate, safe_output_tokens
 from ext_proc.policy.model import Level, Priority, Profile
 from ext_proc.policy.pressure import Pressure
 from ext_proc.schemas import RequestFeatures
@@ -298,7 +298,7 @@ def test_output_fit_is_the_largest_output_in_whole_free_blocks(
     free: int, wanted: int, expected: int
 ) -> None:
     # input 100 tokens: 7 blocks hold 112 tokens → 12 output tokens; 6 blocks hold none
-    assert kv(free).output_fit(100, wanted) == expected
+    assert kv(free).output_fit(Shape.single(100), wanted) == expected
 
 
 def test_kv_shed_mode_judges_the_output_the_context_allows_not_the_raw_request() -> None:

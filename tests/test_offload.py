@@ -10,6 +10,7 @@ import pytest
 
 from ext_proc.offload import Offload
 from ext_proc.pipeline import HeaderFacts, Pipeline
+from ext_proc.policy.evaluate import Shape
 from ext_proc.policy.load import load_policy
 from ext_proc.schemas import OPENAI_CHAT
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
@@ -58,7 +59,7 @@ def test_offloaded_verdict_counts_the_workers_inflight_blocks() -> None:
     assert before is not None and before.decision is not None
     assert before.decision.decision == "pass"
     time.sleep(0.001)  # the ledger counts requests passed after the snapshot was taken
-    pipeline.views.hold(route.profile, snap, (100_000 - 100) * 16, 0)
+    pipeline.views.hold(route.profile, snap, Shape.single((100_000 - 100) * 16), 0)
     assert pipeline.views.held(snap) == 100_000 - 100
     offload = Offload(None, pipeline.max_body_bytes, heavy_containers=1_000)
     assert offload.is_heavy(body)

@@ -24,7 +24,13 @@ from ext_proc.schemas.anthropic_messages import ANTHROPIC_MESSAGES as ANTHROPIC_
         ("/v1/chat/completions/", "openai.chat"),
         ("/v1/completions", "openai.completions"),
         ("/v1/messages", "anthropic.messages"),
-        ("/v1/embeddings", None),
+        ("/v1/embeddings", "openai.embeddings"),
+        ("/v1/responses", "openai.responses"),
+        ("/v1/chat/completions/batch", "openai.chat_batch"),
+        ("/invocations", "sagemaker.invocations"),
+        ("/inference/v1/generate", "vllm.generate"),
+        ("/generate", None),  # SGLang's: chosen per route (schema: sglang_generate)
+        ("/v1/load_lora_adapter", None),
         ("/health", None),
     ],
 )
@@ -44,9 +50,10 @@ def test_chat_features_count_string_and_array_content() -> None:
         "stream": True,
     }
     f = OPENAI_CHAT.features(body)
-    # 3 (reply primer) + (4 + 2) + (4 + 1) = 14
+    # 3 (reply primer) + (4 + 2) + (4 + 1 + 576: an image of unknown size at the default
+    # tokens_per_image) = 590
     assert (f.input_tokens, f.max_tokens, f.max_tokens_field, f.stream, f.model) == (
-        14,
+        590,
         100,
         "max_tokens",
         True,
@@ -60,7 +67,8 @@ def test_chat_features_count_string_and_array_content() -> None:
         ({"max_tokens": 50}, (50, "max_tokens")),
         ({"max_completion_tokens": 40}, (40, "max_completion_tokens")),
         ({"max_tokens": 50, "max_completion_tokens": 40}, (40, "max_completion_tokens")),
-        ({"max_tokens": 30, "max_completion_tokens": 40}, (30, "max_tokens")),
+        # the backend uses max_completion_tokens whenever it is set (vLLM, SGLang, OpenAI)
+        ({"max_tokens": 30, "max_completion_tokens": 40}, (40, "max_completion_tokens")),
         ({"max_tokens": None}, (None, None)),
         ({}, (None, None)),
         ({"max_tokens": 10**30}, (2**53, "max_tokens")),

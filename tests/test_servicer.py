@@ -131,14 +131,24 @@ def test_spoofed_headers_are_removed_in_the_headers_reply() -> None:
     assert sorted(removed) == ["x-downgraded", "x-ice-decision", "x-mem-pressure"]
 
 
-def test_non_inference_path_turns_the_body_phase_off() -> None:
-    out = run([headers_msg("/v1/embeddings")])
+def test_unknown_path_is_answered_404_at_the_headers_phase() -> None:
+    out = run([headers_msg("/v1/load_lora_adapter")])
+    ir = out[0].immediate_response
+    err = json.loads(ir.body)["error"]
+    assert ir.status.code == 404 and err["code"] == "unknown_endpoint"
+    assert "/v1/load_lora_adapter" in err["message"]
+
+
+def test_read_only_get_turns_the_body_phase_off() -> None:
+    out = run([headers_msg("/v1/models", eos=True, **{":method": "GET"})])
     assert out[0].HasField("mode_override") and out[0].mode_override.request_body_mode == 0
 
 
-def test_non_json_content_type_turns_the_body_phase_off() -> None:
+def test_non_json_content_type_on_a_judged_path_is_answered_415() -> None:
     out = run([headers_msg(**{"content-type": "text/plain"})])
-    assert out[0].HasField("mode_override")
+    ir = out[0].immediate_response
+    assert ir.status.code == 415
+    assert json.loads(ir.body)["error"]["code"] == "unsupported_media_type"
 
 
 def test_empty_body_is_answered_400_at_the_headers_phase() -> None:

@@ -30,6 +30,8 @@ POLICY = """
 profiles:
   default:
     max_model_len: 32768
+    # images cost 1 token here, so that an image-only question fits the small budget
+    media: {tokens_per_image: 1}
     truncation:
       enabled: true
       budget_tokens: {high: 120}

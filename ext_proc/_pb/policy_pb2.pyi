@@ -120,6 +120,7 @@ class Policy(_message.Message):
     TOKENIZERS_FIELD_NUMBER: _builtins.int
     EXACT_COUNT_INLINE_BYTES_FIELD_NUMBER: _builtins.int
     EMBEDDING_FIELD_NUMBER: _builtins.int
+    PASSTHROUGH_PATHS_FIELD_NUMBER: _builtins.int
     default_profile: _builtins.str
     """Profile used by routes that name none (gRPC metadata x-ice-profile). Default "default"."""
     default_pool: _builtins.str
@@ -150,6 +151,15 @@ class Policy(_message.Message):
     def embedding(self) -> Global___Embedding:
         """The embedding worker that semantic truncation uses (one per host)."""
 
+    @_builtins.property
+    def passthrough_paths(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Extra exact paths (after Envoy's normalisation, no query) that the inference listener
+        forwards to the backend unjudged, for any method. Closed by default: the listener
+        forwards only the judged endpoints and GET/HEAD /v1/models, /health, /version, /ping;
+        any other path is a 404 from Envoy (ext_proc/stack.py renders these routes into the
+        Envoy config; ICE itself answers 404 to an unknown path that still reaches it).
+        """
+
     def __init__(
         self,
         *,
@@ -162,10 +172,11 @@ class Policy(_message.Message):
         tokenizers: _abc.Mapping[_builtins.str, Global___Tokenizer] | None = ...,
         exact_count_inline_bytes: _builtins.int | None = ...,
         embedding: Global___Embedding | None = ...,
+        passthrough_paths: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_exact_count_inline_bytes", b"_exact_count_inline_bytes", "embedding", b"embedding", "exact_count_inline_bytes", b"exact_count_inline_bytes"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exact_count_inline_bytes", b"_exact_count_inline_bytes", "default_pool", b"default_pool", "default_profile", b"default_profile", "embedding", b"embedding", "exact_count_inline_bytes", b"exact_count_inline_bytes", "pools", b"pools", "priority_header", b"priority_header", "profiles", b"profiles", "routes", b"routes", "tokenizers", b"tokenizers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exact_count_inline_bytes", b"_exact_count_inline_bytes", "default_pool", b"default_pool", "default_profile", b"default_profile", "embedding", b"embedding", "exact_count_inline_bytes", b"exact_count_inline_bytes", "passthrough_paths", b"passthrough_paths", "pools", b"pools", "priority_header", b"priority_header", "profiles", b"profiles", "routes", b"routes", "tokenizers", b"tokenizers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__exact_count_inline_bytes: _TypeAlias = _typing.Literal["exact_count_inline_bytes"]  # noqa: Y015
     _WhichOneofArgType__exact_count_inline_bytes: _TypeAlias = _typing.Literal["_exact_count_inline_bytes", b"_exact_count_inline_bytes"]  # noqa: Y015
@@ -405,22 +416,30 @@ class RouteBinding(_message.Message):
     PROFILE_FIELD_NUMBER: _builtins.int
     POOL_FIELD_NUMBER: _builtins.int
     PRIORITY_FIELD_NUMBER: _builtins.int
+    SCHEMA_FIELD_NUMBER: _builtins.int
     profile: _builtins.str
     """Profile name (default: default_profile)."""
     pool: _builtins.str
     """Pool name (default: default_pool)."""
     priority: _builtins.str
     """Default priority of the route's requests (default: the profile's default_priority)."""
+    schema: _builtins.str
+    """The request schema of the route's requests, for paths whose body differs between servers
+    (SGLang's native /generate): openai_chat | openai_completions | anthropic_messages |
+    openai_responses | openai_embeddings | openai_chat_batch | sagemaker_invocations |
+    vllm_generate | sglang_generate. Default: chosen by the request's path.
+    """
     def __init__(
         self,
         *,
         profile: _builtins.str = ...,
         pool: _builtins.str = ...,
         priority: _builtins.str = ...,
+        schema: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["pool", b"pool", "priority", b"priority", "profile", b"profile"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["pool", b"pool", "priority", b"priority", "profile", b"profile", "schema", b"schema"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -445,6 +464,11 @@ class Profile(_message.Message):
     RETRY_AFTER_MIN_S_FIELD_NUMBER: _builtins.int
     RETRY_AFTER_MAX_S_FIELD_NUMBER: _builtins.int
     TRUNCATION_FIELD_NUMBER: _builtins.int
+    MAX_SEQUENCES_FIELD_NUMBER: _builtins.int
+    MAX_MEDIA_PARTS_FIELD_NUMBER: _builtins.int
+    MEDIA_FIELD_NUMBER: _builtins.int
+    STORED_CONTEXT_FIELD_NUMBER: _builtins.int
+    MAX_EMBEDDING_INPUTS_FIELD_NUMBER: _builtins.int
     max_model_len: _builtins.int
     """The model's context length in tokens. Unset: no context checks."""
     output_buffer_tokens: _builtins.int
@@ -472,6 +496,22 @@ class Profile(_message.Message):
     Defaults 1 and 60.
     """
     retry_after_max_s: _builtins.int
+    max_sequences: _builtins.int
+    """Sequences one request may start: n (or best_of) samples × prompts in a batch. Above it:
+    400 too_many_sequences. Default 16.
+    """
+    max_media_parts: _builtins.int
+    """Image, audio and video parts one request may carry. Above it: 400 too_many_media_parts.
+    Default 16.
+    """
+    stored_context: _builtins.str
+    """Responses requests whose prompt is partly stored at the backend (previous_response_id,
+    conversation), which ICE cannot count: full_window (default: each such request is judged
+    to fill the whole context window, max_model_len, in the KV checks) | reject (400
+    stored_context_unsupported).
+    """
+    max_embedding_inputs: _builtins.int
+    """Inputs one embeddings request may carry (each is its own sequence). Default 2048."""
     @_builtins.property
     def pressure(self) -> Global___Pressure: ...
     @_builtins.property
@@ -495,6 +535,10 @@ class Profile(_message.Message):
     def truncation(self) -> Global___Truncation:
         """Semantic history truncation (absent or enabled: false: never truncate)."""
 
+    @_builtins.property
+    def media(self) -> Global___Media:
+        """What images, audio and video cost in prompt tokens."""
+
     def __init__(
         self,
         *,
@@ -513,13 +557,24 @@ class Profile(_message.Message):
         retry_after_min_s: _builtins.int | None = ...,
         retry_after_max_s: _builtins.int | None = ...,
         truncation: Global___Truncation | None = ...,
+        max_sequences: _builtins.int | None = ...,
+        max_media_parts: _builtins.int | None = ...,
+        media: Global___Media | None = ...,
+        stored_context: _builtins.str = ...,
+        max_embedding_inputs: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_model_len", b"_max_model_len", "_min_output_tokens", b"_min_output_tokens", "_output_buffer_tokens", b"_output_buffer_tokens", "_retry_after_max_s", b"_retry_after_max_s", "_retry_after_min_s", b"_retry_after_min_s", "_retry_after_s", b"_retry_after_s", "_ttft_target_s", b"_ttft_target_s", "kv_model", b"kv_model", "max_model_len", b"max_model_len", "max_tokens_cap", b"max_tokens_cap", "min_output_tokens", b"min_output_tokens", "output_buffer_tokens", b"output_buffer_tokens", "pressure", b"pressure", "retry_after_max_s", b"retry_after_max_s", "retry_after_min_s", b"retry_after_min_s", "retry_after_s", b"retry_after_s", "shed", b"shed", "truncation", b"truncation", "ttft_target_s", b"ttft_target_s"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_embedding_inputs", b"_max_embedding_inputs", "_max_media_parts", b"_max_media_parts", "_max_model_len", b"_max_model_len", "_max_sequences", b"_max_sequences", "_min_output_tokens", b"_min_output_tokens", "_output_buffer_tokens", b"_output_buffer_tokens", "_retry_after_max_s", b"_retry_after_max_s", "_retry_after_min_s", b"_retry_after_min_s", "_retry_after_s", b"_retry_after_s", "_ttft_target_s", b"_ttft_target_s", "kv_model", b"kv_model", "max_embedding_inputs", b"max_embedding_inputs", "max_media_parts", b"max_media_parts", "max_model_len", b"max_model_len", "max_sequences", b"max_sequences", "max_tokens_cap", b"max_tokens_cap", "media", b"media", "min_output_tokens", b"min_output_tokens", "output_buffer_tokens", b"output_buffer_tokens", "pressure", b"pressure", "retry_after_max_s", b"retry_after_max_s", "retry_after_min_s", b"retry_after_min_s", "retry_after_s", b"retry_after_s", "shed", b"shed", "truncation", b"truncation", "ttft_target_s", b"ttft_target_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_model_len", b"_max_model_len", "_min_output_tokens", b"_min_output_tokens", "_output_buffer_tokens", b"_output_buffer_tokens", "_retry_after_max_s", b"_retry_after_max_s", "_retry_after_min_s", b"_retry_after_min_s", "_retry_after_s", b"_retry_after_s", "_ttft_target_s", b"_ttft_target_s", "default_priority", b"default_priority", "fail_mode", b"fail_mode", "kv_model", b"kv_model", "max_model_len", b"max_model_len", "max_tokens_cap", b"max_tokens_cap", "min_output_tokens", b"min_output_tokens", "on_kv_shortfall", b"on_kv_shortfall", "output_buffer_tokens", b"output_buffer_tokens", "pressure", b"pressure", "retry_after_max_s", b"retry_after_max_s", "retry_after_min_s", b"retry_after_min_s", "retry_after_s", b"retry_after_s", "shed", b"shed", "truncation", b"truncation", "ttft_target_s", b"ttft_target_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_embedding_inputs", b"_max_embedding_inputs", "_max_media_parts", b"_max_media_parts", "_max_model_len", b"_max_model_len", "_max_sequences", b"_max_sequences", "_min_output_tokens", b"_min_output_tokens", "_output_buffer_tokens", b"_output_buffer_tokens", "_retry_after_max_s", b"_retry_after_max_s", "_retry_after_min_s", b"_retry_after_min_s", "_retry_after_s", b"_retry_after_s", "_ttft_target_s", b"_ttft_target_s", "default_priority", b"default_priority", "fail_mode", b"fail_mode", "kv_model", b"kv_model", "max_embedding_inputs", b"max_embedding_inputs", "max_media_parts", b"max_media_parts", "max_model_len", b"max_model_len", "max_sequences", b"max_sequences", "max_tokens_cap", b"max_tokens_cap", "media", b"media", "min_output_tokens", b"min_output_tokens", "on_kv_shortfall", b"on_kv_shortfall", "output_buffer_tokens", b"output_buffer_tokens", "pressure", b"pressure", "retry_after_max_s", b"retry_after_max_s", "retry_after_min_s", b"retry_after_min_s", "retry_after_s", b"retry_after_s", "shed", b"shed", "stored_context", b"stored_context", "truncation", b"truncation", "ttft_target_s", b"ttft_target_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__max_embedding_inputs: _TypeAlias = _typing.Literal["max_embedding_inputs"]  # noqa: Y015
+    _WhichOneofArgType__max_embedding_inputs: _TypeAlias = _typing.Literal["_max_embedding_inputs", b"_max_embedding_inputs"]  # noqa: Y015
+    _WhichOneofReturnType__max_media_parts: _TypeAlias = _typing.Literal["max_media_parts"]  # noqa: Y015
+    _WhichOneofArgType__max_media_parts: _TypeAlias = _typing.Literal["_max_media_parts", b"_max_media_parts"]  # noqa: Y015
     _WhichOneofReturnType__max_model_len: _TypeAlias = _typing.Literal["max_model_len"]  # noqa: Y015
     _WhichOneofArgType__max_model_len: _TypeAlias = _typing.Literal["_max_model_len", b"_max_model_len"]  # noqa: Y015
+    _WhichOneofReturnType__max_sequences: _TypeAlias = _typing.Literal["max_sequences"]  # noqa: Y015
+    _WhichOneofArgType__max_sequences: _TypeAlias = _typing.Literal["_max_sequences", b"_max_sequences"]  # noqa: Y015
     _WhichOneofReturnType__min_output_tokens: _TypeAlias = _typing.Literal["min_output_tokens"]  # noqa: Y015
     _WhichOneofArgType__min_output_tokens: _TypeAlias = _typing.Literal["_min_output_tokens", b"_min_output_tokens"]  # noqa: Y015
     _WhichOneofReturnType__output_buffer_tokens: _TypeAlias = _typing.Literal["output_buffer_tokens"]  # noqa: Y015
@@ -533,7 +588,13 @@ class Profile(_message.Message):
     _WhichOneofReturnType__ttft_target_s: _TypeAlias = _typing.Literal["ttft_target_s"]  # noqa: Y015
     _WhichOneofArgType__ttft_target_s: _TypeAlias = _typing.Literal["_ttft_target_s", b"_ttft_target_s"]  # noqa: Y015
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_embedding_inputs) -> _WhichOneofReturnType__max_embedding_inputs | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_media_parts) -> _WhichOneofReturnType__max_media_parts | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_model_len) -> _WhichOneofReturnType__max_model_len | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_sequences) -> _WhichOneofReturnType__max_sequences | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__min_output_tokens) -> _WhichOneofReturnType__min_output_tokens | None: ...
     @_typing.overload
@@ -548,6 +609,62 @@ class Profile(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__ttft_target_s) -> _WhichOneofReturnType__ttft_target_s | None: ...
 
 Global___Profile: _TypeAlias = Profile  # noqa: Y015
+
+@_typing.final
+class Media(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODEL_DIR_FIELD_NUMBER: _builtins.int
+    TOKENS_PER_IMAGE_FIELD_NUMBER: _builtins.int
+    TOKENS_PER_AUDIO_SECOND_FIELD_NUMBER: _builtins.int
+    TOKENS_PER_AUDIO_FIELD_NUMBER: _builtins.int
+    TOKENS_PER_VIDEO_FIELD_NUMBER: _builtins.int
+    model_dir: _builtins.str
+    """A local model folder (preprocessor_config.json, config.json): image costs from the
+    model's own processor (Qwen2-VL / Qwen2.5-VL patch and merge sizes with min/max pixels,
+    LLaVA's fixed count). Unset: the defaults below.
+    """
+    tokens_per_image: _builtins.int
+    """Tokens of an image when the model's processor is not known (or its size cannot be
+    read). Default 576; must be ≥ 1.
+    """
+    tokens_per_audio_second: _builtins.float
+    """Tokens of one second of audio. Default 25."""
+    tokens_per_audio: _builtins.int
+    """Tokens of an audio part whose duration cannot be read. Default 750 (30 s at 25/s)."""
+    tokens_per_video: _builtins.int
+    """Tokens of a video part. Default 4096."""
+    def __init__(
+        self,
+        *,
+        model_dir: _builtins.str = ...,
+        tokens_per_image: _builtins.int | None = ...,
+        tokens_per_audio_second: _builtins.float | None = ...,
+        tokens_per_audio: _builtins.int | None = ...,
+        tokens_per_video: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_tokens_per_audio", b"_tokens_per_audio", "_tokens_per_audio_second", b"_tokens_per_audio_second", "_tokens_per_image", b"_tokens_per_image", "_tokens_per_video", b"_tokens_per_video", "tokens_per_audio", b"tokens_per_audio", "tokens_per_audio_second", b"tokens_per_audio_second", "tokens_per_image", b"tokens_per_image", "tokens_per_video", b"tokens_per_video"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_tokens_per_audio", b"_tokens_per_audio", "_tokens_per_audio_second", b"_tokens_per_audio_second", "_tokens_per_image", b"_tokens_per_image", "_tokens_per_video", b"_tokens_per_video", "model_dir", b"model_dir", "tokens_per_audio", b"tokens_per_audio", "tokens_per_audio_second", b"tokens_per_audio_second", "tokens_per_image", b"tokens_per_image", "tokens_per_video", b"tokens_per_video"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__tokens_per_audio: _TypeAlias = _typing.Literal["tokens_per_audio"]  # noqa: Y015
+    _WhichOneofArgType__tokens_per_audio: _TypeAlias = _typing.Literal["_tokens_per_audio", b"_tokens_per_audio"]  # noqa: Y015
+    _WhichOneofReturnType__tokens_per_audio_second: _TypeAlias = _typing.Literal["tokens_per_audio_second"]  # noqa: Y015
+    _WhichOneofArgType__tokens_per_audio_second: _TypeAlias = _typing.Literal["_tokens_per_audio_second", b"_tokens_per_audio_second"]  # noqa: Y015
+    _WhichOneofReturnType__tokens_per_image: _TypeAlias = _typing.Literal["tokens_per_image"]  # noqa: Y015
+    _WhichOneofArgType__tokens_per_image: _TypeAlias = _typing.Literal["_tokens_per_image", b"_tokens_per_image"]  # noqa: Y015
+    _WhichOneofReturnType__tokens_per_video: _TypeAlias = _typing.Literal["tokens_per_video"]  # noqa: Y015
+    _WhichOneofArgType__tokens_per_video: _TypeAlias = _typing.Literal["_tokens_per_video", b"_tokens_per_video"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__tokens_per_audio) -> _WhichOneofReturnType__tokens_per_audio | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__tokens_per_audio_second) -> _WhichOneofReturnType__tokens_per_audio_second | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__tokens_per_image) -> _WhichOneofReturnType__tokens_per_image | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__tokens_per_video) -> _WhichOneofReturnType__tokens_per_video | None: ...
+
+Global___Media: _TypeAlias = Media  # noqa: Y015
 
 @_typing.final
 class KvModel(_message.Message):

@@ -13,10 +13,17 @@ The ladder, first match wins:
      when the buffer is not smaller than max_model_len).
    Not when ``shed_by_priority`` would shed the request: shedding wins. The pipeline then
    runs the truncation plan and judges the shorter request with the rest of the ladder.
+0a. ``reject_request_limits`` → 400 when the request's shape breaks the profile's caps:
+   ``too_many_sequences`` (prompts × samples > max_sequences), ``too_many_inputs``
+   (embeddings inputs > max_embedding_inputs), ``too_many_media_parts`` (media parts >
+   max_media_parts), ``stored_context_unsupported`` (``stored_context: reject`` and part of
+   the prompt is stored at the backend).
 1. ``reject_oversized_input`` → 400 ``context_length_exceeded`` when the estimated input
-   alone leaves no room for output: input_tokens ≥ max_model_len.
-2. ``reject_beyond_kv_capacity`` → 400 ``kv_capacity_exceeded`` when the input plus one
-   output token needs more KV blocks than the pool's largest backend has when idle.
+   alone leaves no room for output: input_tokens ≥ max_model_len (embeddings, which have no
+   output: input_tokens > max_model_len). ``input_tokens`` is the longest prompt's.
+2. ``reject_beyond_kv_capacity`` → 400 ``kv_capacity_exceeded`` when the whole request (every
+   sequence, with one output token each; none for embeddings) needs more KV blocks than the
+   pool's largest backend has when idle: it can never fit.
 3. ``shed_by_priority`` → 429 ``memory_pressure`` when the pool's level is at or above the
    profile's shedding level for the request's priority (``critical`` is never shed).
    Retry-After comes from the pool's drain rate (``policy/scores.py``), bounded by the
@@ -34,12 +41,23 @@ The ladder, first match wins:
    has a cap, the cap is injected.
 6. ``Pass``.
 
-KV blocks of a request (``KvFit.blocks``): ceil((input + output) / block_size) for a
-full-attention model, or the ``ext_proc.kv`` geometry's ``request_blocks`` (sliding-window
-and hybrid layer groups) when the profile names the model's config; less the whole blocks of
-the expected prefix-cache hit (input × the pool's recent hit ratio, at most input − 1). This
-errs towards admitting: a hit on blocks no running request holds still takes them off
-vLLM's free list. Free blocks are
+KV blocks of a request (``KvFit.need``), summed over its prompts (``Shape``: a completions
+batch, batch chat and embeddings inputs are one prompt each) and its ``samples`` (n,
+best_of) per prompt:
+    need = Σ_prompts [ first(P, O) + (samples − 1) × sibling(P, O) ]
+- first(P, O) = ceil((P + O) / block_size) for a full-attention model, or the ``ext_proc.kv``
+  geometry's ``request_blocks`` (sliding-window and hybrid layer groups) when the profile
+  names the model's config; less the whole blocks of the expected prefix-cache hit (P × the
+  pool's recent hit ratio, at most P − 1). This errs towards admitting: a hit on blocks no
+  running request holds still takes them off vLLM's free list.
+- sibling(P, O): the same with the prompt's full blocks shared: ceil((P + O) / block_size) −
+  floor((P − 1) / block_size), when every backend of the pool caches prefixes
+  (``enable_prefix_caching``): vLLM splits ``n`` into child requests
+  (``vllm/v1/engine/parallel_sampling.py``) whose prompt blocks hit the first child's cache
+  (``KVCacheManager.get_computed_blocks``, at most P − 1 tokens). Otherwise sibling = first.
+- With stored context (Responses ``previous_response_id`` …) each sequence fills the window:
+  P is taken as max(P, max_model_len − O).
+Free blocks are
 floor((num_gpu_blocks − 1) × (1 − kv_cache_usage)) of the backend with the most, less the
 blocks of the requests the worker passed since the view was taken (``Pipeline._room``).
 """
@@ -61,6 +79,7 @@ __all__ = [
     "TRUNCATABLE_SCHEMAS",
     "Case",
     "KvFit",
+    "Shape",
     "evaluate",
     "safe_output_tokens",
     "truncation_budget",
@@ -70,25 +89,71 @@ TRUNCATABLE_SCHEMAS = ("openai.chat", "anthropic.messages")
 
 
 @dataclass(frozen=True, slots=True)
+class Shape:
+    """What the KV arithmetic needs of a request's shape: its prompts grouped by tokens
+    ((tokens, count) pairs), the samples each starts, and the window a stored-context
+    sequence fills (0: none)."""
+
+    groups: tuple[tuple[int, int], ...]
+    samples: int = 1
+    window: int = 0
+
+    @classmethod
+    def single(cls, input_tokens: int) -> Shape:
+        """One prompt, one sequence."""
+        return cls(((input_tokens, 1),))
+
+    @classmethod
+    def of(cls, features: RequestFeatures, profile: Profile) -> Shape:
+        window = (profile.max_model_len or 0) if features.stored_context else 0
+        return cls(features.prompt_groups(), features.samples, window)
+
+    @property
+    def sequences(self) -> int:
+        return sum(count for _, count in self.groups) * self.samples
+
+    def tokens(self, output: int) -> int:
+        """Prompt and output tokens of all sequences (Retry-After's drain arithmetic)."""
+        per = sum(max(p, self.window - output) * c for p, c in self.groups)
+        return per * self.samples + output * self.sequences
+
+
+@dataclass(frozen=True, slots=True)
 class KvFit:
-    """The pool's KV room and how many blocks a request of (input, output) tokens needs."""
+    """The pool's KV room and how many blocks a request needs (see the module docstring).
+
+    ``blocks(P, O)``: the first sequence of a prompt; ``sibling(P, O)``: another sample of
+    the same prompt, whose full prompt blocks are shared (None: not shared, as ``blocks``)."""
 
     free_blocks: int
     usable_blocks: int
     block_size: int
     blocks: Callable[[int, int], int]
+    sibling: Callable[[int, int], int] | None = None
 
-    def output_fit(self, input_tokens: int, wanted: int) -> int:
+    def need(self, shape: Shape, output: int) -> int:
+        """KV blocks of the whole request with ``output`` tokens per sequence."""
+        total = 0
+        for tokens, count in shape.groups:
+            p = max(tokens, shape.window - output) if shape.window else tokens
+            one = self.blocks(p, output)
+            if shape.samples > 1:
+                other = self.sibling(p, output) if self.sibling is not None else one
+                one += (shape.samples - 1) * other
+            total += count * one
+        return total
+
+    def output_fit(self, shape: Shape, wanted: int) -> int:
         """The largest output ≤ ``wanted`` whose blocks fit ``free_blocks`` (0: none does)."""
         fits = self.free_blocks
-        if self.blocks(input_tokens, wanted) <= fits:
+        if self.need(shape, wanted) <= fits:
             return wanted
-        if self.blocks(input_tokens, 1) > fits:
+        if self.need(shape, 1) > fits:
             return 0
-        lo, hi = 1, wanted  # blocks() is monotone in output: binary search
+        lo, hi = 1, wanted  # need() is monotone in output: binary search
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if self.blocks(input_tokens, mid) <= fits:
+            if self.need(shape, mid) <= fits:
                 lo = mid
             else:
                 hi = mid - 1
@@ -106,6 +171,7 @@ class Case:
     kv: KvFit | None = None
     drain: DrainInputs | None = None
     cache_efficiency: float | None = None
+    shape: Shape = Shape(((0, 1),))
 
     def retry_after(self, need_tokens: int) -> int:
         """Retry-After for this request from the pool's drain rate (see policy/scores.py)."""
@@ -131,19 +197,77 @@ def safe_output_tokens(profile: Profile, input_tokens: int) -> int | None:
     return max(floor, room - profile.output_buffer_tokens)
 
 
+# The parameter a 400 about a request's input names, by schema.
+_INPUT_PARAM = {
+    "openai.completions": "prompt",
+    "openai.responses": "input",
+    "openai.embeddings": "input",
+    "vllm.generate": "token_ids",
+    "sglang.generate": "text",
+}
+
+
+def _input_param(schema: str) -> str:
+    return _INPUT_PARAM.get(schema, "messages")
+
+
+def reject_request_limits(case: Case) -> Decision | None:
+    f, p = case.features, case.profile
+
+    def reject(reason: str, message: str, param: str | None) -> Reject:
+        return Reject(case.pressure, 400, reason, message, param)
+
+    if f.stored_context and p.stored_context == "reject":
+        return reject(
+            "stored_context_unsupported",
+            "This gateway cannot judge a request whose prompt is partly stored at the server "
+            "(previous_response_id, conversation, a stored prompt or an item_reference): send "
+            "the whole conversation in 'input'.",
+            "previous_response_id",
+        )
+    if f.generates and f.sequences > p.max_sequences:
+        return reject(
+            "too_many_sequences",
+            f"The request starts {f.sequences} sequences ({len(f.prompts)} prompts × "
+            f"{f.samples} samples); this route allows at most {p.max_sequences} per request.",
+            "n" if f.samples > 1 else _input_param(f.schema),
+        )
+    if not f.generates and f.inputs > p.max_embedding_inputs:
+        return reject(
+            "too_many_inputs",
+            f"The request has {f.inputs} inputs; this route allows at most "
+            f"{p.max_embedding_inputs} per request.",
+            "input",
+        )
+    if f.media_parts > p.max_media_parts:
+        return reject(
+            "too_many_media_parts",
+            f"The request has {f.media_parts} image, audio or video parts; this route allows "
+            f"at most {p.max_media_parts} per request.",
+            _input_param(f.schema),
+        )
+    return None
+
+
 def reject_oversized_input(case: Case) -> Decision | None:
     limit = case.profile.max_model_len
-    if limit is None or case.features.input_tokens < limit:
+    f = case.features
+    if limit is None:
         return None
+    if f.generates and f.input_tokens < limit:
+        return None
+    if not f.generates and f.input_tokens <= limit:
+        return None
+    tail = "which leaves no room for output" if f.generates else "which is more than it reads"
     return Reject(
         pressure=case.pressure,
         status=400,
         reason="context_length_exceeded",
         message=(
             f"This model's maximum context length is {limit} tokens; the input is about "
-            f"{case.features.input_tokens} tokens, which leaves no room for output."
+            f"{f.input_tokens} tokens, {tail}."
         ),
-        param="messages",
+        param=_input_param(f.schema),
     )
 
 
@@ -151,19 +275,25 @@ def reject_beyond_kv_capacity(case: Case) -> Decision | None:
     kv = case.kv
     if kv is None:
         return None
-    need = kv.blocks(case.features.input_tokens, 1)
+    f = case.features
+    need = kv.need(case.shape, 1 if f.generates else 0)
     if need <= kv.usable_blocks:
         return None
+    what = (
+        f"The input (about {f.input_tokens} tokens)"
+        if f.sequences == 1
+        else f"The request ({f.sequences} sequences, the longest prompt about "
+        f"{f.input_tokens} tokens)"
+    )
     return Reject(
         pressure=case.pressure,
         status=400,
         reason="kv_capacity_exceeded",
         message=(
-            f"The input (about {case.features.input_tokens} tokens) needs {need} KV-cache blocks "
-            f"of {kv.block_size} tokens; the largest backend holds {kv.usable_blocks} blocks "
-            f"even when idle."
+            f"{what} needs {need} KV-cache blocks of {kv.block_size} tokens; the largest "
+            f"backend holds {kv.usable_blocks} blocks even when idle."
         ),
-        param="messages",
+        param=_input_param(f.schema),
     )
 
 
@@ -173,17 +303,17 @@ def shed_on_kv_shortfall(case: Case) -> Decision | None:
     if kv is None or mode == "ignore" or case.priority == "critical":
         return None
     f = case.features
-    min_out = case.profile.min_output_tokens
+    min_out = case.profile.min_output_tokens if f.generates else 0
     safe = safe_output_tokens(case.profile, f.input_tokens)
     if safe is not None:
         min_out = min(min_out, safe)
-    need = kv.blocks(f.input_tokens, min_out)
+    need = kv.need(case.shape, min_out)
     if need <= kv.free_blocks:
         if mode != "shed" or f.max_tokens is None:
             return None
         # the output the request can really get: never more than the context budget
         wanted = f.max_tokens if safe is None else min(f.max_tokens, safe)
-        need = kv.blocks(f.input_tokens, wanted)
+        need = kv.need(case.shape, wanted)
         if need <= kv.free_blocks:
             return None
     retry = case.retry_after(need * kv.block_size)
@@ -207,7 +337,8 @@ def shed_by_priority(case: Case) -> Decision | None:
     if shed_level is None or p.level < shed_level:
         return None
     f = case.features
-    retry = case.retry_after(f.input_tokens + (f.max_tokens or case.profile.min_output_tokens))
+    output = (f.max_tokens or case.profile.min_output_tokens) if f.generates else 0
+    retry = case.retry_after(case.shape.tokens(output))
     return Reject(
         pressure=p,
         status=429,
@@ -223,6 +354,8 @@ def shed_by_priority(case: Case) -> Decision | None:
 
 def cap_output_tokens(case: Case) -> Decision | None:
     f = case.features
+    if not f.generates:
+        return None
     safe = safe_output_tokens(case.profile, f.input_tokens)
     cap = case.profile.max_tokens_cap.get(case.pressure.level) if case.pressure else None
     if f.max_tokens is None:
@@ -239,7 +372,7 @@ def cap_output_tokens(case: Case) -> Decision | None:
     kv = case.kv
     if kv is not None and case.profile.on_kv_shortfall == "downgrade":
         wanted = min(limit, f.max_tokens)
-        fit = kv.output_fit(f.input_tokens, wanted)
+        fit = kv.output_fit(case.shape, wanted)
         if 0 < fit < wanted:
             limit, reason = fit, "kv_free_blocks"
     if f.max_tokens <= limit:
@@ -282,6 +415,7 @@ def truncate_history(case: Case) -> Decision | None:
 
 
 LADDER_AFTER_TRUNCATION: tuple[Rule, ...] = (
+    reject_request_limits,
     reject_oversized_input,
     reject_beyond_kv_capacity,
     shed_by_priority,
@@ -290,6 +424,7 @@ LADDER_AFTER_TRUNCATION: tuple[Rule, ...] = (
 )
 
 LADDER: tuple[Rule, ...] = (
+    reject_request_limits,
     truncate_history,
     reject_oversized_input,
     reject_beyond_kv_capacity,
@@ -310,7 +445,8 @@ def evaluate(
     cache_efficiency: float | None = None,
 ) -> Decision:
     """Judge one request; the first rule of the ladder that decides wins, else ``Pass``."""
-    case = Case(features, pressure, profile, priority, kv, drain, cache_efficiency)
+    shape = Shape.of(features, profile)
+    case = Case(features, pressure, profile, priority, kv, drain, cache_efficiency, shape)
     for rule in ladder:
         decision = rule(case)
         if decision is not None:

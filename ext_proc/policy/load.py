@@ -28,6 +28,7 @@ from ext_proc.policy.model import (
     PRIORITIES,
     KvModelSpec,
     Level,
+    MediaSpec,
     Policy,
     Pool,
     PressureModel,
@@ -35,6 +36,7 @@ from ext_proc.policy.model import (
     Profile,
     RouteBinding,
 )
+from ext_proc.schemas import SCHEMAS, schema_for_path
 
 __all__ = ["PolicyError", "default_policy_text", "load_policy", "parse_policy"]
 
@@ -135,7 +137,7 @@ def _pressure(msg: policy_pb2.Pressure, where: str) -> PressureModel:
     return model
 
 
-def _profile(name: str, msg: policy_pb2.Profile) -> Profile:
+def _profile(name: str, msg: policy_pb2.Profile, base_dir: Path) -> Profile:
     where = f"profiles.{name}"
     d = Profile(name=name)
     priority: str = msg.default_priority or d.default_priority
@@ -178,6 +180,16 @@ def _profile(name: str, msg: policy_pb2.Profile) -> Profile:
     retry_after_s = _opt(msg, "retry_after_s", d.retry_after_s)
     if retry_after_s < 1:
         raise PolicyError(f"{where}.retry_after_s: must be ≥ 1, got {retry_after_s}")
+    stored = msg.stored_context or d.stored_context
+    if stored not in ("full_window", "reject"):
+        raise PolicyError(
+            f"{where}.stored_context: must be 'full_window' or 'reject', got {stored!r}"
+        )
+    caps_per_request = {}
+    for cap in ("max_sequences", "max_media_parts", "max_embedding_inputs"):
+        caps_per_request[cap] = _opt(msg, cap, getattr(d, cap))
+        if caps_per_request[cap] < 1:
+            raise PolicyError(f"{where}.{cap}: must be ≥ 1, got {caps_per_request[cap]}")
     return Profile(
         name=name,
         max_model_len=max_model_len,
@@ -197,7 +209,42 @@ def _profile(name: str, msg: policy_pb2.Profile) -> Profile:
             "downgrade" if shortfall == "downgrade" else "shed" if shortfall == "shed" else "ignore"
         ),
         truncation=truncation_spec(msg.truncation, f"{where}.truncation"),
+        max_sequences=caps_per_request["max_sequences"],
+        max_media_parts=caps_per_request["max_media_parts"],
+        max_embedding_inputs=caps_per_request["max_embedding_inputs"],
+        media=_media(msg.media, f"{where}.media", base_dir),
+        stored_context="reject" if stored == "reject" else "full_window",
     )
+
+
+def _media(msg: policy_pb2.Media, where: str, base_dir: Path) -> MediaSpec:
+    """Media costs; a model folder is checked now (its processor settings are read)."""
+    d = MediaSpec()
+    model_dir = ""
+    if msg.model_dir:
+        p = Path(msg.model_dir)
+        model_dir = str(p if p.is_absolute() else base_dir / p)
+    spec = MediaSpec(
+        model_dir=model_dir,
+        tokens_per_image=_opt(msg, "tokens_per_image", d.tokens_per_image),
+        tokens_per_audio_second=_opt(msg, "tokens_per_audio_second", d.tokens_per_audio_second),
+        tokens_per_audio=_opt(msg, "tokens_per_audio", d.tokens_per_audio),
+        tokens_per_video=_opt(msg, "tokens_per_video", d.tokens_per_video),
+    )
+    for name in ("tokens_per_image", "tokens_per_audio", "tokens_per_video"):
+        if getattr(spec, name) < 1:
+            raise PolicyError(f"{where}.{name}: must be ≥ 1 (media is never free)")
+    rate = spec.tokens_per_audio_second
+    if not (math.isfinite(rate) and rate > 0):
+        raise PolicyError(f"{where}.tokens_per_audio_second: must be > 0, got {rate}")
+    if model_dir:
+        from ext_proc.media import MediaModelError, media_cost
+
+        try:
+            media_cost(spec)
+        except MediaModelError as e:
+            raise PolicyError(f"{where}.model_dir: {e}") from None
+    return spec
 
 
 def _kv_model(msg: policy_pb2.KvModel, where: str) -> KvModelSpec:
@@ -271,7 +318,7 @@ def _tokenizers(msg: policy_pb2.Policy, base_dir: Path) -> dict[str, Any]:
 
 
 def _build(msg: policy_pb2.Policy, base_dir: Path) -> Policy:
-    profiles: Mapping[str, Profile] = {n: _profile(n, p) for n, p in msg.profiles.items()}
+    profiles: Mapping[str, Profile] = {n: _profile(n, p, base_dir) for n, p in msg.profiles.items()}
     pools: Mapping[str, Pool] = {n: pool_spec(n, p) for n, p in msg.pools.items()}
     default_profile = msg.default_profile or "default"
     if default_profile not in profiles:
@@ -295,11 +342,29 @@ def _build(msg: policy_pb2.Policy, base_dir: Path) -> Policy:
                 f"{where}.priority: unknown priority {binding.priority!r} (one of "
                 f"{', '.join(PRIORITIES)})"
             )
+        if binding.schema and binding.schema not in SCHEMAS:
+            raise PolicyError(
+                f"{where}.schema: unknown schema {binding.schema!r} (one of "
+                f"{', '.join(sorted(SCHEMAS))})"
+            )
         routes[name] = RouteBinding(
             profile=binding.profile,
             pool=binding.pool,
             priority=_priority_or_none(binding.priority),
+            schema=binding.schema,
         )
+    passthrough = set()
+    for i, path in enumerate(msg.passthrough_paths):
+        if not path.startswith("/") or "?" in path or "#" in path:
+            raise PolicyError(
+                f"passthrough_paths[{i}]: must be an exact path starting with '/' (no query), "
+                f"got {path!r}"
+            )
+        if schema_for_path(path) is not None:
+            raise PolicyError(
+                f"passthrough_paths[{i}]: {path} is a judged endpoint; it cannot pass unjudged"
+            )
+        passthrough.add(path)
     header = (msg.priority_header or "x-priority").lower()
     if header.startswith(("x-ice-", "x-mem-pressure", ":")):
         raise PolicyError(f"priority_header: {header!r} is reserved (ICE strips it)")
@@ -313,6 +378,7 @@ def _build(msg: policy_pb2.Policy, base_dir: Path) -> Policy:
         tokenizers=MappingProxyType(_tokenizers(msg, base_dir)),
         exact_count_inline_bytes=_opt(msg, "exact_count_inline_bytes", 32768),
         embedding=embedding_spec(msg.embedding, base_dir),
+        passthrough_paths=frozenset(passthrough),
     )
 
 

@@ -20,6 +20,7 @@ __all__ = [
     "KvModelSpec",
     "KvShortfall",
     "Level",
+    "MediaSpec",
     "Policy",
     "Pool",
     "PressureModel",
@@ -27,6 +28,7 @@ __all__ = [
     "Profile",
     "RouteBinding",
     "StalePolicy",
+    "StoredContext",
     "TruncationSpec",
 ]
 
@@ -77,6 +79,17 @@ class KvModelSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class MediaSpec:
+    """What non-text parts cost in prompt tokens (see ``ext_proc.media``)."""
+
+    model_dir: str = ""  # a local model folder: the model's own image processor settings
+    tokens_per_image: int = 576  # when the processor or the image's size is unknown
+    tokens_per_audio_second: float = 25.0
+    tokens_per_audio: int = 750  # an audio part whose duration cannot be read
+    tokens_per_video: int = 4096
+
+
+@dataclass(frozen=True, slots=True)
 class Profile:
     """What one class of routes allows. Token figures are in tokens; times in seconds."""
 
@@ -104,6 +117,14 @@ class Profile:
     retry_after_min_s: int = 1
     retry_after_max_s: int = 60
     truncation: TruncationSpec | None = None  # None: never truncate
+    max_sequences: int = 16  # n (best_of) samples × prompts per request; above: 400
+    max_media_parts: int = 16  # image/audio/video parts per request; above: 400
+    media: MediaSpec = field(default_factory=MediaSpec)
+    stored_context: StoredContext = "full_window"
+    max_embedding_inputs: int = 2048
+
+
+StoredContext = Literal["full_window", "reject"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +205,7 @@ class RouteBinding:
     profile: str = ""
     pool: str = ""
     priority: Priority | None = None
+    schema: str = ""  # an adapter name (ext_proc.schemas.SCHEMAS); "" = chosen by path
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +225,8 @@ class Policy:
     tokenizers: MappingProxyType[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     exact_count_inline_bytes: int = 32768
     embedding: EmbeddingSpec = field(default_factory=EmbeddingSpec)
+    # exact paths forwarded unjudged (Envoy renders them; ICE passes them without a body)
+    passthrough_paths: frozenset[str] = frozenset()
 
     @property
     def truncation_enabled(self) -> bool:

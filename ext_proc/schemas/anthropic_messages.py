@@ -11,13 +11,29 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ext_proc.schemas.base import BadRequest, RequestFeatures, optional_token_limit, text_of_content
+from ext_proc.media import MediaCost
+from ext_proc.schemas.base import (
+    DEFAULT_MEDIA,
+    BadRequest,
+    RequestFeatures,
+    Tally,
+    check_keys,
+    json_tokens,
+    optional_token_limit,
+)
 from ext_proc.tokens import PER_MESSAGE_TOKENS, REPLY_PRIMER_TOKENS
 
 __all__ = ["ANTHROPIC_MESSAGES", "anthropic_error_body"]
 
+# Top-level keys the adapter and the exact counter read (a repeated one is a 400).
+MESSAGES_KEYS = frozenset(
+    ("model", "messages", "system", "max_tokens", "stream", "tools", "thinking", "output_config")
+)
+MESSAGE_KEYS = frozenset(("role", "content"))
+
 _ERROR_TYPES = {
     400: "invalid_request_error",
+    404: "not_found_error",
     413: "request_too_large",
     429: "rate_limit_error",
     503: "overloaded_error",
@@ -37,33 +53,39 @@ class _AnthropicMessages:
     name = "anthropic.messages"
     inject_field = "max_tokens"
 
-    def features(self, body: dict[str, Any]) -> RequestFeatures:
+    def features(self, body: dict[str, Any], media: MediaCost = DEFAULT_MEDIA) -> RequestFeatures:
+        check_keys(body, MESSAGES_KEYS)
         messages = body.get("messages")
         if not isinstance(messages, list):
             raise BadRequest("messages: must be an array", param="messages", code="invalid_type")
-        tokens = REPLY_PRIMER_TOKENS
+        tally = Tally(media, tokens=REPLY_PRIMER_TOKENS)
         system = body.get("system")
         if system is not None:
-            tokens += PER_MESSAGE_TOKENS + text_of_content(system, "system")
+            tally.tokens += PER_MESSAGE_TOKENS
+            tally.content(system, "system")
         for i, msg in enumerate(messages):
             if not isinstance(msg, dict):
                 raise BadRequest(
                     f"messages.{i}: must be an object", param="messages", code="invalid_type"
                 )
-            tokens += PER_MESSAGE_TOKENS + text_of_content(
-                msg.get("content"), f"messages[{i}].content"
-            )
+            check_keys(msg, MESSAGE_KEYS, f"messages[{i}]")
+            tally.tokens += PER_MESSAGE_TOKENS
+            tally.content(msg.get("content"), f"messages[{i}].content")
+        if body.get("tools") is not None:
+            tally.tokens += json_tokens(body["tools"])
         if body.get("max_tokens") is None:
             raise BadRequest("max_tokens: Field required", param="max_tokens", code="missing_field")
         model = body.get("model")
         return RequestFeatures(
             schema=self.name,
             model=model if isinstance(model, str) else None,
-            input_tokens=tokens,
+            input_tokens=tally.tokens,
             max_tokens=optional_token_limit(body, "max_tokens"),
             max_tokens_field="max_tokens",
             stream=body.get("stream") is True,
             message_count=len(messages),
+            media_parts=tally.media_parts,
+            media_tokens=tally.media_tokens,
         )
 
     def error_body(self, status: int, code: str, message: str, param: str | None) -> bytes:

@@ -1,28 +1,51 @@
 """What every schema adapter produces and needs.
 
 ``RequestFeatures`` are the facts about one request that the evaluator judges; ``BadRequest``
-is raised by an adapter when the body breaks its API's contract, carrying the offending
-parameter so the error can name it.
+is raised by an adapter when the body breaks its API's contract (or is ambiguous: a key ICE
+reads given twice), carrying the offending parameter so the error can name it. ``Tally``
+adds up one prompt's estimated tokens as an adapter walks it, media parts included.
+
+Invariants:
+- ``input_tokens`` is the longest prompt's tokens (what the context checks judge), media
+  tokens included; ``prompt_tokens`` holds every prompt's when a request carries more than
+  one (a completions batch, batch chat, embeddings inputs), else it is empty.
+- ``samples`` is the number of sequences each prompt starts: ``max(n, best_of)``.
+- A key an adapter reads that the body gives twice (``rawjson.duplicate_keys``) is a
+  ``BadRequest`` naming it: backends disagree on which copy wins, so ICE cannot know what it
+  would judge. Keys an adapter does not read may repeat freely.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from collections import Counter
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ext_proc.media import MediaCost, media_cost, part_of
+from ext_proc.policy.model import MediaSpec
+from ext_proc.rawjson import duplicate_keys
 from ext_proc.tokens import estimate_text_tokens
 
 __all__ = [
+    "DEFAULT_MEDIA",
     "MAX_SANE_TOKENS",
     "BadRequest",
     "RequestFeatures",
     "SchemaAdapter",
+    "Tally",
+    "check_keys",
+    "json_tokens",
     "optional_token_limit",
+    "samples_of",
     "text_of_content",
 ]
 
 # Larger token limits are clamped for arithmetic: no model has a context near 2^53.
 MAX_SANE_TOKENS = 2**53
+
+DEFAULT_MEDIA = media_cost(MediaSpec())
 
 
 class BadRequest(ValueError):
@@ -49,6 +72,31 @@ class RequestFeatures:
     # "estimate" (ext_proc/tokens.py), "exact" (the model's tokenizer and chat template) or
     # "fallback" (a tokenizer is configured but could not count this request).
     input_tokens_source: str = "estimate"
+    # tokens of each prompt when the request carries several (each its own sequence group)
+    prompt_tokens: tuple[int, ...] = ()
+    samples: int = 1  # sequences per prompt: max(n, best_of)
+    media_parts: int = 0  # image, audio and video parts
+    media_tokens: int = 0  # their tokens (in input_tokens and prompt_tokens)
+    generates: bool = True  # False: embeddings (no output tokens)
+    stored_context: bool = False  # part of the prompt is stored at the backend
+    inputs: int = 0  # embeddings: the inputs of the request
+
+    @property
+    def prompts(self) -> tuple[int, ...]:
+        """Tokens of every prompt (one entry per prompt)."""
+        return self.prompt_tokens or (self.input_tokens,)
+
+    @property
+    def sequences(self) -> int:
+        """The sequences the request starts: prompts × samples."""
+        return len(self.prompts) * self.samples
+
+    def prompt_groups(self) -> tuple[tuple[int, int], ...]:
+        """(tokens, how many prompts have them): the KV arithmetic's loop stays short for a
+        batch of equal prompts."""
+        if not self.prompt_tokens:
+            return ((self.input_tokens, 1),)
+        return tuple(sorted(Counter(self.prompt_tokens).items()))
 
 
 class SchemaAdapter(Protocol):
@@ -57,7 +105,7 @@ class SchemaAdapter(Protocol):
     name: str
     inject_field: str
 
-    def features(self, body: dict[str, Any]) -> RequestFeatures:
+    def features(self, body: dict[str, Any], media: MediaCost = DEFAULT_MEDIA) -> RequestFeatures:
         """Extract features from a decoded top-level object; raise ``BadRequest``."""
         ...
 
@@ -66,7 +114,23 @@ class SchemaAdapter(Protocol):
         ...
 
 
-def optional_token_limit(body: dict[str, Any], field: str, *, minimum: int = 1) -> int | None:
+def check_keys(obj: Mapping[str, Any], read: Collection[str], where: str = "") -> None:
+    """Raise ``BadRequest`` when ``obj`` repeats a key of ``read`` (see the module invariant)."""
+    dups = duplicate_keys(obj)
+    if not dups:
+        return
+    for key in sorted(dups):
+        if key in read:
+            name = f"{where}.{key}" if where else key
+            raise BadRequest(
+                f"'{name}' is given more than once; send each parameter once (servers "
+                f"disagree on which copy wins)",
+                param=name,
+                code="duplicate_key",
+            )
+
+
+def optional_token_limit(body: Mapping[str, Any], field: str, *, minimum: int = 1) -> int | None:
     """Read an optional positive integer token limit, or raise ``BadRequest`` naming it."""
     if field not in body or body[field] is None:
         return None
@@ -84,38 +148,144 @@ def optional_token_limit(body: dict[str, Any], field: str, *, minimum: int = 1) 
     return min(value, MAX_SANE_TOKENS)
 
 
-def text_of_content(content: Any, where: str) -> int:
-    """Estimated tokens of a message ``content``: a string or a list of content parts.
+def samples_of(body: Mapping[str, Any], *fields: str) -> int:
+    """Sequences per prompt: the largest of the fields (``n``, ``best_of``) set, at least 1.
 
-    Text parts (``{"type": "text", "text": ...}``) are counted; other parts (images, tool
-    results with nested content) count their own text where they have any.
-    """
-    if content is None:
-        return 0
-    if isinstance(content, str):
-        return estimate_text_tokens(content)
-    if isinstance(content, list):
-        total = 0
+    ``best_of`` is counted although vLLM 0.32 ignores it: older vLLM releases and other
+    servers generate ``best_of`` sequences and return the best ``n``."""
+    samples = 1
+    for name in fields:
+        value = optional_token_limit(body, name)
+        if value is not None:
+            samples = max(samples, value)
+    return samples
+
+
+def json_tokens(value: Any) -> int:
+    """Estimated tokens of a JSON value as text (tool schemas, arguments, unknown items)."""
+    if isinstance(value, str):
+        return estimate_text_tokens(value)
+    try:
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError):
+        text = str(value)
+    return estimate_text_tokens(text)
+
+
+# Keys of a content part / block that ICE reads (duplicates of these are refused).
+PART_KEYS = frozenset(
+    (
+        "type",
+        "text",
+        "content",
+        "image_url",
+        "input_audio",
+        "audio_url",
+        "video_url",
+        "source",
+        "input",
+        "thinking",
+        "name",
+        "refusal",
+        "data",
+    )
+)
+
+
+@dataclass(slots=True)
+class Tally:
+    """One prompt's estimated tokens, media parts and media tokens, as an adapter walks it."""
+
+    media: MediaCost
+    tokens: int = 0
+    media_parts: int = 0
+    media_tokens: int = 0
+    _parts: list[Any] = field(default_factory=list)
+
+    def text(self, value: Any) -> None:
+        if isinstance(value, str):
+            self.tokens += estimate_text_tokens(value)
+
+    def content(self, content: Any, where: str) -> None:
+        """A message ``content``: a string or a list of content parts / blocks.
+
+        Text parts count their text; media parts (images, audio, video) their media cost;
+        tool-use blocks their input's JSON; tool results and nested blocks their own
+        content."""
+        if content is None:
+            return
+        if isinstance(content, str):
+            self.tokens += estimate_text_tokens(content)
+            return
+        if not isinstance(content, list):
+            raise BadRequest(
+                f"'{where}' must be a string or an array of content parts",
+                param=where,
+                code="invalid_type",
+            )
         for i, part in enumerate(content):
             if isinstance(part, str):
-                total += estimate_text_tokens(part)
+                self.tokens += estimate_text_tokens(part)
             elif isinstance(part, dict):
-                text = part.get("text")
-                if isinstance(text, str):
-                    total += estimate_text_tokens(text)
-                nested = part.get("content")
-                if nested is not None and nested is not content:
-                    total += text_of_content(nested, f"{where}[{i}].content")
+                self.part(part, f"{where}[{i}]")
             else:
                 raise BadRequest(
                     f"'{where}[{i}]' must be a string or an object",
                     param=where,
                     code="invalid_type",
                 )
-        return total
-    raise BadRequest(
-        f"'{where}' must be a string or an array of content parts", param=where, code="invalid_type"
+
+    def part(self, part: dict[str, Any], where: str) -> None:
+        """One content part or block: text types count their text, media their media cost,
+        tool-use blocks their input's JSON, tool results and other containers their nested
+        content; a part of any other type counts the tokens of its whole JSON text, so an
+        unknown part never costs nothing."""
+        check_keys(part, PART_KEYS, where)
+        media = part_of(part)
+        if media is not None:
+            cost = self.media.tokens(media)
+            self.media_parts += 1
+            self.media_tokens += cost
+            self.tokens += cost
+            return
+        kind = part.get("type")
+        text = (
+            part.get(_TEXT_FIELD.get(kind, "text")) if isinstance(kind, str) else part.get("text")
+        )
+        if isinstance(text, str):
+            self.tokens += estimate_text_tokens(text)
+        if kind == "tool_use":
+            self.tokens += json_tokens(part.get("input")) + json_tokens(part.get("name") or "")
+        nested = part.get("content")
+        if nested is not None:
+            self.content(nested, f"{where}.content")
+        if kind not in _KNOWN_PARTS:
+            self.tokens += json_tokens(part)
+
+
+# The field holding a text-like part's text, by part type (default "text").
+_TEXT_FIELD = {"refusal": "refusal", "thinking": "thinking", "redacted_thinking": "data"}
+# Part types whose cost is their text / input / nested content (others: their whole JSON).
+_KNOWN_PARTS = frozenset(
+    (
+        None,
+        "text",
+        "input_text",
+        "output_text",
+        "refusal",
+        "thinking",
+        "redacted_thinking",
+        "tool_use",
+        "tool_result",
     )
+)
+
+
+def text_of_content(content: Any, where: str, media: MediaCost = DEFAULT_MEDIA) -> int:
+    """Estimated tokens of a message ``content`` (see ``Tally.content``)."""
+    tally = Tally(media)
+    tally.content(content, where)
+    return tally.tokens
 
 
 def _short(value: Any) -> str:

@@ -182,7 +182,11 @@ def engine_from_samples(
     capacity: int | None = None
     anonymous = 0
     size_tokens = 0
+    caching: set[bool] = set()
     for labels, _ in rows("cache_config"):
+        flag = labels.get("enable_prefix_caching")
+        if flag is not None:
+            caching.add(flag.strip().lower() == "true")
         n = _positive_int(labels, "num_gpu_blocks")
         block_size = block_size or _positive_int(labels, "block_size")
         size_tokens += _positive_int(labels, "kv_cache_size_tokens") or 0
@@ -242,6 +246,7 @@ def engine_from_samples(
         num_gpu_blocks=blocks,
         block_size=block_size,
         kv_capacity_tokens=capacity,
+        prefix_caching=caching.pop() if len(caching) == 1 else (False if caching else None),
         preemptions=total("preemptions"),
         prefix_cache_queries_tokens=total("prefix_cache_queries_tokens"),
         prefix_cache_hits_tokens=total("prefix_cache_hits_tokens"),

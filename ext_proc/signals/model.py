@@ -44,6 +44,8 @@ class EngineScrape:
     num_gpu_blocks: int | None = None
     block_size: int | None = None
     kv_capacity_tokens: int | None = None
+    # vllm:cache_config_info enable_prefix_caching: True/False when every engine says
+    prefix_caching: bool | None = None
     # counters, cumulative
     preemptions: float | None = None
     prefix_cache_queries_tokens: float | None = None

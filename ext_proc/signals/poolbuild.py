@@ -79,6 +79,7 @@ def backend_signals(
         block_size=block_size,
         derived=derived,
         cache_hit_rate=scrape.cache_hit_rate,
+        prefix_caching=scrape.prefix_caching,
         age_s=age_s,
     )
 

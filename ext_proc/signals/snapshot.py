@@ -25,6 +25,8 @@ class BackendSignals:
     block_size: int | None = None
     derived: Derived | None = None  # rates and quantiles over the pool's window
     cache_hit_rate: float | None = None  # an engine's own prefix-cache hit gauge (SGLang)
+    # vllm:cache_config_info enable_prefix_caching (None: the page does not say)
+    prefix_caching: bool | None = None
     age_s: float = 0.0  # age of the scrape these values come from, when the view was built
     stale: bool = False  # the values are older than the pool's stale_after_s
 
@@ -103,6 +105,12 @@ class PoolSnapshot:
             if b.block_size:
                 return b.block_size
         return None
+
+    @property
+    def prefix_caching(self) -> bool:
+        """Whether every backend says it caches prefixes (vLLM's ``enable_prefix_caching``):
+        then the ``n`` samples of one prompt share its full blocks. Unknown counts as no."""
+        return bool(self.backends) and all(b.prefix_caching is True for b in self.backends)
 
     @property
     def max_free_blocks(self) -> int | None:

@@ -185,6 +185,42 @@ class ExactCounter:
         except RecursionError:
             raise TokenCountError("the request is nested too deeply to count") from None
 
+    def prompt_counts(self, api: str, body: Mapping[str, Any]) -> list[int]:
+        """Prompt tokens of each prompt a request carries, for ``api`` (a schema adapter's
+        name): one count for chat and messages; one per prompt for a completions batch; one
+        per conversation for vLLM's batch chat; one per input for embeddings. Raises
+        ``TokenCountError`` for a shape it cannot count (the caller keeps its estimate)."""
+        try:
+            if api == "openai.completions":
+                return self._completion_counts(body.get("prompt"), body)
+            if api == "openai.embeddings" and "input" in body:
+                return self._completion_counts(body.get("input"), body)
+            if api == "openai.chat_batch":
+                conversations = body.get("messages")
+                if not isinstance(conversations, list):
+                    raise TokenCountError("messages: must be an array of conversations")
+                return [
+                    self._count_request("openai.chat", {**body, "messages": c})
+                    for c in conversations
+                ]
+            return [self._count_request(api, body)]
+        except RecursionError:
+            raise TokenCountError("the request is nested too deeply to count") from None
+
+    def _completion_counts(self, prompt: Any, body: Mapping[str, Any]) -> list[int]:
+        special = _flag(body, "add_special_tokens", True)
+        if isinstance(prompt, str):
+            return [self.count_text(prompt, add_special_tokens=special)]
+        if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+            return [self.count_text(p, add_special_tokens=special) for p in prompt]
+        if isinstance(prompt, list) and all(_is_int(p) for p in prompt):
+            return [len(prompt)]  # token ids go to the model as they are
+        if isinstance(prompt, list) and all(
+            isinstance(p, list) and all(_is_int(i) for i in p) for p in prompt
+        ):
+            return [len(p) for p in prompt]
+        raise TokenCountError("prompt: must be text or token ids")
+
     def _count_request(self, api: str, body: Mapping[str, Any]) -> int:
         if api == "openai.chat":
             messages = body.get("messages")
@@ -216,20 +252,8 @@ class ExactCounter:
                 template_kwargs=_template_kwargs(body, effort),
             )
         if api == "openai.completions":
-            prompt = body.get("prompt")
-            special = _flag(body, "add_special_tokens", True)
-            if isinstance(prompt, str):
-                return self.count_text(prompt, add_special_tokens=special)
-            if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
-                counts = [self.count_text(p, add_special_tokens=special) for p in prompt]
-                return max(counts, default=0)
-            if isinstance(prompt, list) and all(_is_int(p) for p in prompt):
-                return len(prompt)  # token ids go to the model as they are
-            if isinstance(prompt, list) and all(
-                isinstance(p, list) and all(_is_int(i) for i in p) for p in prompt
-            ):
-                return max((len(p) for p in prompt), default=0)
-            raise TokenCountError("prompt: must be text or token ids")
+            # a batch counts its longest prompt (vLLM's ``usage`` sums them)
+            return max(self._completion_counts(body.get("prompt"), body), default=0)
         raise TokenCountError(f"unknown API {api!r}; expected one of {', '.join(API_NAMES)}")
 
     def _disabled_effort(self) -> str:

@@ -30,7 +30,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from ext_proc.media import MediaCost
 from ext_proc.policy.model import TruncationSpec
+from ext_proc.schemas.base import DEFAULT_MEDIA
 from ext_proc.truncate.client import EmbeddingTimeout
 from ext_proc.truncate.lexical import cjk_share, lexical_similarities
 from ext_proc.truncate.planner import Overflow, Plan, PlanRules, plan_truncation
@@ -88,11 +90,13 @@ def rules_of(spec: TruncationSpec) -> tuple[TurnRules, PlanRules]:
     )
 
 
-def conversation_for(schema: str, values: dict[str, Any], spec: TruncationSpec) -> Conversation:
+def conversation_for(
+    schema: str, values: dict[str, Any], spec: TruncationSpec, media: MediaCost = DEFAULT_MEDIA
+) -> Conversation:
     """Step 1: the request's units under the profile's turn rules (pure CPU work: the
     pipeline does it where it decoded the body, so a heavy body's units are built in the
     offload helper and only they, not the decoded body, come back to the event loop)."""
-    return conversation_of(schema, values, rules_of(spec)[0])
+    return conversation_of(schema, values, rules_of(spec)[0], media)
 
 
 async def truncate(

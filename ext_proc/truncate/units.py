@@ -37,7 +37,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ext_proc.schemas.base import BadRequest, text_of_content
+from ext_proc.media import MediaCost
+from ext_proc.schemas.base import DEFAULT_MEDIA, BadRequest, text_of_content
 from ext_proc.schemas.openai import tool_call_tokens
 from ext_proc.tokens import PER_MESSAGE_TOKENS, REPLY_PRIMER_TOKENS
 
@@ -136,8 +137,8 @@ def message_text(msg: dict[str, Any]) -> str:
     return text
 
 
-def _message_tokens(msg: dict[str, Any], where: str) -> int:
-    tokens = PER_MESSAGE_TOKENS + text_of_content(msg.get("content"), where)
+def _message_tokens(msg: dict[str, Any], where: str, media: MediaCost) -> int:
+    tokens = PER_MESSAGE_TOKENS + text_of_content(msg.get("content"), where, media)
     calls = msg.get("tool_calls")
     if isinstance(calls, list):
         tokens += tool_call_tokens(calls)  # as the OpenAI adapter counts them
@@ -192,7 +193,9 @@ class _Draft:
     keep: str | None = None
 
 
-def conversation_of(schema: str, body: dict[str, Any], rules: TurnRules) -> Conversation:
+def conversation_of(
+    schema: str, body: dict[str, Any], rules: TurnRules, media: MediaCost = DEFAULT_MEDIA
+) -> Conversation:
     """Split a chat body (``openai.chat`` or ``anthropic.messages``) into units.
 
     Raises ``BadRequest`` when ``messages`` is not an array of objects (the adapters have
@@ -205,7 +208,7 @@ def conversation_of(schema: str, body: dict[str, Any], rules: TurnRules) -> Conv
     known = _ANTHROPIC_KNOWN if anthropic else _OPENAI_KNOWN
     fixed = REPLY_PRIMER_TOKENS
     if anthropic and body.get("system") is not None:
-        fixed += PER_MESSAGE_TOKENS + text_of_content(body.get("system"), "system")
+        fixed += PER_MESSAGE_TOKENS + text_of_content(body.get("system"), "system", media)
 
     drafts: list[_Draft] = []
     current: _Draft | None = None
@@ -240,7 +243,7 @@ def conversation_of(schema: str, body: dict[str, Any], rules: TurnRules) -> Conv
             unit_of_call[cid] = here
 
     _mark_keeps(drafts, messages, rules, last_user)
-    units = tuple(_unit(d, messages) for d in drafts)
+    units = tuple(_unit(d, messages, media) for d in drafts)
     query = message_text(messages[last_user]) if last_user >= 0 else ""
     return Conversation(schema, query, units, fixed, len(messages))
 
@@ -287,13 +290,13 @@ def _mark_keeps(
                 d.keep = "pinned"
 
 
-def _unit(draft: _Draft, messages: list[Any]) -> Unit:
+def _unit(draft: _Draft, messages: list[Any], media: MediaCost) -> Unit:
     tokens = 0
     texts: list[str] = []
     non_text = 0
     for i in draft.indexes:
         msg = messages[i]
-        tokens += _message_tokens(msg, f"messages[{i}].content")
+        tokens += _message_tokens(msg, f"messages[{i}].content", media)
         texts.append(message_text(msg))
         non_text += _non_text_parts(msg.get("content"))
     return Unit(tuple(draft.indexes), tokens, tuple(texts), draft.keep, non_text)

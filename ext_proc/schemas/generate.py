@@ -1,0 +1,193 @@
+"""Native generate endpoints: vLLM's ``/inference/v1/generate`` and SGLang's ``/generate``.
+
+vLLM (``vllm.generate``, token in, tokens out): ``token_ids`` (the prompt, already tokenized
+and with multimodal placeholders expanded), optional raw ``content_parts`` (media the server
+resolves: counted at their media cost), ``sampling_params`` with ``max_tokens`` (absent: 16,
+``SamplingParams``' default; null: the rest of the context) and ``n``.
+
+SGLang (``sglang.generate``, chosen per route with ``schema: sglang_generate``, since
+``/generate`` means different bodies on different servers): ``text`` (a string or a list of
+strings) or ``input_ids`` (token ids or a list of token-id lists) or ``input_embeds`` (one
+row per token); ``image_data`` / ``audio_data`` / ``video_data`` (one item or a list: each
+item is a media part); ``sampling_params`` (an object, or a list of objects, one per prompt)
+with ``max_new_tokens`` (absent: 128, SGLang's default) and ``n``. With a list, the largest
+limit and ``n`` are judged, and a downgrade rewrites every element.
+
+The output limit lives inside ``sampling_params``: ``ext_proc.plan`` edits it there.
+Errors use OpenAI's error object (both servers answer JSON errors of their own shape).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ext_proc.media import MediaCost, MediaPart
+from ext_proc.schemas.base import (
+    DEFAULT_MEDIA,
+    BadRequest,
+    RequestFeatures,
+    Tally,
+    check_keys,
+    optional_token_limit,
+    samples_of,
+)
+from ext_proc.schemas.openai import openai_error_body, prompt_list_tokens
+
+__all__ = ["SGLANG_DEFAULT_MAX_NEW_TOKENS", "SGLANG_GENERATE", "VLLM_GENERATE"]
+
+VLLM_DEFAULT_MAX_TOKENS = 16  # vllm.SamplingParams.max_tokens
+SGLANG_DEFAULT_MAX_NEW_TOKENS = 128  # sglang SamplingParams.max_new_tokens
+
+VLLM_KEYS = frozenset(("model", "token_ids", "sampling_params", "content_parts", "stream"))
+SGLANG_KEYS = frozenset(
+    (
+        "model",
+        "text",
+        "input_ids",
+        "input_embeds",
+        "sampling_params",
+        "image_data",
+        "audio_data",
+        "video_data",
+        "stream",
+    )
+)
+SAMPLING_KEYS = frozenset(("max_tokens", "max_new_tokens", "n", "best_of"))
+
+
+def _sampling(value: Any, where: str = "sampling_params") -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise BadRequest(f"'{where}' must be an object", param=where, code="invalid_type")
+    check_keys(value, SAMPLING_KEYS, where)
+    return value
+
+
+def _limit(params: dict[str, Any], field: str, default: int, where: str) -> int | None:
+    if field not in params:
+        return default
+    try:
+        return optional_token_limit(params, field)
+    except BadRequest as e:
+        raise BadRequest(
+            e.message.replace(f"'{field}'", f"'{where}.{field}'"), param=e.param, code=e.code
+        ) from None
+
+
+class _VllmGenerate:
+    name = "vllm.generate"
+    inject_field = "max_tokens"  # inside sampling_params
+
+    def features(self, body: dict[str, Any], media: MediaCost = DEFAULT_MEDIA) -> RequestFeatures:
+        check_keys(body, VLLM_KEYS)
+        ids = body.get("token_ids")
+        if not isinstance(ids, list) or not ids:
+            raise BadRequest(
+                "'token_ids' must be a non-empty array of token ids",
+                param="token_ids",
+                code="invalid_type",
+            )
+        tally = Tally(media, tokens=len(ids))
+        if body.get("content_parts") is not None:
+            tally.content(body["content_parts"], "content_parts")
+        params = _sampling(body.get("sampling_params"))
+        field = "max_tokens" if params.get("max_tokens") is not None else None
+        model = body.get("model")
+        return RequestFeatures(
+            schema=self.name,
+            model=model if isinstance(model, str) else None,
+            input_tokens=tally.tokens,
+            max_tokens=_limit(params, "max_tokens", VLLM_DEFAULT_MAX_TOKENS, "sampling_params"),
+            max_tokens_field=field,
+            stream=body.get("stream") is True,
+            message_count=1,
+            samples=samples_of(params, "n", "best_of"),
+            media_parts=tally.media_parts,
+            media_tokens=tally.media_tokens,
+        )
+
+    def error_body(self, status: int, code: str, message: str, param: str | None) -> bytes:
+        return openai_error_body(status, code, message, param)
+
+
+def _media_items(value: Any, kind: str, tally: Tally) -> None:
+    """SGLang's ``image_data`` etc.: one item or (nested) lists of items, each a part."""
+    if value is None:
+        return
+    items = value if isinstance(value, list) else [value]
+    for item in items:
+        if isinstance(item, list):
+            _media_items(item, kind, tally)
+            continue
+        part = MediaPart(
+            kind="image" if kind == "image" else "audio" if kind == "audio" else "video"
+        )
+        if kind == "image" and isinstance(item, str):
+            from ext_proc.media import image_size
+
+            size = image_size(item)
+            if size is not None:
+                part = MediaPart(kind="image", width=size[0], height=size[1])
+        cost = tally.media.tokens(part)
+        tally.media_parts += 1
+        tally.media_tokens += cost
+
+
+class _SglangGenerate:
+    name = "sglang.generate"
+    inject_field = "max_new_tokens"  # inside sampling_params
+
+    def features(self, body: dict[str, Any], media: MediaCost = DEFAULT_MEDIA) -> RequestFeatures:
+        check_keys(body, SGLANG_KEYS)
+        if body.get("text") is not None:
+            prompts = prompt_list_tokens(body["text"], "text")
+        elif body.get("input_ids") is not None:
+            prompts = prompt_list_tokens(body["input_ids"], "input_ids")
+        elif isinstance(body.get("input_embeds"), list) and body["input_embeds"]:
+            embeds = body["input_embeds"]
+            batch = all(isinstance(e, list) and e and isinstance(e[0], list) for e in embeds)
+            prompts = [len(e) for e in embeds] if batch else [len(embeds)]
+        else:
+            raise BadRequest(
+                "give 'text', 'input_ids' or 'input_embeds'", param="text", code="missing_field"
+            )
+        tally = Tally(media)
+        for kind in ("image", "audio", "video"):
+            _media_items(body.get(f"{kind}_data"), kind, tally)
+        raw = body.get("sampling_params")
+        if raw is None:
+            params_list: list[dict[str, Any]] = [{}]
+        elif isinstance(raw, list) and raw:
+            params_list = [_sampling(p, f"sampling_params[{i}]") for i, p in enumerate(raw)]
+        else:
+            params_list = [_sampling(raw)]
+        limits = [
+            _limit(p, "max_new_tokens", SGLANG_DEFAULT_MAX_NEW_TOKENS, "sampling_params")
+            for p in params_list
+        ]
+        limit = None if any(v is None for v in limits) else max(v for v in limits if v)
+        set_fields = any(p.get("max_new_tokens") is not None for p in params_list)
+        samples = max(samples_of(p, "n") for p in params_list)
+        # media are shared by the batch's prompts only in SGLang's own pairing; counting them
+        # on every prompt errs towards refusing
+        prompts = [p + tally.media_tokens for p in prompts]
+        model = body.get("model")
+        return RequestFeatures(
+            schema=self.name,
+            model=model if isinstance(model, str) else None,
+            input_tokens=max(prompts),
+            max_tokens=limit,
+            max_tokens_field="max_new_tokens" if set_fields else None,
+            stream=body.get("stream") is True,
+            message_count=len(prompts),
+            prompt_tokens=tuple(prompts) if len(prompts) > 1 else (),
+            samples=samples,
+            media_parts=tally.media_parts,
+            media_tokens=tally.media_tokens,
+        )
+
+    def error_body(self, status: int, code: str, message: str, param: str | None) -> bytes:
+        return openai_error_body(status, code, message, param)
+
+
+VLLM_GENERATE = _VllmGenerate()
+SGLANG_GENERATE = _SglangGenerate()
