@@ -63,7 +63,8 @@ def dry_run(
         snapshot = PoolSnapshot(pool="", backends=(backend,), taken_at_s=time.monotonic())
     pipeline = Pipeline(policy, lambda _pool: snapshot)
     r = pipeline.router.resolve(metadata)
-    headers = [(":path", path.encode()), ("content-type", content_type.encode())]
+    headers = [(":path", path.encode()), (":method", b"POST")]
+    headers.append(("content-type", content_type.encode()))
     if priority:
         headers.append((policy.priority_header, priority.encode()))
     facts: HeaderFacts = pipeline.on_headers(r, headers, end_of_stream=not request)
@@ -122,6 +123,12 @@ def dry_run(
                 "max_tokens_field": f.max_tokens_field,
                 "stream": f.stream,
                 "messages": f.message_count,
+                "prompts": len(f.prompts),
+                "samples": f.samples,
+                "sequences": f.sequences,
+                "media_parts": f.media_parts,
+                "media_tokens": f.media_tokens,
+                "stored_context": f.stored_context,
             }
     if isinstance(outcome, Respond):
         report["mutation"] = {
