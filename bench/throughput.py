@@ -52,7 +52,14 @@ from typing import Any
 
 import yaml
 
-from ext_proc.stack import ENVOY_DIR, Stack, StackError, free_port, render_envoy_config
+from ext_proc.stack import (
+    ENVOY_DIR,
+    Stack,
+    StackError,
+    free_port,
+    policy_passthrough_paths,
+    render_envoy_config,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 LUA = Path(__file__).resolve().parent / "chat.lua"
@@ -549,6 +556,7 @@ def run(args: argparse.Namespace) -> list[ConnResult]:
             admin_port=admin,
             listeners={"ingress": ingress, "fast_upstream": upstream},
             clusters={"ice": ice_addresses, "fast_upstream": [f"127.0.0.1:{upstream}"]},
+            passthrough_paths=policy_passthrough_paths(policy),
         )
         stack.start_envoy(config, admin, concurrency=args.envoy_concurrency)
         ice_pid, envoy_pid = stack.procs["ice"].pid, stack.procs["envoy"].pid

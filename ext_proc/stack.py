@@ -2,7 +2,9 @@
 
 Used by ``ice demo``, the e2e tests and the benchmark. ``render_envoy_config`` rewrites the
 ports and endpoints of a config in ``envoy/`` (found by listener and cluster names, so the
-file itself stays a valid, hand-readable config); everything else is kept as written.
+file itself stays a valid, hand-readable config) and opens a policy's ``passthrough_paths``
+(routes inserted before the 404 catch-all route ``closed``); everything else is kept as
+written. ``policy_passthrough_paths`` reads those paths from a policy file.
 
 Invariant: every process started here is stopped by ``Stack.close`` (also on error), and
 each start waits until the process is really ready (log line, gRPC health, Envoy /ready).
@@ -20,6 +22,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,11 +30,13 @@ from typing import Any
 import yaml
 
 __all__ = [
+    "CLOSED_ROUTE",
     "ENVOY_DIR",
     "Stack",
     "StackError",
     "envoy_binary",
     "free_port",
+    "policy_passthrough_paths",
     "render_envoy_config",
 ]
 
@@ -68,25 +73,92 @@ def _endpoint(address: str) -> dict[str, Any]:
     return {"endpoint": {"address": {"socket_address": sock}}}
 
 
+# The route that answers every request no other route takes (a 404 from Envoy itself).
+CLOSED_ROUTE = "closed"
+_EXT_PROC = "envoy.filters.http.ext_proc"
+_EXT_PROC_OFF = {
+    "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute",
+    "disabled": True,
+}
+
+
+def _virtual_hosts(listener: dict[str, Any]) -> Iterable[dict[str, Any]]:
+    for chain in listener.get("filter_chains", []):
+        for f in chain.get("filters", []):
+            route_config = f.get("typed_config", {}).get("route_config", {})
+            yield from route_config.get("virtual_hosts", [])
+
+
+def _open_paths(vhost: dict[str, Any], paths: list[str]) -> bool:
+    """Insert a route per path before ``vhost``'s ``closed`` route; False if it has none.
+
+    Each route takes any method on the exact path to the cluster of the first forwarding
+    route of the virtual host (the judged endpoints' upstream), with ext_proc off.
+    """
+    routes: list[dict[str, Any]] = vhost.get("routes", [])
+    at = next((i for i, r in enumerate(routes) if r.get("name") == CLOSED_ROUTE), None)
+    if at is None:
+        return False
+    upstream = next((r["route"] for r in routes if "cluster" in r.get("route", {})), None)
+    if upstream is None:
+        raise ValueError(f"virtual host {vhost.get('name')!r}: no route to a cluster to copy")
+    taken = {r["match"]["path"] for r in routes[:at] if set(r.get("match", {})) == {"path"}}
+    for path in paths:
+        if path in taken:
+            raise ValueError(f"passthrough path {path}: already a route of its own")
+    opened = [
+        {
+            "name": f"passthrough:{path}",
+            "match": {"path": path},
+            "route": dict(upstream),
+            "typed_per_filter_config": {_EXT_PROC: dict(_EXT_PROC_OFF)},
+        }
+        for path in paths
+    ]
+    routes[at:at] = opened
+    return True
+
+
 def render_envoy_config(
     template: Path,
     *,
     admin_port: int,
     listeners: dict[str, int],
     clusters: dict[str, list[str]],
+    passthrough_paths: Iterable[str] = (),
 ) -> dict[str, Any]:
-    """The config at ``template`` with the named listeners' ports and clusters' endpoints."""
+    """The config at ``template`` with the named listeners' ports and clusters' endpoints.
+
+    ``passthrough_paths`` (a policy's ``passthrough_paths``): exact paths forwarded unjudged,
+    any method, in every virtual host of the named listeners that has a ``closed`` route
+    (inserted just before it, named ``passthrough:<path>``). ValueError when a path already
+    has a route there, or when none of those listeners has a ``closed`` route to open.
+    """
     config: dict[str, Any] = yaml.safe_load(template.read_text())
     config["admin"]["address"]["socket_address"]["port_value"] = admin_port
     res = config["static_resources"]
+    paths = sorted(set(passthrough_paths))
+    opened = False
     for listener in res.get("listeners", []):
         if listener["name"] in listeners:
             listener["address"]["socket_address"]["port_value"] = listeners[listener["name"]]
+            if paths:
+                for vhost in _virtual_hosts(listener):
+                    opened = _open_paths(vhost, paths) or opened
+    if paths and not opened:
+        raise ValueError(f"{template.name}: no {CLOSED_ROUTE!r} route to open {paths} before")
     for cluster in res.get("clusters", []):
         if cluster["name"] in clusters:
             endpoints = [_endpoint(a) for a in clusters[cluster["name"]]]
             cluster["load_assignment"]["endpoints"] = [{"lb_endpoints": endpoints}]
     return config
+
+
+def policy_passthrough_paths(policy: Path | None) -> frozenset[str]:
+    """The ``passthrough_paths`` of the policy file at ``policy`` (None: the built-in one)."""
+    from ext_proc.policy.load import load_policy
+
+    return load_policy(policy).passthrough_paths
 
 
 def _wait_line(proc: subprocess.Popen[str], needle: str, timeout_s: float, what: str) -> None:

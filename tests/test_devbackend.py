@@ -349,3 +349,148 @@ def test_main_subprocess_prints_listening_line_and_stops_on_sigterm() -> None:
             proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+def test_openai_sdk_responses_and_embeddings() -> None:
+    async def body(client: Client) -> None:
+        async with openai.AsyncOpenAI(
+            base_url=f"{root(client)}/v1", api_key="x", max_retries=0
+        ) as oa:
+            items: Any = [{"role": "user", "content": [{"type": "input_text", "text": "a b c"}]}]
+            reply = await oa.responses.create(
+                model="r1", input=items, instructions="be brief", max_output_tokens=3
+            )
+            assert reply.id.startswith("resp_")
+            assert (reply.object, reply.status, reply.model) == ("response", "completed", "r1")
+            assert reply.output_text == "tok0 tok1 tok2"
+            assert reply.usage is not None
+            assert (reply.usage.input_tokens, reply.usage.output_tokens) == (9, 3)
+            plain = await oa.responses.create(model="r1", input="one two", max_output_tokens=100)
+            assert plain.output_text == " ".join(f"tok{i}" for i in range(16))
+
+            stream = await oa.responses.create(
+                model="r1", input="hi", max_output_tokens=2, stream=True
+            )
+            events = [e async for e in stream]
+            assert events[0].type == "response.created"
+            assert events[-1].type == "response.completed"
+            assert [e.sequence_number for e in events] == list(range(len(events)))
+            deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+            assert "".join(deltas) == "tok0 tok1"
+            final: Any = events[-1]
+            assert final.response.output_text == "tok0 tok1"
+
+            emb = await oa.embeddings.create(model="e1", input=["a b", "c", "d e f"])
+            assert [d.index for d in emb.data] == [0, 1, 2]
+            assert [d.embedding[0] for d in emb.data] == [2.0, 1.0, 3.0]
+            assert len(emb.data[0].embedding) == 8
+            assert emb.usage.prompt_tokens == 6
+            floats = await oa.embeddings.create(
+                model="e1", input=[[1, 2, 3], [4]], encoding_format="float"
+            )
+            assert [d.embedding[0] for d in floats.data] == [3.0, 1.0]
+            one = await oa.embeddings.create(model="e1", input=[5, 6, 7, 8])
+            assert len(one.data) == 1
+            assert one.data[0].embedding[0] == 4.0
+
+    run(body)
+
+
+async def post_json(client: Client, path: str, doc: Any) -> tuple[int, Any]:
+    resp = await client.post(path, json=doc)
+    return resp.status, await resp.json()
+
+
+def test_vllm_and_sglang_endpoints() -> None:
+    async def body(client: Client) -> None:
+        convs = [[{"role": "user", "content": "one two"}], [{"role": "user", "content": "x"}]]
+        status, batch = await post_json(
+            client, "/v1/chat/completions/batch", {"messages": convs, "max_tokens": 2}
+        )
+        assert status == 200
+        assert batch["object"] == "chat.completion"
+        assert [c["index"] for c in batch["choices"]] == [0, 1]
+        assert {c["message"]["content"] for c in batch["choices"]} == {"tok0 tok1"}
+        assert batch["usage"] == {"prompt_tokens": 11, "completion_tokens": 4, "total_tokens": 15}
+        for bad in ({"messages": [{"role": "user"}]}, {"messages": convs, "n": 2}):
+            assert (await client.post("/v1/chat/completions/batch", json=bad)).status == 400
+
+        msgs = [{"role": "user", "content": "hi"}]
+        status, chat = await post_json(client, "/invocations", {"messages": msgs, "max_tokens": 1})
+        assert (status, chat["object"]) == (200, "chat.completion")
+        assert chat["choices"][0]["message"]["content"] == "tok0"
+        status, comp = await post_json(client, "/invocations", {"prompt": "p q", "max_tokens": 2})
+        assert (status, comp["object"]) == (200, "text_completion")
+        assert comp["choices"][0]["text"] == "tok0 tok1"
+
+        gen = {"token_ids": [5, 6, 7], "sampling_params": {"max_tokens": 3}}
+        status, tokens = await post_json(client, "/inference/v1/generate", gen)
+        assert status == 200
+        assert tokens["choices"][0]["token_ids"] == [0, 1, 2]
+        assert tokens["choices"][0]["finish_reason"] == "length"
+        assert tokens["usage"]["prompt_tokens"] == 3
+        assert (await client.post("/inference/v1/generate", json={"prompt": "x"})).status == 400
+
+        sg = {"text": "a b c d", "sampling_params": {"max_new_tokens": 2}}
+        status, sglang = await post_json(client, "/generate", sg)
+        assert status == 200
+        assert sglang["text"] == "tok0 tok1"
+        assert sglang["meta_info"]["prompt_tokens"] == 4
+        assert sglang["meta_info"]["completion_tokens"] == 2
+        assert sglang["meta_info"]["finish_reason"] == {"type": "length", "length": 2}
+        resp = await client.post("/generate", json={**sg, "stream": True})
+        events = [e for e in (await resp.text()).split("\n\n") if e]
+        assert events[-1] == "data: [DONE]"
+        assert json.loads(events[-2][len("data: ") :])["text"] == "tok0 tok1"
+
+        recorded = await (await client.get("/_dev/requests")).json()
+        paths = [r["path"] for r in recorded]
+        assert paths.count("/v1/chat/completions/batch") == 3  # rejected bodies too
+        assert {"/invocations", "/inference/v1/generate", "/generate"} <= set(paths)
+
+    run(body)
+
+
+def test_any_other_request_is_recorded_and_answered_200() -> None:
+    async def body(client: Client) -> None:
+        for method, path in [
+            ("POST", "/v1/load_lora_adapter"),
+            ("POST", "/collective_rpc"),
+            ("GET", "/some/thing"),
+            ("POST", "/v1/models"),  # another method on a control path
+            ("DELETE", "/v1/chat/completions"),
+            ("HEAD", "/version"),
+        ]:
+            resp = await client.request(method, path, data=b'{"x": 1}')
+            assert resp.status == 200, (method, path)
+            if method != "HEAD":
+                assert await resp.json() == {
+                    "object": "devbackend.unrouted",
+                    "method": method,
+                    "path": path,
+                }
+        recorded = await (await client.get("/_dev/requests")).json()
+        assert [(r["method"], r["path"]) for r in recorded][:2] == [
+            ("POST", "/v1/load_lora_adapter"),
+            ("POST", "/collective_rpc"),
+        ]
+        assert len(recorded) == 6
+        assert base64.b64decode(recorded[0]["body_b64"]) == b'{"x": 1}'
+
+        # The control endpoints still win, and are never recorded.
+        await client.delete("/_dev/requests")
+        for method, path in [
+            ("GET", "/health"),
+            ("HEAD", "/health"),
+            ("GET", "/v1/models"),
+            ("HEAD", "/v1/models"),
+            ("GET", "/metrics"),
+            ("GET", "/_dev/state"),
+            ("GET", "/_dev/requests"),
+        ]:
+            assert (await client.request(method, path)).status == 200, (method, path)
+        assert (await client.post("/_dev/nope")).status == 404
+        assert (await client.post("/_dev/state")).status == 404  # not a recorded 200
+        assert await (await client.get("/_dev/requests")).json() == []
+
+    run(body)

@@ -204,8 +204,6 @@ def test_a_repeated_key_ice_does_not_read_is_left_alone() -> None:
 # -- media parts
 
 
-
-
 def png_url(width: int, height: int) -> str:
     import base64
     import io

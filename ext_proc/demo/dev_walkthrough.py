@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ext_proc.demo.common import _QUESTION, _TURNS, BACKEND_URL, ENVOY_URL, SHOWN, _http
-from ext_proc.stack import ENVOY_DIR, Stack, render_envoy_config
+from ext_proc.stack import ENVOY_DIR, Stack, policy_passthrough_paths, render_envoy_config
 
 _TRY = """\
   curl -si http://127.0.0.1:10000/v1/chat/completions -H 'content-type: application/json' \\
@@ -176,12 +176,14 @@ def _run_dev(wait: bool) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="ice-demo-"))
     with Stack(workdir) as stack:
         stack.start_backend(8000)
-        addresses = stack.start_ice("127.0.0.1:50051", policy=_demo_policy(workdir))
+        policy = _demo_policy(workdir)
+        addresses = stack.start_ice("127.0.0.1:50051", policy=policy)
         config = render_envoy_config(
             ENVOY_DIR / "envoy.yaml",
             admin_port=9901,
             listeners={"ingress": 10000},
             clusters={"ice": addresses, "backend": ["127.0.0.1:8000"]},
+            passthrough_paths=policy_passthrough_paths(policy),
         )
         stack.start_envoy(config, admin_port=9901)
         print(f"ICE demo: Envoy {ENVOY_URL} → ICE 127.0.0.1:50051 → backend {BACKEND_URL}")

@@ -9,9 +9,11 @@ One module per job, each stating its own invariants at the top:
 
 - ``state``: ``DevState``, the backend's mutable state and its vLLM-style collector.
 - ``answers``: request parsing and the replies / SSE events of each API (no I/O).
-- ``inference``: the three recorded inference handlers, JSON or streamed.
-- ``app``: ``build_app`` (routes, ``/metrics``, the ``/_dev/*`` controls) and ``main``;
-  ``__main__`` runs ``main``.
+- ``inference``: the recorded inference handlers, JSON or streamed: OpenAI chat,
+  completions, Responses, embeddings; Anthropic messages; vLLM's batch chat, SageMaker
+  ``/invocations`` and ``/inference/v1/generate``; SGLang's ``/generate``.
+- ``app``: ``build_app`` (routes, ``/metrics``, the ``/_dev/*`` controls, the recording
+  catch-all) and ``main``; ``__main__`` runs ``main``.
 
 Invariants:
 
@@ -22,9 +24,11 @@ Invariants:
   global one). Gauges only change through ``PUT /_dev/state``; the token and request-success
   counters only grow as requests are served. ``PUT /_dev/metrics`` overrides the page with a
   verbatim text until ``DELETE /_dev/metrics``.
-* Every request to the three inference endpoints is recorded before any parsing, with its raw
-  body bytes (``GET /_dev/requests``: a list of ``{"method", "path", "query", "headers":
+* Every request to an inference endpoint is recorded before any parsing, with its raw body
+  bytes (``GET /_dev/requests``: a list of ``{"method", "path", "query", "headers":
   [[name, value], ...], "body_b64", "time"}``; the last 1000 are kept; ``DELETE`` clears).
+  So is any request no route takes (another method or path, answered 200): only
+  ``/health``, ``/v1/models``, ``/metrics`` and the ``/_dev/*`` controls go unrecorded.
 * Streams send each SSE event in its own write, with ``asyncio.sleep(delay)`` between events,
   ``delay`` being request header ``x-dev-stream-delay-ms`` (default 0).
 """

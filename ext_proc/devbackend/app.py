@@ -2,19 +2,24 @@
 
 This module: the ``aiohttp`` application, its control endpoints and the entry point.
 
-- ``build_app``: a fresh ``_Backend`` and the routes: the three inference endpoints
-  (``inference``), ``/health``, ``/v1/models``, ``/metrics`` and the ``/_dev/*`` controls.
+- ``build_app``: a fresh ``_Backend`` and the routes: the inference endpoints
+  (``inference``), ``/health``, ``/v1/models``, ``/metrics``, the ``/_dev/*`` controls and,
+  last, ``unrouted``: any other method and path, recorded and answered 200 (so a test can
+  tell that a request never reached the backend: it would have been recorded).
 - ``metrics``: the backend's registry rendered as text, or the verbatim page ``PUT
   /_dev/metrics`` set, after ``DevState.metrics_delay_s``.
 - ``dev_state`` / ``dev_metrics`` / ``dev_requests``: set or read ``DevState``, set or clear
   the page override, list or clear the recorded requests.
 - ``main`` / ``_serve``: ``--host``/``--port``/``--model``; serve until SIGINT/SIGTERM.
 
-Invariants: a ``PUT /_dev/state`` is applied whole or not at all: every key must be a
-``DevState`` field and every value of its field's type (bools are not numbers; ints are taken
-for float fields), else 400 and nothing changes; once the site accepts connections ``_serve``
-prints exactly one line ``devbackend listening on http://H:P`` (the real port for
-``--port 0``); the first line of this docstring is ``--help``'s description.
+Invariants: every route but ``unrouted`` wins over it (aiohttp tries the exact paths
+first), so control and metrics requests are never recorded, and an unknown ``/_dev/*``
+request is a 404, not recorded; a ``PUT /_dev/state`` is applied whole or not at all:
+every key must be a ``DevState`` field and every value of its field's type (bools are not
+numbers; ints are taken for float fields), else 400 and nothing changes; once the site
+accepts connections ``_serve`` prints exactly one line ``devbackend listening on
+http://H:P`` (the real port for ``--port 0``); the first line of this docstring is
+``--help``'s description.
 """
 
 from __future__ import annotations
@@ -29,7 +34,18 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import generate_latest
 
-from ext_proc.devbackend.inference import chat_completions, completions, messages
+from ext_proc.devbackend.inference import (
+    chat_batch,
+    chat_completions,
+    completions,
+    embeddings,
+    generate_tokens,
+    invocations,
+    messages,
+    record,
+    responses,
+    sglang_generate,
+)
 from ext_proc.devbackend.state import _DEFAULTS, BACKEND, METRICS_CONTENT_TYPE, _Backend
 
 
@@ -87,22 +103,41 @@ async def dev_requests(request: web.Request) -> web.Response:
     return web.json_response(list(recorded))
 
 
+async def unrouted(request: web.Request) -> web.Response:
+    """Any request no other route takes: recorded, answered 200 (``/_dev/*``: 404)."""
+    if request.path.startswith("/_dev/"):
+        raise web.HTTPNotFound(text=f"no dev control {request.method} {request.path}")
+    await record(request)
+    return web.json_response(
+        {"object": "devbackend.unrouted", "method": request.method, "path": request.path}
+    )
+
+
 def build_app(model: str) -> web.Application:
     """The devbackend application serving ``model``, with fresh state and metrics."""
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app[BACKEND] = _Backend(model)
+    for path, handler in [
+        ("/v1/chat/completions", chat_completions),
+        ("/v1/completions", completions),
+        ("/v1/messages", messages),
+        ("/v1/responses", responses),
+        ("/v1/embeddings", embeddings),
+        ("/v1/chat/completions/batch", chat_batch),
+        ("/invocations", invocations),
+        ("/inference/v1/generate", generate_tokens),
+        ("/generate", sglang_generate),
+    ]:
+        app.router.add_post(path, handler)
+    for path, handler in [("/health", health), ("/v1/models", models), ("/metrics", metrics)]:
+        app.router.add_get(path, handler)  # and HEAD
     for method, path, handler in [
-        ("POST", "/v1/chat/completions", chat_completions),
-        ("POST", "/v1/completions", completions),
-        ("POST", "/v1/messages", messages),
-        ("GET", "/health", health),
-        ("GET", "/v1/models", models),
-        ("GET", "/metrics", metrics),
         *(("GET", "/_dev/state", dev_state), ("PUT", "/_dev/state", dev_state)),
         *(("PUT", "/_dev/metrics", dev_metrics), ("DELETE", "/_dev/metrics", dev_metrics)),
         *(("GET", "/_dev/requests", dev_requests), ("DELETE", "/_dev/requests", dev_requests)),
     ]:
         app.router.add_route(method, path, handler)
+    app.router.add_route("*", "/{tail:.*}", unrouted)
     return app
 
 

@@ -37,7 +37,13 @@ from ext_proc.overload.burst import CHAT, MODES, POLICY, VLLM_ARGS, VLLM_NICE, P
 from ext_proc.overload.metrics import wait_idle
 from ext_proc.overload.results import one_line
 from ext_proc.overload.run import RunResult, run_burst
-from ext_proc.stack import ENVOY_DIR, Stack, free_port, render_envoy_config
+from ext_proc.stack import (
+    ENVOY_DIR,
+    Stack,
+    free_port,
+    policy_passthrough_paths,
+    render_envoy_config,
+)
 
 __all__ = ["Setup", "compare", "overload_setup", "render_policy", "warm_up"]
 
@@ -116,6 +122,7 @@ def overload_setup(
             admin_port=admin_port,
             listeners={"ingress": envoy_port},
             clusters={"ice": ice, "backend": [f"127.0.0.1:{cfg.port}"]},
+            passthrough_paths=policy_passthrough_paths(rendered),
         )
         stack.start_envoy(config, admin_port)
         setup = Setup(

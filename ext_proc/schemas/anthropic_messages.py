@@ -35,6 +35,7 @@ _ERROR_TYPES = {
     400: "invalid_request_error",
     404: "not_found_error",
     413: "request_too_large",
+    415: "invalid_request_error",
     429: "rate_limit_error",
     503: "overloaded_error",
 }

@@ -43,6 +43,7 @@ _ERROR_TYPES = {
     400: "invalid_request_error",
     404: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     429: "rate_limit_error",
 }
 

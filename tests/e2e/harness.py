@@ -31,6 +31,28 @@ CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 MESSAGES = "/v1/messages"
 
+# What the shipped Envoy configs forward (docs/endpoints.md): each judged path, exactly, through
+# ICE with x-ice-route set to its route name; the read-only paths, GET and HEAD only, ICE off;
+# anything else is Envoy's 404 from the route named CLOSED.
+JUDGED_ROUTES = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/messages": "messages",
+    "/v1/responses": "responses",
+    "/v1/embeddings": "embeddings",
+    "/v1/chat/completions/batch": "chat_batch",
+    "/invocations": "invocations",
+    "/inference/v1/generate": "generate_tokens",
+    "/generate": "generate",
+}
+READ_ONLY_ROUTES = {
+    "/v1/models": "readonly_models",
+    "/health": "readonly_health",
+    "/version": "readonly_version",
+    "/ping": "readonly_ping",
+}
+CLOSED = "closed"
+
 # The test policy (see POLICY below).
 MAX_MODEL_LEN = 8192
 OUTPUT_BUFFER = 512
@@ -106,6 +128,12 @@ routes:
   chat: {{profile: default, pool: default}}
   completions: {{profile: default, pool: default, priority: sheddable}}
   messages: {{profile: default, pool: default}}
+  responses: {{profile: default, pool: default}}
+  embeddings: {{profile: default, pool: default}}
+  chat_batch: {{profile: default, pool: default}}
+  invocations: {{profile: default, pool: default}}
+  generate_tokens: {{profile: default, pool: default}}
+  generate: {{profile: default, pool: default, schema: sglang_generate}}
 """
 
 # A request every state lets through with its verdict headers (critical is never shed).
@@ -113,8 +141,11 @@ PROBE = {"model": "dev-model", "messages": [{"role": "user", "content": "probe"}
 PROBE_HEADERS = {"x-priority": "critical"}
 
 
-def write_policy(path: Path, backend_port: int, profile_extra: str = "") -> Path:
-    """The e2e policy; ``profile_extra`` (YAML, 4-space indented) joins the default profile."""
+def write_policy(
+    path: Path, backend_port: int, profile_extra: str = "", passthrough_paths: Iterable[str] = ()
+) -> Path:
+    """The e2e policy; ``profile_extra`` (YAML, 4-space indented) joins the default profile;
+    ``passthrough_paths`` become the policy's ``passthrough_paths``."""
     text = POLICY.format(
         max_model_len=MAX_MODEL_LEN,
         output_buffer=OUTPUT_BUFFER,
@@ -126,6 +157,9 @@ def write_policy(path: Path, backend_port: int, profile_extra: str = "") -> Path
     )
     if profile_extra:
         text = text.replace("    fail_mode: open\n", "    fail_mode: open\n" + profile_extra, 1)
+    paths = list(passthrough_paths)
+    if paths:
+        text += f"passthrough_paths: {json.dumps(paths)}\n"
     path.write_text(text)
     return path
 
@@ -299,6 +333,16 @@ class E2E:
     def get(self, path: str, headers: dict[str, str] | None = None) -> Reply:
         return request(self.envoy_port, "GET", path, None, headers)
 
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Reply:
+        """Any method through Envoy (``post`` and ``get`` are the usual two)."""
+        return request(self.envoy_port, method, path, body, headers)
+
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.envoy_port}"
@@ -406,12 +450,15 @@ def running_stack(
     workers: int = 1,
     ice_extra: list[str] | None = None,
     profile_extra: str = "",
+    passthrough_paths: Iterable[str] = (),
 ) -> Iterator[E2E]:
-    """Backend, ICE (unless ``start_ice`` is false: its address stays dead) and Envoy."""
+    """Backend, ICE (unless ``start_ice`` is false: its address stays dead) and Envoy;
+    ``passthrough_paths`` go into the policy and, opened, into Envoy's config."""
+    paths = list(passthrough_paths)
     with Stack(workdir) as stack:
         backend_port = free_port()
         stack.start_backend(backend_port)
-        policy = write_policy(workdir / "policy.yaml", backend_port, profile_extra)
+        policy = write_policy(workdir / "policy.yaml", backend_port, profile_extra, paths)
         address = f"127.0.0.1:{free_ports(workers)}"
         addresses = worker_addresses(address, workers)
         metrics_port = free_port()
@@ -429,6 +476,7 @@ def running_stack(
             admin_port=admin_port,
             listeners={"ingress": envoy_port},
             clusters={"ice": addresses, "backend": [f"127.0.0.1:{backend_port}"]},
+            passthrough_paths=paths,
         )
         stack.start_envoy(config, admin_port)
         e2e = E2E(

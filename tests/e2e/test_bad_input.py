@@ -143,18 +143,21 @@ def test_huge_integer_max_tokens_is_downgraded_not_rejected(stack: E2E) -> None:
     assert_still_judging(stack)
 
 
-def test_non_json_content_type_reaches_the_backend_untouched(stack: E2E) -> None:
+def test_non_json_content_type_on_a_judged_path_is_a_415_and_never_reaches_the_backend(
+    stack: E2E,
+) -> None:
     body = chat("100000")  # ICE would downgrade this, had it judged it
-    before = stack.ice_metric("ice_passthrough_total", route="chat", reason="content_type")
+    reason = "unsupported_media_type"
+    before = stack.ice_metric("ice_bad_requests_total", route="chat", reason=reason)
     spoof = {"x-ice-decision": "pass", "x-mem-pressure": "low"}
     reply = stack.post(CHAT, body, spoof, content_type="text/plain")
-    assert reply.status == 200, reply
-    assert reply.ice_headers() == {}
-    rec = stack.only_received()
-    assert rec.body == body
-    assert rec.header("content-type") == "text/plain"
-    assert rec.ice_headers() == {}
-    after = stack.ice_metric("ice_passthrough_total", route="chat", reason="content_type")
+    assert reply.status == 415, reply
+    err = reply.json()["error"]
+    assert (err["code"], err["type"]) == ("unsupported_media_type", "invalid_request_error")
+    assert "text/plain" in err["message"]
+    assert reply.header("x-ice-decision") == "reject"
+    assert stack.received() == []
+    after = stack.ice_metric("ice_bad_requests_total", route="chat", reason=reason)
     assert after == before + 1
     assert_still_judging(stack)
 
@@ -171,30 +174,32 @@ def test_non_json_content_type_reaches_the_backend_untouched(stack: E2E) -> None
         ("multipart/form-data; boundary=x", False),
     ],
 )
-def test_json_content_types_are_judged_and_others_pass_untouched(
+def test_json_content_types_are_judged_and_others_refused(
     stack: E2E, content_type: str | None, judged: bool
 ) -> None:
     body = chat("100000")
     reply = stack.post(CHAT, body, content_type=content_type)
-    assert reply.status == 200, reply
-    rec = stack.only_received()
     if judged:
+        assert reply.status == 200, reply
+        rec = stack.only_received()
         assert reply.header("x-ice-decision") == "downgrade"
         assert rec.header("x-ice-decision") == "downgrade"
         assert rec.json()["max_tokens"] < 100000
     else:
-        assert reply.ice_headers() == {}
-        assert rec.ice_headers() == {}
-        assert rec.body == body
+        assert reply.status == 415, reply
+        assert reply.json()["error"]["code"] == "unsupported_media_type"
+        assert stack.received() == []
 
 
-def test_unknown_path_passes_untouched_without_consulting_ice(stack: E2E) -> None:
+def test_unknown_path_is_refused_by_envoy_without_consulting_ice(stack: E2E) -> None:
+    """Closed by default (tests/e2e/test_paths.py has the path rules in full)."""
     before = stack.ice_metric("ice_passthrough_total") + stack.ice_metric("ice_decisions_total")
-    reply = stack.post("/v1/embeddings", chat("100000"))
-    assert reply.status == 404  # the backend's own answer: it has no such endpoint
-    assert reply.body == b"404: Not Found"
+    reply = stack.post("/v1/audio/transcriptions", chat("100000"))
+    assert reply.status == 404  # Envoy's own answer: the backend never sees it
+    assert reply.json()["error"]["code"] == "unknown_endpoint"
     assert reply.ice_headers() == {}
-    models = stack.get("/v1/models")
+    assert stack.received() == []
+    models = stack.get("/v1/models")  # read-only: straight to the backend
     assert models.status == 200
     assert models.json()["data"][0]["id"] == "dev-model"
     assert models.ice_headers() == {}

@@ -1,4 +1,10 @@
-"""Every Envoy config in envoy/ is one Envoy accepts, as written and as the stack renders it."""
+"""Every Envoy config in envoy/ is one Envoy accepts, as written and as the stack renders it,
+and every one forwards only what docs/endpoints.md lists (closed by default).
+
+The Kubernetes manifests are not bootstraps: the Istio EnvoyFilter's patches are applied to a
+stand-in of a sidecar's inbound config (as Istio applies them) and that is validated; the
+Envoy Gateway manifest's routes are compared with the same lists.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +16,9 @@ from typing import Any
 import pytest
 import yaml
 
-from ext_proc.stack import ENVOY_DIR, envoy_binary, render_envoy_config
+from ext_proc.stack import CLOSED_ROUTE, ENVOY_DIR, envoy_binary, render_envoy_config
 
-from .harness import ENVOY_TEMPLATE
+from .harness import CLOSED, ENVOY_TEMPLATE, JUDGED_ROUTES, READ_ONLY_ROUTES
 
 
 def _is_envoy_config(path: Path) -> bool:
@@ -60,3 +66,325 @@ def test_rendered_config_with_two_ice_workers_passes_envoy_validate(tmp_path: Pa
     path.write_text(json.dumps(config))
     result = _validate(path)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --- closed by default -----------------------------------------------------------------------
+
+TYPE = "type.googleapis.com/"
+EXT_PROC = "envoy.filters.http.ext_proc"
+BUFFER = "envoy.filters.http.buffer"
+BENCH_YAML = ENVOY_DIR / "bench.yaml"
+ISTIO = ENVOY_DIR / "k8s" / "istio-envoyfilter.yaml"
+GATEWAY = ENVOY_DIR / "k8s" / "envoy-gateway-extension-policy.yaml"
+READ_METHODS = [{"name": ":method", "string_match": {"safe_regex": {"regex": "GET|HEAD"}}}]
+
+
+def _hcm(config: dict[str, Any], listener: str = "ingress") -> dict[str, Any]:
+    found = next(x for x in config["static_resources"]["listeners"] if x["name"] == listener)
+    typed: dict[str, Any] = found["filter_chains"][0]["filters"][0]["typed_config"]
+    return typed
+
+
+def _routes(hcm: dict[str, Any]) -> list[dict[str, Any]]:
+    (vhost,) = hcm["route_config"]["virtual_hosts"]
+    routes: list[dict[str, Any]] = vhost["routes"]
+    return routes
+
+
+def _ext_proc(route: dict[str, Any]) -> dict[str, Any]:
+    config: dict[str, Any] = route.get("typed_per_filter_config", {}).get(EXT_PROC, {})
+    return config
+
+
+def check_closed_by_default(
+    hcm: dict[str, Any],
+    cluster: str,
+    *,
+    closed: str = CLOSED,
+    read_only: dict[str, str] = READ_ONLY_ROUTES,
+    extra: tuple[str, ...] = (),
+) -> None:
+    """The judged routes, then the read-only ones, then the 404 (``extra``: more names)."""
+    assert hcm["normalize_path"] is True
+    assert hcm["merge_slashes"] is True
+    assert hcm["path_with_escaped_slashes_action"] == "UNESCAPE_AND_FORWARD"
+    buffer = next(f for f in hcm["http_filters"] if f["name"] == BUFFER)
+    assert buffer["disabled"] is True
+    routes = [r for r in _routes(hcm) if r["name"] not in extra]
+    judged, rest = routes[: len(JUDGED_ROUTES)], routes[len(JUDGED_ROUTES) :]
+    assert {r["match"].get("path"): r["name"] for r in judged} == JUDGED_ROUTES
+    for r in judged:
+        assert set(r["match"]) == {"path"}, r["name"]
+        assert r["route"]["cluster"] == cluster
+        assert _ext_proc(r)["overrides"]["grpc_initial_metadata"] == [
+            {"key": "x-ice-route", "value": r["name"]}
+        ]
+    reads, last = rest[:-1], rest[-1]
+    assert {r["match"].get("path"): r["name"] for r in reads} == read_only
+    for r in reads:
+        assert r["match"].get("headers") == READ_METHODS, r["name"]
+        assert r["route"]["cluster"] == cluster
+        assert _ext_proc(r).get("disabled") is True
+    assert last["name"] == closed
+    assert last["match"] == {"prefix": "/"}
+    assert "route" not in last
+    assert last["direct_response"]["status"] == 404
+    body = last["direct_response"]["body_format"]
+    assert body["content_type"] == "application/json"
+    error = body["json_format"]["error"]
+    assert (error["type"], error["param"], error["code"]) == (
+        "invalid_request_error",
+        None,
+        "unknown_endpoint",
+    )
+    assert "%PATH(NQ)%" in error["message"]
+    assert _ext_proc(last).get("disabled") is True
+    assert BUFFER in last["typed_per_filter_config"]
+
+
+def test_the_stack_config_is_closed_by_default() -> None:
+    config = yaml.safe_load(ENVOY_TEMPLATE.read_text())
+    check_closed_by_default(_hcm(config), "backend")
+
+
+def test_the_bench_config_is_closed_by_default_beside_its_baseline() -> None:
+    config = yaml.safe_load(BENCH_YAML.read_text())
+    hcm = _hcm(config)
+    check_closed_by_default(hcm, "fast_upstream", extra=("chat_direct",))
+    (direct,) = [r for r in _routes(hcm) if r["name"].endswith("_direct")]
+    assert direct["match"]["headers"] == [
+        {"name": "x-bench-route", "string_match": {"exact": "direct"}}
+    ]
+    assert _ext_proc(direct)["disabled"] is True
+    assert _routes(hcm)[0] is direct  # before `chat`, which takes the same path
+
+
+def test_closed_route_name_is_the_one_the_stack_opens_before() -> None:
+    assert CLOSED_ROUTE == CLOSED
+
+
+# --- render_envoy_config(passthrough_paths=...) ----------------------------------------------
+
+
+def _render(template: Path, listeners: dict[str, int], **kw: Any) -> dict[str, Any]:
+    clusters = {"ice": ["127.0.0.1:15051"], "backend": ["127.0.0.1:18000"]}
+    clusters["fast_upstream"] = ["127.0.0.1:18001"]
+    return render_envoy_config(
+        template, admin_port=19901, listeners=listeners, clusters=clusters, **kw
+    )
+
+
+def test_passthrough_paths_become_routes_just_before_the_404(tmp_path: Path) -> None:
+    config = _render(
+        ENVOY_TEMPLATE, {"ingress": 18080}, passthrough_paths=["/tokenize", "/detokenize"]
+    )
+    routes = _routes(_hcm(config))
+    names = [r["name"] for r in routes]
+    assert names[-3:] == ["passthrough:/detokenize", "passthrough:/tokenize", CLOSED]
+    opened = routes[-2]
+    assert opened["match"] == {"path": "/tokenize"}  # any method
+    assert opened["route"] == {"cluster": "backend", "timeout": "600s"}
+    assert _ext_proc(opened) == {
+        "@type": f"{TYPE}envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute",
+        "disabled": True,
+    }
+    path = tmp_path / "opened.json"
+    path.write_text(json.dumps(config))
+    result = _validate(path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_passthrough_paths_in_the_bench_config_go_to_its_upstream() -> None:
+    listeners = {"ingress": 18080, "fast_upstream": 18001}
+    config = _render(BENCH_YAML, listeners, passthrough_paths=["/tokenize"])
+    routes = _routes(_hcm(config))
+    assert [r["name"] for r in routes[-2:]] == ["passthrough:/tokenize", CLOSED]
+    assert routes[-2]["route"]["cluster"] == "fast_upstream"
+    upstream = [r.get("name") for r in _routes(_hcm(config, "fast_upstream"))]
+    assert "passthrough:/tokenize" not in upstream
+
+
+def test_no_passthrough_paths_leaves_the_routes_as_written() -> None:
+    config = _render(ENVOY_TEMPLATE, {"ingress": 18080})
+    written = yaml.safe_load(ENVOY_TEMPLATE.read_text())
+    assert _routes(_hcm(config)) == _routes(_hcm(written))
+
+
+def test_a_passthrough_path_that_already_has_a_route_is_refused() -> None:
+    with pytest.raises(ValueError, match="already a route"):
+        _render(ENVOY_TEMPLATE, {"ingress": 18080}, passthrough_paths=["/v1/embeddings"])
+
+
+def test_passthrough_paths_need_a_closed_route(tmp_path: Path) -> None:
+    config = yaml.safe_load(ENVOY_TEMPLATE.read_text())
+    hcm = _hcm(config)
+    hcm["route_config"]["virtual_hosts"][0]["routes"] = _routes(hcm)[:-1]
+    template = tmp_path / "open.yaml"
+    template.write_text(yaml.safe_dump(config))
+    with pytest.raises(ValueError, match="no 'closed' route"):
+        _render(template, {"ingress": 18080}, passthrough_paths=["/tokenize"])
+
+
+# --- Istio: the EnvoyFilter's patches on a stand-in inbound sidecar config -------------------
+
+ISTIO_ICE = "outbound|50051||ice.ice-system.svc.cluster.local"
+ISTIO_INBOUND = "inbound|8000||"
+
+
+def _merge(into: dict[str, Any], patch: dict[str, Any]) -> None:
+    """Proto merge, as Istio's MERGE: messages merge, setting one of a route's actions
+    (``route``, ``direct_response``, ``redirect``) replaces the other."""
+    actions = {"route", "direct_response", "redirect"}
+    for key, value in patch.items():
+        if key in actions:
+            for other in actions - {key}:
+                into.pop(other, None)
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+
+
+def istio_inbound_config(manifest: dict[str, Any]) -> dict[str, Any]:
+    """A bootstrap like a sidecar's inbound listener for port 8000 (one HTTP connection
+    manager, route `default` to the inbound cluster), with the manifest's patches applied
+    the way Istio applies them: each route MERGE first, then the inserts in order."""
+    default = {"name": "default", "match": {"prefix": "/"}, "route": {"cluster": ISTIO_INBOUND}}
+    router = {
+        "name": "envoy.filters.http.router",
+        "typed_config": {"@type": f"{TYPE}envoy.extensions.filters.http.router.v3.Router"},
+    }
+    hcm: dict[str, Any] = {
+        "@type": f"{TYPE}envoy.extensions.filters.network.http_connection_manager.v3."
+        "HttpConnectionManager",
+        "stat_prefix": "inbound_0.0.0.0_8000",
+        "normalize_path": True,
+        "route_config": {
+            "name": "inbound|8000||",
+            "virtual_hosts": [{"name": "inbound|http|8000", "domains": ["*"], "routes": [default]}],
+        },
+        "http_filters": [router],
+    }
+    patches = manifest["spec"]["configPatches"]
+    for p in patches:
+        assert p["match"]["context"] == "SIDECAR_INBOUND"
+        op, value = p["patch"]["operation"], p["patch"]["value"]
+        if p["applyTo"] == "NETWORK_FILTER":
+            assert op == "MERGE"
+            _merge(hcm, value["typed_config"])
+        elif p["applyTo"] == "HTTP_FILTER":
+            assert (op, p["match"]["listener"]["filterChain"]["filter"]["subFilter"]["name"]) == (
+                "INSERT_BEFORE",
+                router["name"],
+            )
+            hcm["http_filters"].insert(hcm["http_filters"].index(router), value)
+    routes = hcm["route_config"]["virtual_hosts"][0]["routes"]
+    on_routes = [p for p in patches if p["applyTo"] == "HTTP_ROUTE"]
+    for p in on_routes:
+        assert p["match"]["routeConfiguration"]["portNumber"] == 8000
+        assert p["match"]["routeConfiguration"]["vhost"]["route"]["name"] == "default"
+    for p in on_routes:
+        if p["patch"]["operation"] == "MERGE":
+            _merge(default, p["patch"]["value"])
+    for p in on_routes:
+        if p["patch"]["operation"] == "INSERT_BEFORE":
+            routes.insert(routes.index(default), p["patch"]["value"])
+    assert {p["patch"]["operation"] for p in on_routes} == {"MERGE", "INSERT_BEFORE"}
+
+    # The clusters: envoy.yaml's `ice` and `backend`, under the names Istio gives them.
+    stack = yaml.safe_load(ENVOY_TEMPLATE.read_text())["static_resources"]["clusters"]
+    clusters = {c["name"]: c for c in stack}
+    renamed = {"ice": ISTIO_ICE, "backend": ISTIO_INBOUND}
+    for old, new in renamed.items():
+        clusters[old] |= {"name": new}
+        clusters[old]["load_assignment"]["cluster_name"] = new
+
+    listener = {
+        "name": "virtualInbound",
+        "address": {"socket_address": {"address": "127.0.0.1", "port_value": 15006}},
+        "filter_chains": [
+            {
+                "filters": [
+                    {"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}
+                ]
+            }
+        ],
+    }
+    return {
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 15000}}},
+        "static_resources": {
+            "listeners": [listener],
+            "clusters": [clusters[old] for old in renamed],
+        },
+    }
+
+
+def _istio() -> dict[str, Any]:
+    (manifest,) = yaml.safe_load_all(ISTIO.read_text())
+    assert manifest["kind"] == "EnvoyFilter"
+    return istio_inbound_config(manifest)
+
+
+def test_istio_patches_give_a_config_envoy_accepts(tmp_path: Path) -> None:
+    path = tmp_path / "istio-inbound.json"
+    path.write_text(json.dumps(_istio()))
+    result = _validate(path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_istio_patches_close_the_inbound_routes_by_default() -> None:
+    hcm = _hcm(_istio(), "virtualInbound")
+    ext_proc = next(f for f in hcm["http_filters"] if f["name"] == EXT_PROC)
+    assert ext_proc["typed_config"]["grpc_service"]["envoy_grpc"]["cluster_name"] == ISTIO_ICE
+    # ICE's scraper reaches vLLM's /metrics through the same sidecar: read-only there too.
+    read_only = {**READ_ONLY_ROUTES, "/metrics": "readonly_metrics"}
+    check_closed_by_default(hcm, ISTIO_INBOUND, closed="default", read_only=read_only)
+
+
+def test_istio_and_the_stack_config_run_ice_the_same_way() -> None:
+    """The ext_proc filter of the EnvoyFilter is envoy.yaml's, but for its cluster."""
+    stack = next(
+        f
+        for f in _hcm(yaml.safe_load(ENVOY_TEMPLATE.read_text()))["http_filters"]
+        if f["name"] == EXT_PROC
+    )
+    istio = next(
+        f for f in _hcm(_istio(), "virtualInbound")["http_filters"] if f["name"] == EXT_PROC
+    )
+    grpc = {"envoy_grpc": {"cluster_name": ISTIO_ICE}}
+    assert istio["typed_config"] == {**stack["typed_config"], "grpc_service": grpc}
+
+
+# --- Envoy Gateway: the same paths with Gateway API routes -----------------------------------
+
+
+def _gateway() -> dict[tuple[str, str], dict[str, Any]]:
+    docs = [d for d in yaml.safe_load_all(GATEWAY.read_text()) if d]
+    return {(d["kind"], d["metadata"]["name"]): d for d in docs}
+
+
+def test_envoy_gateway_routes_are_closed_by_default() -> None:
+    docs = _gateway()
+    judged = docs["HTTPRoute", "llm-inference"]["spec"]["rules"]
+    assert [m["path"]["value"] for m in judged[0]["matches"]] == list(JUDGED_ROUTES)
+    assert {m["path"]["type"] for m in judged[0]["matches"]} == {"Exact"}
+    assert len(judged) == 1
+    reads, rest = docs["HTTPRoute", "llm-inference-closed"]["spec"]["rules"]
+    assert [(m["path"]["value"], m["method"]) for m in reads["matches"]] == [
+        (path, method) for path in READ_ONLY_ROUTES for method in ("GET", "HEAD")
+    ]
+    assert rest["matches"] == [{"path": {"type": "PathPrefix", "value": "/"}}]
+    assert "backendRefs" not in rest
+    (ref,) = rest["filters"]
+    name = ref["extensionRef"]["name"]
+    response = docs["HTTPRouteFilter", name]["spec"]["directResponse"]
+    assert (response["statusCode"], response["contentType"]) == (404, "application/json")
+    error = json.loads(response["body"]["inline"])["error"]
+    assert (error["type"], error["param"], error["code"]) == (
+        "invalid_request_error",
+        None,
+        "unknown_endpoint",
+    )
+    # ICE on the judged route only.
+    policy = docs["EnvoyExtensionPolicy", "ice"]["spec"]
+    assert [t["name"] for t in policy["targetRefs"]] == ["llm-inference"]
