@@ -21,6 +21,7 @@ __all__ = [
     "H_PRESSURE",
     "H_PRESSURE_SCORE",
     "H_REASON",
+    "H_SEQUENCES",
     "H_STALE",
     "H_TRUNCATED",
     "VERDICT_HEADERS",
@@ -41,7 +42,9 @@ H_ORIGINAL_MAX_TOKENS = "x-ice-original-max-tokens"
 H_REASON = "x-ice-reason"
 H_STALE = "x-ice-stale"
 H_TRUNCATED = "x-ice-truncated"
+H_SEQUENCES = "x-ice-sequences"
 VERDICT_HEADERS = (
+    H_SEQUENCES,
     H_TRUNCATED,
     H_STALE,
     H_PRESSURE,

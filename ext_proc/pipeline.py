@@ -280,9 +280,10 @@ class Pipeline:
             telemetry.BAD_REQUESTS.labels(route=route.name, reason=verdict.bad).inc()
         elif verdict.decision is not None:
             telemetry.count_decision(route.name, verdict.decision.decision, verdict.decision.reason)
-        if verdict.features is not None:
-            telemetry.count_input_tokens(verdict.features.input_tokens_source)
         d, f = verdict.decision, verdict.features
+        if f is not None:
+            telemetry.count_input_tokens(f.input_tokens_source)
+            telemetry.count_shape(route.name, f.sequences, f.media_parts)
         if f is not None and isinstance(d, Pass | Downgrade | Truncated):  # goes upstream:
             # its blocks count against the pool's free blocks until a newer view (poolview)
             then = d.then if isinstance(d, Truncated) else d

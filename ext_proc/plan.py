@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ext_proc import rawjson
-from ext_proc.decision import Decision, Downgrade, Reject, Truncated, verdict_headers
+from ext_proc.decision import H_SEQUENCES, Decision, Downgrade, Reject, Truncated, verdict_headers
 from ext_proc.schemas.base import RequestFeatures, SchemaAdapter
 
 __all__ = ["LIMIT_FIELDS", "Continue", "Outcome", "Respond", "plan", "reject_outcome"]
@@ -71,8 +71,11 @@ def plan(
     """The edits (or immediate answer) that carry out ``decision`` on this request.
 
     For ``Truncated``, ``body`` is the already shortened body (always sent), with the
-    output limit lowered too when the shorter request was downgraded."""
+    output limit lowered too when the shorter request was downgraded. A request of more
+    than one sequence says how many ICE judged (``x-ice-sequences``)."""
     headers = verdict_headers(decision)
+    if features.sequences > 1:
+        headers.append((H_SEQUENCES, str(features.sequences)))
     if isinstance(decision, Truncated):
         if isinstance(decision.then, Downgrade):
             doc = rawjson.parse_object(body)

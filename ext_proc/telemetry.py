@@ -94,6 +94,31 @@ INPUT_TOKENS = Counter(
 )
 
 
+SEQUENCES = Counter(
+    "ice_sequences_judged",
+    "Sequences of the evaluated requests (prompts × n/best_of samples; embeddings inputs).",
+    ["route"],
+)
+MEDIA_PARTS = Counter(
+    "ice_media_parts_judged",
+    "Image, audio and video parts of the evaluated requests.",
+    ["route"],
+)
+
+
+@functools.lru_cache(maxsize=1024)
+def _shape_children(route: str) -> tuple[Counter, Counter]:
+    return SEQUENCES.labels(route=route), MEDIA_PARTS.labels(route=route)
+
+
+def count_shape(route: str, sequences: int, media_parts: int) -> None:
+    """Count an evaluated request's sequences and media parts."""
+    seq, media = _shape_children(route)
+    seq.inc(sequences)
+    if media_parts:
+        media.inc(media_parts)
+
+
 @functools.lru_cache(maxsize=8)
 def _input_child(source: str) -> Counter:
     return INPUT_TOKENS.labels(source=source)

@@ -148,7 +148,11 @@ def test_n_samples_are_counted_in_the_free_block_fit(stack: E2E) -> None:
         "downgrade",
         "kv_free_blocks",
     )
-    assert stack.only_received().json()["max_tokens"] == 351
+    assert reply.header("x-ice-sequences") == "4"
+    rec = stack.only_received()
+    assert rec.json()["max_tokens"] == 351
+    assert rec.header("x-ice-sequences") == "4"  # the backend sees it too
+    assert stack.ice_metric("ice_sequences_judged_total", route="completions") >= 4
 
 
 def test_a_batch_of_prompts_is_counted_prompt_by_prompt(stack: E2E) -> None:

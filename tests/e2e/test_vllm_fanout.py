@@ -81,12 +81,16 @@ class Case:
     name: str
     prompts: int
     n: int
+    prompt_tokens: int = PROMPT
 
 
 CASES = (
     Case("n4", prompts=1, n=4),
     Case("batch4", prompts=4, n=1),
     Case("n2_batch2", prompts=2, n=2),
+    # P a multiple of B: the hit stops at P − 1 tokens, so a sibling shares only
+    # floor(255 / 128) = 1 block and recomputes the prompt's second block in a block of its own.
+    Case("n4_aligned", prompts=1, n=4, prompt_tokens=2 * BLOCK),
 )
 
 
@@ -124,13 +128,13 @@ def server(request: pytest.FixtureRequest) -> Iterator[Server]:
         yield Server(s, caching)
 
 
-def _prompt(seed: str) -> list[int]:
+def _prompt(seed: str, tokens: int) -> list[int]:
     rng = random.Random(seed)
-    return [rng.randrange(100, VOCAB) for _ in range(PROMPT)]
+    return [rng.randrange(100, VOCAB) for _ in range(tokens)]
 
 
 def _body(case: Case, salt: str) -> dict[str, Any]:
-    prompts = [_prompt(f"{salt}/{case.name}/{i}") for i in range(case.prompts)]
+    prompts = [_prompt(f"{salt}/{case.name}/{i}", case.prompt_tokens) for i in range(case.prompts)]
     return {
         "model": "tiny",
         "prompt": prompts,
@@ -258,8 +262,8 @@ def test_ice_counts_the_blocks_vllm_holds(server: Server, case: Case) -> None:
         print(f"\n[fanout] {mode} {case.name}: attempt {attempt} seen in passing: {seen}")
 
     line = (
-        f"[fanout] {mode} {case.name}: {case.prompts} prompt(s) of P={PROMPT} × n={case.n}, "
-        f"O={OUTPUT}, B={BLOCK}: ICE {ice} blocks, vLLM peak {seen.peak_used} "
+        f"[fanout] {mode} {case.name}: {case.prompts} prompt(s) of P={case.prompt_tokens} "
+        f"× n={case.n}, O={OUTPUT}, B={BLOCK}: ICE {ice} blocks, vLLM peak {seen.peak_used} "
         f"({seen.polls_at_peak}/{seen.polls} polls at peak; used over time {seen.used_seen}); "
         f"prefix-cache hits {seen.hit_tokens:.0f}/{seen.query_tokens:.0f} tokens; "
         f"completion tokens, choices {seen.completion_tokens}; {seen.wall_s:.2f} s; "
