@@ -22,6 +22,7 @@ SHOWN = (
     "x-ice-reason",
     "x-downgraded",
     "x-ice-original-max-tokens",
+    "x-ice-sequences",
     "retry-after",
 )
 

@@ -53,7 +53,8 @@ def _step(
     else:
         sent = _last_backend_body()
         if sent is not None:
-            limit = {k: sent[k] for k in ("max_tokens", "max_completion_tokens") if k in sent}
+            fields = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+            limit = {k: sent[k] for k in fields if k in sent}
             print(f"  backend received limit {limit or 'none'}")
             if isinstance(sent.get("messages"), list) and len(body.get("messages", ())) > 2:
                 kept = [m.get("content") for m in sent["messages"]]
@@ -118,6 +119,16 @@ def _walkthrough() -> None:
         chat,
         {"model": "dev-model", "messages": msgs, "max_tokens": 4000},
     )
+    _step(
+        "downgrade: n=4 samples are four sequences in the free-block fit",
+        "/v1/completions",
+        {"model": "dev-model", "prompt": "hi", "max_tokens": 1000, "n": 4},
+    )
+    _step(
+        "reject 400: fan-out beyond max_sequences (n=3000)",
+        "/v1/completions",
+        {"model": "dev-model", "prompt": "hi", "max_tokens": 7000, "n": 3000},
+    )
     _set_backend(
         {
             "kv_cache_usage_perc": 0.97,
@@ -169,6 +180,16 @@ def _walkthrough() -> None:
         "reject 400: a malformed field, in the API's own error format",
         chat,
         {"model": "dev-model", "messages": msgs, "max_tokens": "lots"},
+    )
+    _step(
+        "downgrade: the Responses API is judged like chat (max_output_tokens rewritten)",
+        "/v1/responses",
+        {"model": "dev-model", "input": "Say hi.", "max_output_tokens": 100000000},
+    )
+    _step(
+        "404 from Envoy: a path the gateway does not judge never reaches the backend",
+        "/v1/load_lora_adapter",
+        {"lora_name": "x", "lora_path": "/tmp/x"},
     )
 
 
