@@ -105,8 +105,24 @@ _PART_KINDS: dict[str, MediaKind] = {
     "image_pil": "image",  # vLLM
     "input_audio": "audio",  # OpenAI chat and Responses
     "audio_url": "audio",  # vLLM
+    "audio_embeds": "audio",  # vLLM (--enable-mm-embeds)
     "video_url": "video",  # vLLM
+    "video_embeds": "video",  # vLLM (--enable-mm-embeds)
 }
+# vLLM reads a part without a type, or with a ``uuid``, by the first of these keys it has
+# (vllm/renderers/chat_utils.py, _parse_chat_message_content_mm_part); ICE counts any part
+# that carries one as media, whatever its type says (counting a text part with an image too
+# errs towards refusing).
+_MEDIA_KEYS: tuple[str, ...] = (
+    "image_url",
+    "image_pil",
+    "image_embeds",
+    "audio_embeds",
+    "video_embeds",
+    "audio_url",
+    "input_audio",
+    "video_url",
+)
 _WAV_FORMATS = frozenset({"wav", "wave", "x-wav", "vnd.wave"})
 
 
@@ -133,16 +149,21 @@ def part_of(part: Mapping[str, Any]) -> MediaPart | None:
     Recognised (by ``type``): ``image_url`` (``{"url": …}`` or a plain string), ``input_image``
     (Responses), ``image`` (Anthropic, ``source`` base64 or url), ``image_embeds`` and
     ``image_pil`` (vLLM; unknown size), ``input_audio`` (``{"data": b64, "format": …}``),
-    ``audio_url`` and ``video_url``. Text, tool results and unknown types are not media.
+    ``audio_url``, ``audio_embeds``, ``video_url`` and ``video_embeds``. A part of another
+    type, of no type, or with a ``uuid`` is media when it carries one of those keys (vLLM
+    reads such parts by their keys). Text, tool results and other types are not media.
     Never raises: odd values inside a recognised part give media of unknown size.
     """
     if not isinstance(part, Mapping):
         return None
     kind_name = part.get("type")
-    if not isinstance(kind_name, str):
-        return None
-    kind = _PART_KINDS.get(kind_name)
-    if kind is None:
+    kind = _PART_KINDS.get(kind_name) if isinstance(kind_name, str) else None
+    if kind is None or "uuid" in part:
+        for key in _MEDIA_KEYS:
+            if key in part:
+                kind_name, kind = key, _PART_KINDS[key]
+                break
+    if kind is None or not isinstance(kind_name, str):
         return None
     try:
         if kind == "image":

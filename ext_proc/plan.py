@@ -115,16 +115,16 @@ def _rewrite_limit(
     doc: rawjson.TopLevel, features: RequestFeatures, adapter: SchemaAdapter, limit: int
 ) -> bytes:
     paths = LIMIT_FIELDS.get(features.schema, ((adapter.inject_field,),))
-    top = [p[0] for p in paths if len(p) == 1 and doc.values.get(p[0]) is not None]
+    # every limit field present, null ones too: a null is replaced, never shadowed by a second
+    # copy of the key (a first-copy-wins parser would read the null: no limit)
+    top = [p[0] for p in paths if len(p) == 1 and p[0] in doc.values]
     nested = [p for p in paths if len(p) == 2]
     if nested:
-        (outer, inner) = nested[0]
-        if outer not in doc.values or doc.values[outer] is None:
-            return (
-                rawjson.replace_value(doc, outer, {inner: limit})
-                if outer in doc.values
-                else (rawjson.add_member(doc, outer, {inner: limit}))
-            )
+        outer, inner = nested[0]
+        if doc.values.get(outer) is None:  # absent or null: a fresh object with the limit
+            if outer in doc.values:
+                return rawjson.replace_value(doc, outer, {inner: limit})
+            return rawjson.add_member(doc, outer, {inner: limit})
 
         def edit(obj: rawjson.TopLevel) -> bytes:
             lowered = _lower(obj, inner, limit)

@@ -211,6 +211,18 @@ def rewrite(adapter: Any, raw: str, limit: int) -> dict[str, Any]:
         ),
         (ADAPTERS["/v1/responses"], '{"input":"a"}', 256, {"max_output_tokens": 256}),
         (
+            ADAPTERS["/v1/responses"],
+            '{"input":"a","max_output_tokens":null}',
+            256,
+            {"max_output_tokens": 256},
+        ),
+        (
+            ADAPTERS["/v1/chat/completions"],
+            '{"messages":[],"max_tokens":null}',
+            512,
+            {"max_tokens": 512},
+        ),
+        (
             ADAPTERS["/inference/v1/generate"],
             '{"token_ids":[1],"sampling_params":{"max_tokens":5000,"n":2}}',
             1024,
@@ -234,6 +246,8 @@ def rewrite(adapter: Any, raw: str, limit: int) -> dict[str, Any]:
         "chat-both-lowered",
         "responses",
         "responses-injected",
+        "responses-null-replaced",
+        "chat-null-replaced",
         "vllm-generate-nested",
         "sglang-injected",
         "sglang-list",
@@ -244,6 +258,17 @@ def test_a_downgrade_leaves_no_limit_field_above_the_new_limit(
 ) -> None:
     body = rewrite(adapter, raw, limit)
     assert {k: body[k] for k in expected} == expected
+
+
+def test_a_null_limit_is_replaced_not_shadowed_by_a_second_key() -> None:
+    raw = b'{"messages":[],"max_tokens":null}'
+    adapter = ADAPTERS["/v1/chat/completions"]
+    f = adapter.features(rawjson.decode_object(raw))
+    out = plan(Downgrade(HIGH, 512, None, "pressure_cap"), adapter, raw, f)
+    assert isinstance(out, Continue) and out.body is not None
+    # a first-copy-wins parser would read a leading null as "no limit"
+    assert out.body.count(b'"max_tokens"') == 1
+    assert json.loads(out.body)["max_tokens"] == 512
 
 
 def test_a_nested_rewrite_keeps_the_other_bytes() -> None:

@@ -334,14 +334,63 @@ def test_embeddings_have_no_output_and_count_inputs() -> None:
 @pytest.mark.parametrize(
     ("body", "schema"),
     [
-        ({"messages": [user("hi")], "prompt": "x"}, "openai.chat"),
+        ({"messages": [user("hi")]}, "openai.chat"),
         ({"prompt": "hi"}, "openai.completions"),
         ({"input": "hi"}, "openai.embeddings"),
     ],
-    ids=["messages-first", "prompt", "input"],
+    ids=["messages", "prompt", "input"],
 )
 def test_invocations_are_judged_by_shape_in_vllms_order(body: dict[str, Any], schema: str) -> None:
     assert features(INVOCATIONS, body).schema == schema
+
+
+@pytest.mark.parametrize(
+    ("adapter", "body", "code"),
+    [
+        # vLLM would serve this as completions: its role-less message fails chat validation
+        (
+            INVOCATIONS,
+            {"messages": [{"content": "hi"}], "prompt": ["a", "b", "c", "d"], "n": 4},
+            "ambiguous_invocation",
+        ),
+        (INVOCATIONS, {"messages": [user("hi")], "input": ["a", "b"]}, "ambiguous_invocation"),
+        # vLLM's request union serves the messages and ignores the input
+        (EMBEDDINGS, {"input": "x", "messages": [user("y")]}, "ambiguous_input"),
+        (SGLANG, {"text": "a", "input_ids": [1, 2]}, "ambiguous_input"),
+        # each tensor is one more prompt of a length only the tensor knows
+        (COMPLETIONS, {"prompt": "x", "prompt_embeds": ["AAAA", "BBBB"]}, "unsupported_field"),
+        (
+            CHAT,
+            {"messages": [user([{"type": "prompt_embeds", "data": "AAAA"}])]},
+            "unsupported_field",
+        ),
+    ],
+    ids=[
+        "invocations-messages-and-prompt",
+        "invocations-messages-and-input",
+        "embeddings-input-and-messages",
+        "sglang-text-and-ids",
+        "completions-prompt_embeds",
+        "chat-prompt_embeds-part",
+    ],
+)
+def test_a_body_the_backend_could_read_two_ways_is_a_400(
+    adapter: Any, body: dict[str, Any], code: str
+) -> None:
+    with pytest.raises(BadRequest) as e:
+        features(adapter, body)
+    assert e.value.code == code
+
+
+def test_untyped_and_uuid_media_parts_count_as_vllm_reads_them() -> None:
+    parts = [
+        {"image_url": "https://x/a.png"},  # no type: vLLM reads it by its key
+        {"type": "text", "text": "x", "uuid": "u", "image_url": "https://x/b.png"},
+        {"type": "audio_embeds", "audio_embeds": "AAAA"},
+    ]
+    f = features(CHAT, {"messages": [user(parts)]})
+    assert f.media_parts == 3
+    assert f.media_tokens == 576 + 576 + 750
 
 
 def test_an_invocation_of_no_known_shape_is_a_400() -> None:

@@ -188,6 +188,12 @@ PART_KEYS = frozenset(
         "name",
         "refusal",
         "data",
+        "uuid",
+        "image_pil",
+        "image_embeds",
+        "audio_embeds",
+        "video_embeds",
+        "prompt_embeds",
     )
 )
 
@@ -241,6 +247,13 @@ class Tally:
         content; a part of any other type counts the tokens of its whole JSON text, so an
         unknown part never costs nothing."""
         check_keys(part, PART_KEYS, where)
+        if part.get("type") == "prompt_embeds" or "prompt_embeds" in part:
+            raise BadRequest(
+                f"'{where}': prompt embeddings cannot be judged by this gateway (their token "
+                f"count is inside the tensor); send text or token ids",
+                param=where,
+                code="unsupported_field",
+            )
         media = part_of(part)
         if media is not None:
             cost = self.media.tokens(media)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from ext_proc.media import MediaCost
-from ext_proc.schemas.base import DEFAULT_MEDIA, RequestFeatures, Tally, check_keys
+from ext_proc.schemas.base import DEFAULT_MEDIA, BadRequest, RequestFeatures, Tally, check_keys
 from ext_proc.schemas.openai import chat_prompt, openai_error_body, prompt_list_tokens
 
 __all__ = ["OPENAI_EMBEDDINGS"]
@@ -28,6 +28,11 @@ class _OpenAIEmbeddings:
 
     def features(self, body: dict[str, Any], media: MediaCost = DEFAULT_MEDIA) -> RequestFeatures:
         check_keys(body, EMBEDDINGS_KEYS)
+        if "input" in body and "messages" in body:
+            # vLLM's request union serves such a body as chat-style (its messages), not input
+            raise BadRequest(
+                "give 'input' or 'messages', not both", param="messages", code="ambiguous_input"
+            )
         parts = media_tokens = 0
         if "input" not in body and "messages" in body:
             tally = Tally(media)

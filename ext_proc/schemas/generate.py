@@ -138,6 +138,13 @@ class _SglangGenerate:
 
     def features(self, body: dict[str, Any], media: MediaCost = DEFAULT_MEDIA) -> RequestFeatures:
         check_keys(body, SGLANG_KEYS)
+        given = [k for k in ("text", "input_ids", "input_embeds") if body.get(k) is not None]
+        if len(given) > 1:
+            raise BadRequest(
+                f"give one of 'text', 'input_ids' or 'input_embeds', not {' and '.join(given)}",
+                param=given[1],
+                code="ambiguous_input",
+            )
         if body.get("text") is not None:
             prompts = prompt_list_tokens(body["text"], "text")
         elif body.get("input_ids") is not None:

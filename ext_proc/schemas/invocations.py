@@ -5,9 +5,11 @@ vLLM 0.32 (``vllm/entrypoints/serve/sagemaker/api_router.py``) validates the bod
 each request type in turn and serves the first that fits: chat (``messages``), then
 completions (``prompt``), then, for pooling models, embeddings (``input``) and the other
 pooling requests. ICE follows the same order: a body with ``messages`` is judged as chat,
-else one with ``prompt`` as completions, else one with ``input`` as embeddings. Any other
-shape (classification, scoring, pooling bodies) is a 400 ``unsupported_invocation``: ICE
-cannot judge it, so it does not reach the backend.
+else one with ``prompt`` as completions, else one with ``input`` as embeddings. A body with
+more than one of those keys is a 400 ``ambiguous_invocation``: vLLM serves the first type
+whose validation passes, so a chat body that fails validation (a role-less message) would be
+served as its ``prompt``. Any other shape (classification, scoring, pooling bodies) is a 400
+``unsupported_invocation``: ICE cannot judge it, so it does not reach the backend.
 
 The features keep the inner schema's name (``openai.chat`` …), so the edits (limit fields,
 truncation) are that schema's.
@@ -32,8 +34,23 @@ _ORDER: tuple[tuple[str, SchemaAdapter], ...] = (
 )
 
 
+# Keys that select a request type in vLLM's dispatch: a body with more than one is refused,
+# since which type vLLM serves then depends on which validation fails (a chat body with a
+# role-less message falls through to completions).
+_SHAPE_KEYS = ("messages", "prompt", "prompt_embeds", "input")
+
+
 def invocation_schema(body: dict[str, Any]) -> SchemaAdapter:
     """The schema an ``/invocations`` body is judged by (see the module docstring)."""
+    shapes = [key for key in _SHAPE_KEYS if key in body]
+    if len(shapes) > 1:
+        raise BadRequest(
+            f"An /invocations body must have exactly one of 'messages', 'prompt' or 'input'; "
+            f"this one has {', '.join(repr(k) for k in shapes)}, so the server's choice "
+            f"between them cannot be judged",
+            param=shapes[1],
+            code="ambiguous_invocation",
+        )
     for key, adapter in _ORDER:
         if key in body:
             return adapter

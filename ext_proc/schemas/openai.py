@@ -67,7 +67,16 @@ CHAT_KEYS = frozenset(
 )
 MESSAGE_KEYS = frozenset(("role", "content", "tool_calls", "name", "tool_call_id"))
 COMPLETION_KEYS = frozenset(
-    ("model", "prompt", "max_tokens", "n", "best_of", "stream", "add_special_tokens")
+    (
+        "model",
+        "prompt",
+        "prompt_embeds",
+        "max_tokens",
+        "n",
+        "best_of",
+        "stream",
+        "add_special_tokens",
+    )
 )
 
 
@@ -234,6 +243,15 @@ class _OpenAICompletions:
 
     def features(self, body: dict[str, Any], media: MediaCost = DEFAULT_MEDIA) -> RequestFeatures:
         check_keys(body, COMPLETION_KEYS)
+        if body.get("prompt_embeds") is not None:
+            # vLLM (--enable-prompt-embeds) serves each tensor as one more prompt, of a length
+            # only the tensor knows
+            raise BadRequest(
+                "'prompt_embeds' cannot be judged by this gateway (their token count is inside "
+                "the tensors); send text or token ids in 'prompt'",
+                param="prompt_embeds",
+                code="unsupported_field",
+            )
         prompts = prompt_list_tokens(body.get("prompt"), "prompt")
         return RequestFeatures(
             schema=self.name,

@@ -307,6 +307,28 @@ def test_other_generating_paths_are_judged(
     assert sent == safe_output(path, body, schema)
 
 
+def test_a_null_limit_is_replaced_in_place_at_high_pressure(stack: E2E) -> None:
+    stack.set_state(HIGH, level="high", score=HIGH_SCORE)
+    raw = b'{"model":"dev-model","messages":[{"role":"user","content":"hi"}],"max_tokens":null}'
+    reply = stack.post(CHAT, raw)
+    assert reply.header("x-ice-decision") == "downgrade", reply
+    sent = stack.only_received().body
+    assert sent.count(b'"max_tokens"') == 1  # not a null first copy and a second one
+    assert json.loads(sent)["max_tokens"] == CAP_HIGH
+
+
+def test_an_invocation_the_backend_could_read_two_ways_is_a_400(stack: E2E) -> None:
+    # vLLM would fail chat validation (no role) and serve the 4 prompts × n=4 with 8000 tokens
+    body = {
+        "messages": [{"content": "hi"}],
+        "prompt": ["a", "b", "c", "d"],
+        "n": 4,
+        "max_completion_tokens": 16,
+        "max_tokens": 8000,
+    }
+    assert_refused(stack.post("/invocations", body), 400, "ambiguous_invocation", stack)
+
+
 def test_an_invocation_of_an_unknown_shape_never_reaches_the_backend(stack: E2E) -> None:
     reply = stack.post("/invocations", {"queries": "a", "documents": ["b"]})
     assert_refused(reply, 400, "unsupported_invocation", stack)
