@@ -172,8 +172,7 @@ class Pipeline:
                 facts.skip_body = True
                 telemetry.PASSTHROUGH.labels(route=route.name, reason="path").inc()
                 return facts
-            telemetry.BAD_REQUESTS.labels(route=route.name, reason="unknown_endpoint").inc()
-            facts.answer = self._bad(
+            facts.answer = self._refuse(
                 route,
                 OPENAI_CHAT_FALLBACK,
                 404,
@@ -186,8 +185,7 @@ class Pipeline:
         if not _is_json(content_type):
             # a judged endpoint reads JSON only: a body in another type is not judged, so it
             # does not go on (servers that sniff bodies would read it anyway)
-            telemetry.BAD_REQUESTS.labels(route=route.name, reason="unsupported_media_type").inc()
-            facts.answer = self._bad(
+            facts.answer = self._refuse(
                 route,
                 adapter,
                 415,
@@ -197,13 +195,11 @@ class Pipeline:
             )
             return facts
         if end_of_stream:
-            telemetry.BAD_REQUESTS.labels(route=route.name, reason="empty_body").inc()
-            facts.answer = self._bad(
+            facts.answer = self._refuse(
                 route, adapter, 400, "empty_body", "The request body is empty."
             )
         elif content_length.isdigit() and int(content_length) > self.max_body_bytes:
-            telemetry.BAD_REQUESTS.labels(route=route.name, reason="request_too_large").inc()
-            facts.answer = self._bad(
+            facts.answer = self._refuse(
                 route,
                 adapter,
                 413,
@@ -251,6 +247,19 @@ class Pipeline:
             if recounted.input_tokens_source == "exact":
                 return recounted
         return shorter
+
+    def _refuse(
+        self,
+        route: Route,
+        adapter: SchemaAdapter,
+        status: int,
+        code: str,
+        message: str,
+        param: str | None = None,
+    ) -> Respond:
+        """A headers-phase 4xx (``_bad``), counted in ``ice_bad_requests_total``."""
+        telemetry.BAD_REQUESTS.labels(route=route.name, reason=code).inc()
+        return self._bad(route, adapter, status, code, message, param)
 
     def _bad(
         self,
