@@ -332,3 +332,38 @@ def test_an_invocation_the_backend_could_read_two_ways_is_a_400(stack: E2E) -> N
 def test_an_invocation_of_an_unknown_shape_never_reaches_the_backend(stack: E2E) -> None:
     reply = stack.post("/invocations", {"queries": "a", "documents": ["b"]})
     assert_refused(reply, 400, "unsupported_invocation", stack)
+
+
+MINIMAL_BODIES = {
+    "/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8},
+    "/v1/completions": {"prompt": "hi", "max_tokens": 8},
+    "/v1/messages": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8},
+    "/v1/responses": {"input": "hi", "max_output_tokens": 8},
+    "/v1/embeddings": {"input": "hi"},
+    "/v1/chat/completions/batch": {"messages": [[{"role": "user", "content": "hi"}]]},
+    "/invocations": {"prompt": "hi", "max_tokens": 8},
+    "/inference/v1/generate": {"token_ids": [1, 2], "sampling_params": {"max_tokens": 8}},
+    "/generate": {"text": "hi", "sampling_params": {"max_new_tokens": 8}},
+}
+
+
+@pytest.mark.parametrize("path", list(MINIMAL_BODIES), ids=list(MINIMAL_BODIES))
+def test_every_judged_endpoint_passes_and_sheds_with_verdict_headers(stack: E2E, path: str) -> None:
+    body = MINIMAL_BODIES[path]
+    passed = stack.post(path, body)
+    assert passed.status == 200, passed
+    assert passed.header("x-ice-decision") == "pass"
+    assert passed.header("x-mem-pressure") == "low"
+    assert stack.only_received().header("x-ice-decision") == "pass"
+    stack.clear_received()
+    stack.set_state(HIGH, level="high", score=HIGH_SCORE)
+    shed = stack.post(path, body, {"x-priority": "sheddable"})
+    assert shed.status == 429, shed
+    assert shed.header("retry-after") is not None
+    assert shed.header("x-ice-reason") == "memory_pressure"
+    error = shed.json()
+    code = error["error"]["code"]
+    assert code == "memory_pressure"
+    if path == MESSAGES:
+        assert error["type"] == "error"  # Anthropic's format
+    assert stack.received() == []
