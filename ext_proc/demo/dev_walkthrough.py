@@ -119,8 +119,10 @@ def _walkthrough() -> None:
         chat,
         {"model": "dev-model", "messages": msgs, "max_tokens": 4000},
     )
+    # the request above holds the free blocks in ICE's ledger until a newer view
+    _set_backend({"kv_cache_usage_perc": 0.10, "num_gpu_blocks": 101, "num_requests_waiting": 0})
     _step(
-        "downgrade: n=4 samples are four sequences in the free-block fit",
+        "downgrade: n=4 samples are four sequences in the free-block fit (4 × 22 blocks)",
         "/v1/completions",
         {"model": "dev-model", "prompt": "hi", "max_tokens": 1000, "n": 4},
     )

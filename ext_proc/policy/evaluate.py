@@ -207,6 +207,10 @@ _INPUT_PARAM = {
 }
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _input_param(schema: str) -> str:
     return _INPUT_PARAM.get(schema, "messages")
 
@@ -228,8 +232,9 @@ def reject_request_limits(case: Case) -> Decision | None:
     if f.generates and f.sequences > p.max_sequences:
         return reject(
             "too_many_sequences",
-            f"The request starts {f.sequences} sequences ({len(f.prompts)} prompts × "
-            f"{f.samples} samples); this route allows at most {p.max_sequences} per request.",
+            f"The request starts {f.sequences} sequences ({_count(len(f.prompts), 'prompt')} × "
+            f"{_count(f.samples, 'sample')}); this route allows at most {p.max_sequences} per "
+            f"request.",
             "n" if f.samples > 1 else _input_param(f.schema),
         )
     if not f.generates and f.inputs > p.max_embedding_inputs:
