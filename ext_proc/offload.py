@@ -10,8 +10,9 @@ requests, including long single strings (documents, base64 images), stay in-proc
 
 Invariants: the helper receives only picklable plain data (route key, adapter name,
 priority, body bytes, pool snapshot, the KV blocks its worker's ledger holds against that
-snapshot: ``PoolViews.held``) and returns a ``BodyVerdict``; metrics are counted by the
-caller. The server starts the helper at start-up (``warm``), and a broken helper is replaced.
+snapshot, by endpoint: ``PoolViews.ledger``) and returns a ``BodyVerdict``; metrics are
+counted by the caller. The server starts the helper at start-up (``warm``), and a broken
+helper is replaced.
 """
 
 from __future__ import annotations
@@ -49,12 +50,12 @@ def _judge(
     priority: Priority,
     body: bytes,
     snapshot: PoolSnapshot | None,
-    held_blocks: int = 0,
+    ledger: dict[str, int] | None = None,
 ) -> BodyVerdict | None:
     helper = _HELPER[0]
     _SNAPSHOT[0] = snapshot
     if snapshot is not None:
-        helper.views.assume_held(snapshot, held_blocks)
+        helper.views.assume_held(snapshot, ledger or {})
     route = helper.router.route_for(route_key)
     facts = HeaderFacts(adapter=BY_NAME[schema], priority=priority)
     return helper.on_body(route, facts, body)
@@ -103,9 +104,9 @@ class Offload:
         if facts.adapter is None:
             return pipeline.on_body(route, facts, body)
         snapshot = pipeline.lookup(route.pool)
-        held = pipeline.views.held(snapshot) if snapshot is not None else 0
+        ledger = pipeline.views.ledger(snapshot) if snapshot is not None else {}
         loop = asyncio.get_running_loop()
-        args = (route.key, facts.adapter.name, facts.priority, body, snapshot, held)
+        args = (route.key, facts.adapter.name, facts.priority, body, snapshot, ledger)
         try:
             return await loop.run_in_executor(self._executor(), _judge, *args)
         except BrokenProcessPool:

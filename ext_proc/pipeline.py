@@ -39,6 +39,8 @@ from ext_proc.decision import (
     verdict_headers,
 )
 from ext_proc.media import media_cost
+from ext_proc.picking import DESTINATION_HEADER, prefix_key
+from ext_proc.placement import H_ENDPOINT, Placement, Placer
 from ext_proc.plan import Continue, Outcome, Respond, plan, reject_outcome
 from ext_proc.policy.evaluate import LADDER, LADDER_AFTER_TRUNCATION, Rule, Shape, evaluate
 from ext_proc.policy.model import PRIORITIES, Policy, Priority
@@ -87,6 +89,7 @@ class HeaderFacts:
     strip: list[str] = field(default_factory=list)
     answer: Respond | None = None  # set when the request is answered without its body
     skip_body: bool = False  # not an inference request: do not send the body to ICE
+    endpoint: str | None = None  # x-gateway-destination-endpoint (endpoint_pick: header)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +112,7 @@ class BodyVerdict:
     outcome: Outcome
     bad: str | None = None
     pending: PendingTruncation | None = None
+    placement: Placement | None = None  # where it was judged (and, when ICE picks, sent)
 
 
 def _is_json(content_type: str) -> bool:
@@ -136,7 +140,10 @@ class Pipeline:
         # The embedding worker's client (ext_proc.truncate.client.EmbeddingClient), set by
         # the server when a profile truncates; None: truncation falls back to recency.
         self.similarity: Any = None
-        self.views = PoolViews()  # what each pool's snapshot says, once per snapshot
+        # what each pool's snapshot says, once per snapshot; where requests are placed
+        self.views = PoolViews({n: p.backend_endpoints for n, p in policy.pools.items()})
+        self.placer = Placer(self.views)
+        self._pick = {n: p.endpoint_pick for n, p in policy.pools.items()}
         if policy.tokenizers:  # loads every tokenizer now: a bad file stops start-up
             from ext_proc.tokencount import CounterRegistry
 
@@ -164,6 +171,11 @@ class Pipeline:
                         facts.priority = candidate
             elif key.startswith(SPOOF_PREFIXES):
                 facts.strip.append(key)
+            elif key == DESTINATION_HEADER:
+                if self._pick.get(route.pool) == "header":  # set by a trusted picker
+                    facts.endpoint = raw.decode("latin-1").strip()
+                else:  # only ICE may choose the endpoint (or nobody)
+                    facts.strip.append(key)
         adapter = route.schema or schema_for_path(path)
         if adapter is None:
             plain = normal_path(path)
@@ -299,7 +311,12 @@ class Pipeline:
             output = then.max_tokens if isinstance(then, Downgrade) else f.max_tokens
             output = (output or route.profile.min_output_tokens) if f.generates else 0
             shape = Shape.of(f, route.profile)
-            self.views.hold(route.profile, self.lookup(route.pool), shape, output)
+            placed = verdict.placement
+            endpoint = placed.endpoint if placed is not None and placed.endpoint else ""
+            self.views.hold(route.profile, self.lookup(route.pool), shape, output, endpoint)
+            if placed is not None and placed.picked:
+                self.placer.sent(route.pool, placed)
+                telemetry.count_pick(route.pool, endpoint)
 
     def on_body(self, route: Route, facts: HeaderFacts, body: bytes) -> BodyVerdict | None:
         adapter = facts.adapter
@@ -322,15 +339,18 @@ class Pipeline:
             return BodyVerdict(None, None, outcome, bad="invalid_json")
         if self.counters is not None:
             features = self._exact_count(adapter, features, values, len(body))
-        decision = self._evaluate(route, facts, features, LADDER)
+        picks = self._pick.get(route.pool) == "ice"
+        prefix = prefix_key(features.schema, values) if picks else None
+        decision, placement = self._evaluate(route, facts, features, LADDER, prefix)
         spec = route.profile.truncation
         if isinstance(decision, Truncate) and spec is not None:
             from ext_proc.truncate.runner import conversation_for
 
             conv = conversation_for(features.schema, values, spec, media_cost(route.profile.media))
             waiting = Continue(verdict_headers(Pass(decision.pressure)), None)
-            return BodyVerdict(decision, features, waiting, pending=PendingTruncation(conv, body))
-        return BodyVerdict(decision, features, plan(decision, adapter, body, features))
+            pending = PendingTruncation(conv, body)
+            return BodyVerdict(decision, features, waiting, pending=pending, placement=placement)
+        return _verdict(decision, features, adapter, body, placement)
 
     def _evaluate(
         self,
@@ -338,20 +358,27 @@ class Pipeline:
         facts: HeaderFacts,
         features: RequestFeatures,
         ladder: tuple[Rule, ...],
-    ) -> Decision:
-        """Run ``ladder`` against one read of the pool's snapshot (``PoolViews`` figures)."""
+        prefix: str | None = None,
+    ) -> tuple[Decision, Placement]:
+        """Place the request (``ext_proc.placement``) and run ``ladder`` against one read of
+        the pool's snapshot (``PoolViews`` figures) and the placement's KV room."""
         snapshot = self.lookup(route.pool)
         views = self.views
-        return evaluate(
+        mode = self._pick.get(route.pool, "none")
+        kv, placement = self.placer.place(
+            mode, route.profile, snapshot, features, facts.endpoint, prefix
+        )
+        decision = evaluate(
             features,
             views.pressure(route.profile, snapshot),
             route.profile,
             facts.priority,
-            views.room(route.profile, snapshot),
+            kv,
             views.drain(snapshot),
             ladder=ladder,
             cache_efficiency=views.efficiency(snapshot) if route.profile.truncation else None,
         )
+        return decision, placement
 
     async def finish_truncation(
         self, route: Route, facts: HeaderFacts, verdict: BodyVerdict
@@ -368,6 +395,7 @@ class Pipeline:
             return verdict
         if adapter is None or spec is None:
             return verdict
+        prefix = verdict.placement.prefix if verdict.placement is not None else None
         result = await truncate(
             pending.conversation,
             features.input_tokens,
@@ -379,8 +407,8 @@ class Pipeline:
         if isinstance(tplan, Overflow) and decision.reason == "context_budget":
             # the context, not pressure, asked: judge the request as it is (a downgrade to the
             # room left, or 400 context_length_exceeded), as without truncation
-            as_is = self._evaluate(route, facts, features, LADDER_AFTER_TRUNCATION)
-            return BodyVerdict(as_is, features, plan(as_is, adapter, pending.body, features))
+            as_is, placed = self._evaluate(route, facts, features, LADDER_AFTER_TRUNCATION, prefix)
+            return _verdict(as_is, features, adapter, pending.body, placed)
         if isinstance(tplan, Overflow):
             k = spec.keep_last_turns
             message = (
@@ -392,7 +420,9 @@ class Pipeline:
             reject = Reject(
                 decision.pressure, 400, "truncation_budget_exceeded", message, "messages"
             )
-            return BodyVerdict(reject, features, plan(reject, adapter, pending.body, features))
+            return _verdict(
+                reject, features, adapter, pending.body, verdict.placement or Placement()
+            )
         body = apply_plan(pending.body, tplan) if tplan.changed else pending.body
         placeholders = len(tplan.runs) if tplan.placeholder else 0
         shorter = replace(
@@ -405,9 +435,9 @@ class Pipeline:
             shorter = self._recount(adapter, shorter, body)
             if shorter.input_tokens_source == "exact":
                 saved = features.input_tokens - shorter.input_tokens
-        then = self._evaluate(route, facts, shorter, LADDER_AFTER_TRUNCATION)
+        then, placed = self._evaluate(route, facts, shorter, LADDER_AFTER_TRUNCATION, prefix)
         if isinstance(then, Reject) or not tplan.changed:
-            return BodyVerdict(then, shorter, plan(then, adapter, body, shorter))
+            return _verdict(then, shorter, adapter, body, placed)
         assert not isinstance(then, Truncate | Truncated)
         done = Truncated(
             then=then,
@@ -418,4 +448,26 @@ class Pipeline:
             fallback=result.fallback,
         )
         telemetry.count_truncation(route.name, done.mode, done.fallback, done.saved_tokens)
-        return BodyVerdict(done, shorter, plan(done, adapter, body, shorter))
+        return _verdict(done, shorter, adapter, body, placed)
+
+
+def _verdict(
+    decision: Decision,
+    features: RequestFeatures,
+    adapter: SchemaAdapter,
+    body: bytes,
+    placement: Placement,
+) -> BodyVerdict:
+    """The verdict with its planned outcome, which names the placement (and, when ICE picked
+    the endpoint of a request that goes on, tells Envoy where to send it)."""
+    outcome = plan(decision, adapter, body, features)
+    if isinstance(outcome, Continue):
+        extra = placement.headers()
+        if extra:
+            lb = placement.endpoint if placement.picked else None
+            outcome = replace(outcome, headers=outcome.headers + extra, lb_endpoint=lb)
+    else:
+        extra = [h for h in placement.headers() if h[0] == H_ENDPOINT]
+        if extra:
+            outcome = replace(outcome, headers=outcome.headers + extra)
+    return BodyVerdict(decision, features, outcome, placement=placement)

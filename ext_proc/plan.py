@@ -34,6 +34,9 @@ class Continue:
 
     headers: list[tuple[str, str]]
     body: bytes | None
+    # ICE picked this endpoint (ip:port): Envoy routes there (envoy.lb dynamic metadata and
+    # the endpoint-picker header, with the route cache cleared)
+    lb_endpoint: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,33 +28,54 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 
 from ext_proc.kv.geometry import KVGeometry, build_geometry
+from ext_proc.picking import endpoint_of
 from ext_proc.policy.evaluate import KvFit, Shape
 from ext_proc.policy.model import PressureModel, Profile
 from ext_proc.policy.pressure import Pressure, pressure_of
 from ext_proc.policy.scores import DrainInputs, drain_inputs, pool_cache_efficiency
 from ext_proc.signals.snapshot import PoolSnapshot
 
-__all__ = ["PoolViews"]
+__all__ = ["Endpoint", "PoolViews"]
 
 # Ledger entries kept per pool when no newer view arrives for a long while (the newest stay).
 MAX_INFLIGHT = 4096
 
 
-class PoolViews:
-    """Per-snapshot figures of every pool a worker judges against, and its in-flight ledger."""
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One backend of a pool as a place to send requests: its serving address, its own KV
+    room (no ledger taken off), its queue and whether its view is stale."""
 
-    def __init__(self) -> None:
+    endpoint: str
+    fit: KvFit
+    waiting: float | None
+    stale: bool
+
+
+def _less(fit: KvFit, held: int) -> KvFit:
+    return replace(fit, free_blocks=max(0, fit.free_blocks - held)) if held else fit
+
+
+class PoolViews:
+    """Per-snapshot figures of every pool a worker judges against, and its in-flight ledger.
+
+    ``endpoint_overrides``: pool → (metrics URL → serving address), the pools'
+    ``backend_endpoints``."""
+
+    def __init__(self, endpoint_overrides: Mapping[str, Mapping[str, str]] | None = None) -> None:
+        self._overrides = dict(endpoint_overrides or {})
         self._pressure: dict[tuple[str, PressureModel], tuple[PoolSnapshot, Pressure | None]] = {}
         self._drain: dict[str, tuple[PoolSnapshot, DrainInputs | None]] = {}
         self._efficiency: dict[str, tuple[PoolSnapshot, float | None]] = {}
-        self._kv: dict[tuple[str, str], tuple[PoolSnapshot, KvFit | None]] = {}
+        self._kv: dict[tuple[str, str], tuple[PoolSnapshot, tuple[Endpoint, ...]]] = {}
         self._geometries: dict[tuple[str, int], KVGeometry] = {}
-        # pool → (time.monotonic() it was passed, KV blocks) of requests sent upstream
-        self._inflight: dict[str, deque[tuple[float, int]]] = {}
+        # pool → endpoint ("" anywhere) → (time.monotonic() it was passed, KV blocks) of the
+        # requests sent upstream
+        self._inflight: dict[str, dict[str, deque[tuple[float, int]]]] = {}
 
     def pressure(self, profile: Profile, snapshot: PoolSnapshot | None) -> Pressure | None:
         """The pool's pressure under the profile's model."""
@@ -90,56 +111,18 @@ class PoolViews:
         self._efficiency[snapshot.pool] = (snapshot, ratio)
         return ratio
 
-    def room(self, profile: Profile, snapshot: PoolSnapshot | None) -> KvFit | None:
-        """The KV room less the blocks held by requests passed since ``snapshot``."""
-        fit = self._fit(profile, snapshot)
-        if fit is None or snapshot is None:
-            return fit
-        held = self.held(snapshot)
-        return replace(fit, free_blocks=max(0, fit.free_blocks - held)) if held else fit
-
-    def held(self, snapshot: PoolSnapshot) -> int:
-        """KV blocks of the requests passed to ``snapshot``'s pool since it was taken."""
-        entries = self._inflight.get(snapshot.pool)
-        if not entries:
-            return 0
-        while entries and entries[0][0] <= snapshot.taken_at_s:  # the view now shows these
-            entries.popleft()
-        return sum(blocks for _, blocks in entries)
-
-    def assume_held(self, snapshot: PoolSnapshot, blocks: int) -> None:
-        """Make ``blocks`` the ledger of ``snapshot``'s pool: the offload helper judges a heavy
-        body with the blocks its ICE worker holds (``held``), as the worker itself would."""
-        self._inflight[snapshot.pool] = deque([(float("inf"), blocks)] if blocks else [])
-
-    def hold(
-        self, profile: Profile, snapshot: PoolSnapshot | None, shape: Shape, output: int
-    ) -> None:
-        """Remember the blocks of a request (all its sequences) sent upstream to
-        ``snapshot``'s pool."""
-        fit = self._fit(profile, snapshot)
-        if fit is None or snapshot is None:
-            return
-        entries = self._inflight.setdefault(snapshot.pool, deque())
-        entries.append((time.monotonic(), fit.need(shape, output)))
-        if len(entries) > MAX_INFLIGHT:
-            entries.popleft()
-
-    def _fit(self, profile: Profile, snapshot: PoolSnapshot | None) -> KvFit | None:
-        """The pool's KV room for the profile's model, built once per snapshot."""
+    def endpoints(self, profile: Profile, snapshot: PoolSnapshot | None) -> tuple[Endpoint, ...]:
+        """Each backend of the pool that reports its KV blocks, as an endpoint (its own free
+        and usable blocks; the ledger not yet taken off), built once per snapshot."""
         if snapshot is None:
-            return None
+            return ()
         key = (snapshot.pool, profile.name)
         cached = self._kv.get(key)
         if cached is not None and cached[0] is snapshot:
             return cached[1]
-        fit: KvFit | None = None
-        free, usable, bs = (
-            snapshot.max_free_blocks,
-            snapshot.max_usable_blocks,
-            snapshot.block_size,
-        )
-        if free is not None and usable is not None and bs is not None:
+        views: list[Endpoint] = []
+        bs = snapshot.block_size
+        if bs is not None:
             reuse = self.efficiency(snapshot) or 0.0
             blocks = self._blocks_fn(profile, bs)
 
@@ -150,9 +133,105 @@ class PoolViews:
                 return blocks(i, o, i)
 
             shared = sibling if snapshot.prefix_caching else None
-            fit = KvFit(free, usable, bs, first, shared)
-        self._kv[key] = (snapshot, fit)
-        return fit
+            overrides = self._overrides.get(snapshot.pool)
+            for b in snapshot.backends:
+                free, usable = b.free_blocks, b.usable_blocks
+                if free is None or usable is None:
+                    continue
+                fit = KvFit(free, usable, bs, first, shared)
+                address = endpoint_of(b.url, overrides)
+                views.append(Endpoint(address, fit, b.num_requests_waiting, b.stale))
+        result = tuple(views)
+        self._kv[key] = (snapshot, result)
+        return result
+
+    def addresses(self, snapshot: PoolSnapshot) -> list[str]:
+        """The serving address of every backend in ``snapshot``."""
+        overrides = self._overrides.get(snapshot.pool)
+        return [endpoint_of(b.url, overrides) for b in snapshot.backends]
+
+    def room(
+        self, profile: Profile, snapshot: PoolSnapshot | None, endpoint: str | None = None
+    ) -> KvFit | None:
+        """The KV room a request is judged against, less the blocks of the requests passed
+        since ``snapshot``: ``endpoint``'s when it is one of the pool's; else (anywhere, or
+        an endpoint the view does not know) the endpoint with the least room, since Envoy's
+        load balancer may send the request to any."""
+        views = self.endpoints(profile, snapshot)
+        if not views or snapshot is None:
+            return None
+        ledger = self.ledger(snapshot)
+        if endpoint is not None:
+            for v in views:
+                if v.endpoint == endpoint:
+                    return _less(v.fit, ledger.get("", 0) + ledger.get(v.endpoint, 0))
+        return self.worst(views, ledger)
+
+    def worst(self, views: tuple[Endpoint, ...], ledger: Mapping[str, int]) -> KvFit:
+        """The least free and the least usable blocks over ``views`` (each less its ledger):
+        what a request placed anywhere can count on."""
+        anywhere = ledger.get("", 0)
+        free = min(max(0, v.fit.free_blocks - anywhere - ledger.get(v.endpoint, 0)) for v in views)
+        usable = min(v.fit.usable_blocks for v in views)
+        return replace(views[0].fit, free_blocks=free, usable_blocks=usable)
+
+    def candidates(
+        self, profile: Profile, snapshot: PoolSnapshot | None
+    ) -> list[tuple[Endpoint, KvFit]]:
+        """Every endpoint with its room less the ledger (for picking); stale endpoints only
+        when no fresh one is left."""
+        views = self.endpoints(profile, snapshot)
+        if not views or snapshot is None:
+            return []
+        fresh = [v for v in views if not v.stale] or list(views)
+        ledger = self.ledger(snapshot)
+        anywhere = ledger.get("", 0)
+        return [(v, _less(v.fit, anywhere + ledger.get(v.endpoint, 0))) for v in fresh]
+
+    def ledger(self, snapshot: PoolSnapshot) -> dict[str, int]:
+        """KV blocks of the requests passed to ``snapshot``'s pool since it was taken, by the
+        endpoint they were sent to ("": anywhere, Envoy's load balancer placed them)."""
+        pool = self._inflight.get(snapshot.pool)
+        if not pool:
+            return {}
+        out: dict[str, int] = {}
+        for endpoint, entries in pool.items():
+            while entries and entries[0][0] <= snapshot.taken_at_s:  # the view shows these
+                entries.popleft()
+            if entries:
+                out[endpoint] = sum(blocks for _, blocks in entries)
+        return out
+
+    def held(self, snapshot: PoolSnapshot) -> int:
+        """All KV blocks of the requests passed to ``snapshot``'s pool since it was taken."""
+        return sum(self.ledger(snapshot).values())
+
+    def assume_held(self, snapshot: PoolSnapshot, ledger: Mapping[str, int]) -> None:
+        """Make ``ledger`` (``ledger()``'s figures) the ledger of ``snapshot``'s pool: the
+        offload helper judges a heavy body with the blocks its ICE worker holds, as the worker
+        itself would."""
+        self._inflight[snapshot.pool] = {
+            e: deque([(float("inf"), blocks)]) for e, blocks in ledger.items() if blocks
+        }
+
+    def hold(
+        self,
+        profile: Profile,
+        snapshot: PoolSnapshot | None,
+        shape: Shape,
+        output: int,
+        endpoint: str = "",
+    ) -> None:
+        """Remember the blocks of a request (all its sequences) sent upstream to
+        ``snapshot``'s pool: to ``endpoint``, or "" when Envoy's load balancer placed it."""
+        views = self.endpoints(profile, snapshot)
+        if not views or snapshot is None:
+            return
+        pool = self._inflight.setdefault(snapshot.pool, {})
+        entries = pool.setdefault(endpoint, deque())
+        entries.append((time.monotonic(), views[0].fit.need(shape, output)))
+        if len(entries) > MAX_INFLIGHT:
+            entries.popleft()
 
     def _blocks_fn(self, profile: Profile, block_size: int) -> Callable[[int, int, int], int]:
         """Blocks a request of (input, output) tokens needs with ``cached`` prompt tokens

@@ -13,6 +13,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 
+from ext_proc.picking import DESTINATION_HEADER
 from ext_proc.plan import Continue, Outcome, Respond
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
 ]
 
 METADATA_NAMESPACE = "ice"
+LB_NAMESPACE = "envoy.lb"
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 _BODY_MODE_NONE = 0  # ProcessingMode.BodySendMode.NONE
 
@@ -117,4 +119,10 @@ def _render_continue(outcome: Continue) -> pb.ProcessingResponse:
         sets.append(_header("content-length", str(len(outcome.body))))
     resp = pb.ProcessingResponse(request_body=pb.BodyResponse(response=common))
     resp.dynamic_metadata.CopyFrom(_metadata(outcome.headers))
+    if outcome.lb_endpoint is not None:
+        # the endpoint-picker protocol: the same value in envoy.lb, and routing runs again on
+        # the header ICE set (Envoy's route for a picked request is chosen by it)
+        lb = resp.dynamic_metadata.fields[LB_NAMESPACE].struct_value.fields
+        lb[DESTINATION_HEADER].string_value = outcome.lb_endpoint
+        resp.request_body.response.clear_route_cache = True
     return resp

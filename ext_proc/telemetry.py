@@ -106,6 +106,22 @@ MEDIA_PARTS = Counter(
 )
 
 
+PICKS = Counter(
+    "ice_endpoint_picks",
+    "Requests ICE sent to an endpoint it picked (endpoint_pick: ice), by pool and endpoint.",
+    ["pool", "endpoint"],
+)
+
+
+@functools.lru_cache(maxsize=1024)
+def _pick_child(pool: str, endpoint: str) -> Counter:
+    return PICKS.labels(pool=pool, endpoint=endpoint)
+
+
+def count_pick(pool: str, endpoint: str) -> None:
+    _pick_child(pool, endpoint).inc()
+
+
 @functools.lru_cache(maxsize=1024)
 def _shape_children(route: str) -> tuple[Counter, Counter]:
     return SEQUENCES.labels(route=route), MEDIA_PARTS.labels(route=route)

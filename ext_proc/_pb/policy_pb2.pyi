@@ -883,6 +883,26 @@ class Pool(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class BackendEndpointsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     METRICS_URLS_FIELD_NUMBER: _builtins.int
     SCRAPE_INTERVAL_S_FIELD_NUMBER: _builtins.int
     SCRAPE_TIMEOUT_S_FIELD_NUMBER: _builtins.int
@@ -898,6 +918,8 @@ class Pool(_message.Message):
     PROMETHEUS_FIELD_NUMBER: _builtins.int
     BACKEND_PODS_FIELD_NUMBER: _builtins.int
     LOCAL_GPUS_FIELD_NUMBER: _builtins.int
+    ENDPOINT_PICK_FIELD_NUMBER: _builtins.int
+    BACKEND_ENDPOINTS_FIELD_NUMBER: _builtins.int
     scrape_interval_s: _builtins.float
     """Seconds between scrapes. Default 0.2."""
     scrape_timeout_s: _builtins.float
@@ -930,6 +952,16 @@ class Pool(_message.Message):
     them through NVIDIA's NVML (package nvidia-ml-py) into the pool's GPU view, as DCGM
     exporters would. Default "" (none).
     """
+    endpoint_pick: _builtins.str
+    """Who places a request on one of the pool's endpoints:
+      none (default): Envoy's load balancer, anywhere: a request must fit on every endpoint it
+        could land on, so ICE judges it against the endpoint with the least room;
+      ice: ICE picks the endpoint where it fits (prefix affinity, then the most room after
+        admission, then the shortest queue) and tells Envoy with the endpoint-picker protocol
+        (x-gateway-destination-endpoint, envoy.lb metadata);
+      header: another picker earlier in the filter chain chose (x-gateway-destination-endpoint
+        on the request; it must come from a trusted filter): ICE judges against that endpoint.
+    """
     @_builtins.property
     def metrics_urls(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Prometheus endpoints of the pool's backends (vLLM /metrics)."""
@@ -954,6 +986,12 @@ class Pool(_message.Message):
         → "namespace/pod" or "pod".
         """
 
+    @_builtins.property
+    def backend_endpoints(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """The serving address (ip:port) of each backend, by metrics URL (as in metrics_urls), when it
+        is not the metrics URL's own host:port.
+        """
+
     def __init__(
         self,
         *,
@@ -972,10 +1010,12 @@ class Pool(_message.Message):
         prometheus: Global___PrometheusSource | None = ...,
         backend_pods: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         local_gpus: _builtins.str = ...,
+        endpoint_pick: _builtins.str = ...,
+        backend_endpoints: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_max_age_s", b"_max_age_s", "_pcie_bandwidth_bytes_s", b"_pcie_bandwidth_bytes_s", "_scrape_interval_s", b"_scrape_interval_s", "_scrape_timeout_s", b"_scrape_timeout_s", "_stale_after_s", b"_stale_after_s", "_window_s", b"_window_s", "dns", b"dns", "max_age_s", b"max_age_s", "pcie_bandwidth_bytes_s", b"pcie_bandwidth_bytes_s", "prometheus", b"prometheus", "scrape_interval_s", b"scrape_interval_s", "scrape_timeout_s", b"scrape_timeout_s", "stale_after_s", b"stale_after_s", "window_s", b"window_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_age_s", b"_max_age_s", "_pcie_bandwidth_bytes_s", b"_pcie_bandwidth_bytes_s", "_scrape_interval_s", b"_scrape_interval_s", "_scrape_timeout_s", b"_scrape_timeout_s", "_stale_after_s", b"_stale_after_s", "_window_s", b"_window_s", "backend_pods", b"backend_pods", "dns", b"dns", "gpu_join", b"gpu_join", "gpu_metrics_urls", b"gpu_metrics_urls", "kind", b"kind", "local_gpus", b"local_gpus", "max_age_s", b"max_age_s", "metrics_urls", b"metrics_urls", "pcie_bandwidth_bytes_s", b"pcie_bandwidth_bytes_s", "prometheus", b"prometheus", "scrape_interval_s", b"scrape_interval_s", "scrape_timeout_s", b"scrape_timeout_s", "stale", b"stale", "stale_after_s", b"stale_after_s", "window_s", b"window_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_age_s", b"_max_age_s", "_pcie_bandwidth_bytes_s", b"_pcie_bandwidth_bytes_s", "_scrape_interval_s", b"_scrape_interval_s", "_scrape_timeout_s", b"_scrape_timeout_s", "_stale_after_s", b"_stale_after_s", "_window_s", b"_window_s", "backend_endpoints", b"backend_endpoints", "backend_pods", b"backend_pods", "dns", b"dns", "endpoint_pick", b"endpoint_pick", "gpu_join", b"gpu_join", "gpu_metrics_urls", b"gpu_metrics_urls", "kind", b"kind", "local_gpus", b"local_gpus", "max_age_s", b"max_age_s", "metrics_urls", b"metrics_urls", "pcie_bandwidth_bytes_s", b"pcie_bandwidth_bytes_s", "prometheus", b"prometheus", "scrape_interval_s", b"scrape_interval_s", "scrape_timeout_s", b"scrape_timeout_s", "stale", b"stale", "stale_after_s", b"stale_after_s", "window_s", b"window_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_age_s: _TypeAlias = _typing.Literal["max_age_s"]  # noqa: Y015
     _WhichOneofArgType__max_age_s: _TypeAlias = _typing.Literal["_max_age_s", b"_max_age_s"]  # noqa: Y015

@@ -3,6 +3,7 @@ the file as a whole). Every problem raises ``PolicyError`` naming the field."""
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from types import MappingProxyType
@@ -14,6 +15,8 @@ from ext_proc.policy.errors import PolicyError
 from ext_proc.policy.model import Pool
 
 __all__ = ["pool_spec", "positive"]
+
+log = logging.getLogger("ice.policy")
 
 
 def _opt(msg: Any, name: str, default: Any) -> Any:
@@ -84,6 +87,27 @@ def pool_spec(name: str, msg: policy_pb2.Pool) -> Pool:
     dns = msg.dns
     if msg.HasField("dns") and not dns.name:
         raise PolicyError(f"{where}.dns.name: required")
+    pick = msg.endpoint_pick or d.endpoint_pick
+    if pick not in ("none", "ice", "header"):
+        raise PolicyError(f"{where}.endpoint_pick: must be none, ice or header, got {pick!r}")
+    endpoints: dict[str, str] = {}
+    for url, address in sorted(msg.backend_endpoints.items()):
+        if url not in msg.metrics_urls:
+            raise PolicyError(f"{where}.backend_endpoints: {url!r} is not one of metrics_urls")
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise PolicyError(
+                f"{where}.backend_endpoints[{url!r}]: must be 'ip:port', got {address!r}"
+            )
+        endpoints[url] = address
+    several = len(msg.metrics_urls) > 1 or msg.HasField("dns") or msg.HasField("prometheus")
+    if pick == "none" and several:
+        log.warning(
+            "pool %s has several endpoints and endpoint_pick: none: Envoy's load balancer may "
+            "send a request to any of them, so ICE judges each against the endpoint with the "
+            "least room; set endpoint_pick: ice to place requests where they fit",
+            name,
+        )
     pool = Pool(
         name=name,
         metrics_urls=tuple(msg.metrics_urls),
@@ -109,6 +133,8 @@ def pool_spec(name: str, msg: policy_pb2.Pool) -> Pool:
         gpu_join=gpu_join,
         backend_pods=MappingProxyType(backend_pods),
         local_gpus=msg.local_gpus,
+        endpoint_pick="ice" if pick == "ice" else "header" if pick == "header" else "none",
+        backend_endpoints=MappingProxyType(endpoints),
         pcie_bandwidth_bytes_s=positive(
             msg, "pcie_bandwidth_bytes_s", d.pcie_bandwidth_bytes_s, where
         ),

@@ -16,6 +16,7 @@ from ext_proc.kv.hfconfig import ModelShape
 __all__ = [
     "PRIORITIES",
     "EmbeddingSpec",
+    "EndpointPick",
     "FailMode",
     "KvModelSpec",
     "KvShortfall",
@@ -163,6 +164,7 @@ class EmbeddingSpec:
 
 
 StalePolicy = Literal["ignore", "last_known", "saturated"]
+EndpointPick = Literal["none", "ice", "header"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +198,11 @@ class Pool:
         default_factory=lambda: MappingProxyType({})
     )
     local_gpus: str = ""  # "nvml": this host's GPUs through NVML (ICE as a sidecar)
+    endpoint_pick: EndpointPick = "none"
+    # static backend's metrics URL → serving address "ip:port" (default: the URL's host:port)
+    backend_endpoints: MappingProxyType[str, str] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
 
 
 @dataclass(frozen=True, slots=True)

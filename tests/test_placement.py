@@ -1,0 +1,239 @@
+"""Endpoint placement: where a request is judged in a pool of several backends, and, with
+``endpoint_pick: ice``, where it is sent (pure, hand-computed; no Envoy)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from ext_proc import render
+from ext_proc.picking import Affinity, Candidate, endpoint_of, pick, prefix_key
+from ext_proc.pipeline import Pipeline
+from ext_proc.plan import Continue
+from ext_proc.policy.evaluate import Shape
+from ext_proc.policy.load import parse_policy
+from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
+
+FULL = "http://10.0.0.1:8000/metrics"
+IDLE = "http://10.0.0.2:8000/metrics"
+
+
+def policy_text(mode: str) -> str:
+    return f"""
+profiles:
+  default: {{max_model_len: 8192, output_buffer_tokens: 512, min_output_tokens: 16}}
+pools:
+  default:
+    metrics_urls: ["{FULL}", "{IDLE}"]
+    endpoint_pick: {mode}
+"""
+
+
+def backend(url: str, usage: float, waiting: float = 0.0, stale: bool = False) -> BackendSignals:
+    # 101 blocks of 128 tokens: 100 usable; free = floor(100 × (1 − usage))
+    return BackendSignals(
+        url=url,
+        kv_cache_usage=usage,
+        num_requests_waiting=waiting,
+        num_requests_running=1,
+        num_gpu_blocks=101,
+        block_size=128,
+        stale=stale,
+    )
+
+
+def pool(full_usage: float = 0.92, idle_usage: float = 0.0, **kw: bool) -> PoolSnapshot:
+    # full: floor(100 × 0.08) = 8 free blocks; idle: 100 free
+    backends = (backend(FULL, full_usage), backend(IDLE, idle_usage, stale=kw.get("stale", False)))
+    return PoolSnapshot(pool="default", backends=backends, taken_at_s=time.monotonic())
+
+
+def judge(
+    mode: str,
+    snap: PoolSnapshot,
+    max_tokens: int = 1900,
+    system: str = "",
+    headers: dict[str, str] | None = None,
+) -> tuple[Pipeline, object]:
+    pipeline = Pipeline(parse_policy(policy_text(mode)), lambda _p: snap)
+    return pipeline, judge_with(pipeline, max_tokens, system, headers)
+
+
+def judge_with(
+    pipeline: Pipeline,
+    max_tokens: int = 1900,
+    system: str = "",
+    headers: dict[str, str] | None = None,
+) -> object:
+    route = pipeline.router.resolve([])
+    pairs = [(":path", b"/v1/chat/completions"), (":method", b"POST")]
+    pairs += [(k, v.encode()) for k, v in (headers or {}).items()]
+    facts = pipeline.on_headers(route, pairs, end_of_stream=False)
+    messages = ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": "hi"}
+    ]
+    body = json.dumps({"messages": messages, "max_tokens": max_tokens}).encode()
+    verdict = pipeline.on_body(route, facts, body)
+    assert verdict is not None
+    pipeline.record(route, verdict)
+    return verdict
+
+
+def headers_of(verdict: object) -> dict[str, str]:
+    return dict(verdict.outcome.headers)  # type: ignore[attr-defined]
+
+
+# "hi" + framing ≈ 8 tokens; 1900 output → ceil(1908 / 128) = 15 blocks: fits the idle
+# backend (100 free), not the full one (8 free)
+
+
+def test_none_judges_against_the_endpoint_with_the_least_room() -> None:
+    _, v = judge("none", pool())
+    # 8 free blocks = 1,024 tokens: output ≤ 1024 − 8 = 1016 fits them
+    assert v.decision.decision == "downgrade"  # type: ignore[attr-defined]
+    assert v.decision.reason == "kv_free_blocks"  # type: ignore[attr-defined]
+    assert v.decision.max_tokens == 1024 - 8  # type: ignore[attr-defined]
+    assert "x-gateway-destination-endpoint" not in headers_of(v)
+
+
+def test_ice_picks_the_endpoint_where_the_request_fits() -> None:
+    _, v = judge("ice", pool())
+    assert v.decision.decision == "pass"  # type: ignore[attr-defined]
+    h = headers_of(v)
+    assert h["x-gateway-destination-endpoint"] == "10.0.0.2:8000"
+    assert h["x-ice-endpoint"] == "10.0.0.2:8000"
+    assert v.outcome.lb_endpoint == "10.0.0.2:8000"  # type: ignore[attr-defined]
+
+
+def test_ice_counts_a_pick_against_that_endpoints_ledger_only() -> None:
+    snap = pool(full_usage=0.0, idle_usage=0.0)  # both 100 free
+    pipeline, first = judge("ice", snap, max_tokens=1900)
+    chosen = headers_of(first)["x-ice-endpoint"]
+    second = judge_with(pipeline, max_tokens=1900)
+    # the first took 15 blocks where it went: the other endpoint now has the most room
+    assert headers_of(second)["x-ice-endpoint"] != chosen
+    ledger = pipeline.views.ledger(snap)
+    assert ledger == {"10.0.0.1:8000": 15, "10.0.0.2:8000": 15}
+
+
+def test_ice_follows_a_shared_prefix_while_it_fits() -> None:
+    snap = pool(full_usage=0.5, idle_usage=0.0)  # 50 and 100 free
+    pipeline, first = judge("ice", snap, max_tokens=100, system="You are a support bot.")
+    assert headers_of(first)["x-ice-endpoint"] == "10.0.0.2:8000"  # the most room
+    pipeline.views.hold(
+        pipeline.router.resolve([]).profile,
+        snap,
+        Shape.single(128 * 60),
+        0,
+        "10.0.0.2:8000",
+    )  # 60 more blocks there: 25 left, the other has 50
+    again = judge_with(pipeline, max_tokens=100, system="You are a support bot.")
+    assert headers_of(again)["x-ice-endpoint"] == "10.0.0.2:8000"  # affinity, it still fits
+    other = judge_with(pipeline, max_tokens=100, system="A different assistant.")
+    assert headers_of(other)["x-ice-endpoint"] == "10.0.0.1:8000"  # no affinity: most room
+
+
+def test_ice_downgrades_for_the_endpoint_with_the_most_room_when_none_fits() -> None:
+    snap = pool(full_usage=0.95, idle_usage=0.9)  # 5 and 10 free blocks
+    _, v = judge("ice", snap, max_tokens=4000)
+    assert v.decision.decision == "downgrade"  # type: ignore[attr-defined]
+    # 10 blocks = 1,280 tokens less the input's 8
+    assert v.decision.max_tokens == 1280 - 8  # type: ignore[attr-defined]
+    assert headers_of(v)["x-ice-endpoint"] == "10.0.0.2:8000"
+
+
+def test_ice_does_not_pick_a_stale_endpoint() -> None:
+    _, v = judge("ice", pool(full_usage=0.0, stale=True))  # the idle one is stale
+    assert headers_of(v)["x-ice-endpoint"] == "10.0.0.1:8000"
+
+
+def test_a_client_sent_destination_never_chooses_and_is_stripped() -> None:
+    spoof = {"x-gateway-destination-endpoint": "10.0.0.1:8000"}
+    pipeline = Pipeline(parse_policy(policy_text("ice")), lambda _p: pool())
+    route = pipeline.router.resolve([])
+    pairs = [(":path", b"/v1/chat/completions"), (":method", b"POST")]
+    facts = pipeline.on_headers(route, pairs + [(k, v.encode()) for k, v in spoof.items()], False)
+    assert "x-gateway-destination-endpoint" in facts.strip and facts.endpoint is None
+    v = judge_with(pipeline, headers=spoof)
+    assert headers_of(v)["x-gateway-destination-endpoint"] == "10.0.0.2:8000"
+
+
+@pytest.mark.parametrize(
+    ("named", "decision", "endpoint"),
+    [
+        ("10.0.0.2:8000", "pass", "10.0.0.2:8000"),
+        ("10.0.0.1:8000", "downgrade", "10.0.0.1:8000"),
+        ("10.9.9.9:8000", "downgrade", "unknown"),  # judged as the pool's worst
+    ],
+    ids=["idle-named", "full-named", "unknown-named"],
+)
+def test_header_mode_judges_against_the_named_endpoint(
+    named: str, decision: str, endpoint: str
+) -> None:
+    _, v = judge("header", pool(), headers={"x-gateway-destination-endpoint": named})
+    assert v.decision.decision == decision  # type: ignore[attr-defined]
+    h = headers_of(v)
+    assert h["x-ice-endpoint"] == endpoint
+    assert "x-gateway-destination-endpoint" not in h  # ICE does not re-route
+
+
+def test_a_picked_continue_renders_the_protocol_and_clears_the_route_cache() -> None:
+    out = Continue([("x-gateway-destination-endpoint", "10.0.0.2:8000")], None, "10.0.0.2:8000")
+    resp = render.render_body_outcome(out)
+    common = resp.request_body.response
+    assert common.clear_route_cache
+    lb = resp.dynamic_metadata.fields["envoy.lb"].struct_value.fields
+    assert lb["x-gateway-destination-endpoint"].string_value == "10.0.0.2:8000"
+    assert not render.render_body_outcome(
+        Continue([], None)
+    ).request_body.response.clear_route_cache
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("http://10.0.0.1:8000/metrics", "10.0.0.1:8000"),
+        ("https://vllm.llm.svc/metrics", "vllm.llm.svc:443"),
+        ("http://[fd00::1]:8000/metrics", "[fd00::1]:8000"),
+        ("10.0.0.7:8000", "10.0.0.7:8000"),  # a Prometheus instance label
+    ],
+    ids=["ip", "https-default-port", "ipv6", "instance-label"],
+)
+def test_endpoint_of_a_metrics_source(url: str, expected: str) -> None:
+    assert endpoint_of(url) == expected
+
+
+def test_backend_endpoints_override_the_metrics_address() -> None:
+    assert endpoint_of(FULL, {FULL: "10.0.0.1:9000"}) == "10.0.0.1:9000"
+
+
+def test_pick_order_affinity_then_room_then_queue() -> None:
+    a = Candidate("a", free_blocks=50, need_blocks=10, waiting=0)
+    b = Candidate("b", free_blocks=90, need_blocks=10, waiting=3)
+    c = Candidate("c", free_blocks=90, need_blocks=10, waiting=1)
+    tight = Candidate("d", free_blocks=5, need_blocks=10)
+    assert pick([a, b, c], affine="a") == a
+    assert pick([a, b, c]) == c  # b and c tie on room; c's queue is shorter
+    assert pick([a, tight], affine="d") == a  # affinity only where it fits
+    assert pick([tight]) is None
+
+
+def test_affinity_is_bounded_and_forgets_endpoints_that_left() -> None:
+    table = Affinity(size=2)
+    table.put("k1", "a")
+    table.put("k2", "b")
+    table.put("k3", "a")
+    assert (table.get("k1"), len(table)) == (None, 2)  # the oldest went
+    table.forget(["b"])
+    assert (table.get("k3"), table.get("k2")) == (None, "b")
+
+
+def test_prefix_key_is_the_system_prompt_and_tools() -> None:
+    a = {"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "x"}]}
+    b = {"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "y"}]}
+    c = {**a, "tools": [{"type": "function", "function": {"name": "f"}}]}
+    assert prefix_key("openai.chat", a) == prefix_key("openai.chat", b)
+    assert prefix_key("openai.chat", a) != prefix_key("openai.chat", c)
+    assert prefix_key("openai.chat", {"messages": [{"role": "user", "content": "x"}]}) is None
