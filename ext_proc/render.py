@@ -120,9 +120,8 @@ def _render_continue(outcome: Continue) -> pb.ProcessingResponse:
     resp = pb.ProcessingResponse(request_body=pb.BodyResponse(response=common))
     resp.dynamic_metadata.CopyFrom(_metadata(outcome.headers))
     if outcome.lb_endpoint is not None:
-        # the endpoint-picker protocol: the same value in envoy.lb, and routing runs again on
-        # the header ICE set (Envoy's route for a picked request is chosen by it)
+        # the endpoint-picker protocol: the pick in envoy.lb, where the backend cluster's
+        # override_host policy reads it (the route stays; the header is informational)
         lb = resp.dynamic_metadata.fields[LB_NAMESPACE].struct_value.fields
         lb[DESTINATION_HEADER].string_value = outcome.lb_endpoint
-        resp.request_body.response.clear_route_cache = True
     return resp

@@ -179,16 +179,13 @@ def test_header_mode_judges_against_the_named_endpoint(
     assert "x-gateway-destination-endpoint" not in h  # ICE does not re-route
 
 
-def test_a_picked_continue_renders_the_protocol_and_clears_the_route_cache() -> None:
+def test_a_picked_continue_renders_the_pick_in_envoy_lb_metadata() -> None:
     out = Continue([("x-gateway-destination-endpoint", "10.0.0.2:8000")], None, "10.0.0.2:8000")
     resp = render.render_body_outcome(out)
-    common = resp.request_body.response
-    assert common.clear_route_cache
     lb = resp.dynamic_metadata.fields["envoy.lb"].struct_value.fields
     assert lb["x-gateway-destination-endpoint"].string_value == "10.0.0.2:8000"
-    assert not render.render_body_outcome(
-        Continue([], None)
-    ).request_body.response.clear_route_cache
+    plain = render.render_body_outcome(Continue([], None))
+    assert "envoy.lb" not in plain.dynamic_metadata.fields
 
 
 @pytest.mark.parametrize(

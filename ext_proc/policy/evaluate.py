@@ -23,13 +23,13 @@ The ladder, first match wins:
    output: input_tokens > max_model_len). ``input_tokens`` is the longest prompt's.
 2. ``reject_beyond_kv_capacity`` → 400 ``kv_capacity_exceeded`` when the whole request (every
    sequence, with one output token each; none for embeddings) needs more KV blocks than the
-   pool's largest backend has when idle: it can never fit.
+   endpoint it is placed on has when idle: it can never fit there.
 3. ``shed_by_priority`` → 429 ``memory_pressure`` when the pool's level is at or above the
    profile's shedding level for the request's priority (``critical`` is never shed).
    Retry-After comes from the pool's drain rate (``policy/scores.py``), bounded by the
    profile's retry_after_min_s..retry_after_max_s.
 4. ``shed_on_kv_shortfall`` → 429 ``kv_exhausted`` (never for ``critical``) when the input
-   plus min_output_tokens needs more blocks than the fullest-free backend has free, or, with
+   plus min_output_tokens needs more blocks than its endpoint has free, or, with
    ``on_kv_shortfall: shed``, when the client's requested output does not fit them.
 5. ``cap_output_tokens`` → ``Downgrade`` when the requested output exceeds
        limit = min(safe, cap[level], kv_fit)
@@ -58,8 +58,10 @@ best_of) per prompt:
 - With stored context (Responses ``previous_response_id`` …) each sequence fills the window:
   P is taken as max(P, max_model_len − O).
 Free blocks are
-floor((num_gpu_blocks − 1) × (1 − kv_cache_usage)) of the backend with the most, less the
-blocks of the requests the worker passed since the view was taken (``Pipeline._room``).
+floor((num_gpu_blocks − 1) × (1 − kv_cache_usage)) of the endpoint the request is placed on
+(``ext_proc.placement``: the one ICE picked, the one another picker named, or, when Envoy
+places it, the one with the least room), less the blocks of the requests the worker passed
+since the view was taken (``PoolViews.room``).
 """
 
 from __future__ import annotations
@@ -295,7 +297,7 @@ def reject_beyond_kv_capacity(case: Case) -> Decision | None:
         status=400,
         reason="kv_capacity_exceeded",
         message=(
-            f"{what} needs {need} KV-cache blocks of {kv.block_size} tokens; the largest "
+            f"{what} needs {need} KV-cache blocks of {kv.block_size} tokens; its "
             f"backend holds {kv.usable_blocks} blocks even when idle."
         ),
         param=_input_param(f.schema),
@@ -327,7 +329,7 @@ def shed_on_kv_shortfall(case: Case) -> Decision | None:
         status=429,
         reason="kv_exhausted",
         message=(
-            f"The request needs {need} KV-cache blocks; the least-loaded backend has "
+            f"The request needs {need} KV-cache blocks; its backend has "
             f"{kv.free_blocks} free. Retry after {retry} s."
         ),
         retry_after_s=retry,
