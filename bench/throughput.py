@@ -263,11 +263,16 @@ def free_ports(n: int) -> int:
     raise BenchError(f"no {n} consecutive free ports")
 
 
-def write_policy(workdir: Path, metrics_url: str) -> Path:
-    """The built-in policy with its pool pointed at the fast upstream's /metrics page."""
+def write_policy(workdir: Path, metrics_url: str, endpoint_pick: str = "none") -> Path:
+    """The built-in policy with its pool pointed at the fast upstream's /metrics page; with
+    ``endpoint_pick`` ice or header, a pool of two endpoints (the same page read as
+    127.0.0.1 and as localhost), so that ICE places every request."""
     policy = yaml.safe_load(DEFAULT_POLICY.read_text())
     for pool in policy["pools"].values():
         pool["metrics_urls"] = [metrics_url]
+        if endpoint_pick != "none":
+            pool["metrics_urls"].append(metrics_url.replace("127.0.0.1", "localhost"))
+            pool["endpoint_pick"] = endpoint_pick
     path = workdir / "policy.yaml"
     path.write_text(yaml.safe_dump(policy, sort_keys=False))
     return path
@@ -542,7 +547,9 @@ def run(args: argparse.Namespace) -> list[ConnResult]:
     with tempfile.TemporaryDirectory(prefix="ice-bench-") as tmp, Stack(Path(tmp)) as stack:
         ingress, upstream, admin = free_port(), free_port(), free_port()
         ice_base, metrics_port = free_ports(args.workers), free_port()
-        policy = write_policy(Path(tmp), f"http://127.0.0.1:{upstream}/metrics")
+        policy = write_policy(
+            Path(tmp), f"http://127.0.0.1:{upstream}/metrics", args.endpoint_pick
+        )
         # ICE first, so Envoy's first health check of the ice cluster finds it serving; ICE's
         # scraper reaches the fast upstream's /metrics once Envoy is up (verify_routes waits).
         ice_addresses = stack.start_ice(
@@ -614,6 +621,13 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=30,
         metavar="S",
         help="before each run, wait up to S seconds for an idle machine (0: do not wait)",
+    )
+    ap.add_argument(
+        "--endpoint-pick",
+        choices=("none", "ice"),
+        default="none",
+        help="the pool's endpoint_pick: ice places each request on one of two endpoints "
+        "(the cost of picking; Envoy's bench upstream ignores the pick)",
     )
     ap.add_argument("--json", action="store_true", help="also print the results as JSON")
     ap.add_argument(
