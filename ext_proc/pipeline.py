@@ -8,12 +8,15 @@
    a judged path with a body that is not JSON → 415, empty body → 400, declared length over
    the limit → 413). Read-only paths (GET/HEAD) and the policy's ``passthrough_paths`` pass
    without a body phase.
-3. ``on_body`` parses the body once, extracts features, reads the pool's snapshot, runs the
-   evaluator and plans the edits.
+3. ``on_body`` parses the body once, extracts features, reads the pool's snapshot, places
+   the request on an endpoint (``ext_proc.placement``: the pool's ``endpoint_pick``), runs
+   the evaluator against that endpoint's room and plans the edits (``verdict.make_verdict``).
 4. When the evaluator asks to truncate history, ``on_body`` returns the verdict with
    ``pending`` set and ``finish_truncation`` (async: it waits on the embedding worker, under
-   the profile's deadline) plans the truncation, edits the body and judges the shorter
-   request with the rest of the ladder.
+   the profile's deadline; ``ext_proc.truncating``) plans the truncation, edits the body and
+   judges the shorter request with the rest of the ladder.
+5. ``record`` counts a verdict and holds the blocks of a request that goes on in the
+   in-flight ledger of its endpoint (or of the whole pool, when Envoy places it).
 
 Invariants: nothing reaches the backend on a path ICE does not judge unless the policy or
 the read-only list opens it; ``on_body`` returns ``None`` when the request passes untouched
@@ -25,8 +28,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import replace
+from typing import Any
 
 from ext_proc import rawjson, telemetry
 from ext_proc.decision import (
@@ -40,10 +43,10 @@ from ext_proc.decision import (
 )
 from ext_proc.media import media_cost
 from ext_proc.picking import DESTINATION_HEADER, prefix_key
-from ext_proc.placement import H_ENDPOINT, Placement, Placer
-from ext_proc.plan import Continue, Outcome, Respond, plan, reject_outcome
-from ext_proc.policy.evaluate import LADDER, LADDER_AFTER_TRUNCATION, Rule, Shape, evaluate
-from ext_proc.policy.model import PRIORITIES, Policy, Priority
+from ext_proc.placement import Placement, Placer
+from ext_proc.plan import Continue, Respond, reject_outcome
+from ext_proc.policy.evaluate import LADDER, Rule, Shape, evaluate
+from ext_proc.policy.model import PRIORITIES, Policy
 from ext_proc.poolview import PoolViews
 from ext_proc.routing import Route, Router
 from ext_proc.schemas import (
@@ -56,9 +59,7 @@ from ext_proc.schemas import (
     schema_for_path,
 )
 from ext_proc.signals.snapshot import PoolSnapshot
-
-if TYPE_CHECKING:
-    from ext_proc.truncate.units import Conversation
+from ext_proc.verdict import BodyVerdict, HeaderFacts, PendingTruncation, make_verdict
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
@@ -78,41 +79,6 @@ DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 SPOOF_PREFIXES = ("x-mem-pressure", "x-ice-", "x-downgraded")
 
 SnapshotLookup = Callable[[str], PoolSnapshot | None]
-
-
-@dataclass(slots=True)
-class HeaderFacts:
-    """What the request headers said, kept for the body phase."""
-
-    adapter: SchemaAdapter | None = None
-    priority: Priority = "standard"
-    strip: list[str] = field(default_factory=list)
-    answer: Respond | None = None  # set when the request is answered without its body
-    skip_body: bool = False  # not an inference request: do not send the body to ICE
-    endpoint: str | None = None  # x-gateway-destination-endpoint (endpoint_pick: header)
-
-
-@dataclass(frozen=True, slots=True)
-class PendingTruncation:
-    """What ``finish_truncation`` needs: the request's units (built where the body was
-    decoded, possibly the offload helper) and the original bytes."""
-
-    conversation: Conversation
-    body: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class BodyVerdict:
-    """A body-phase result: the decision (None when the body broke the API and ``bad`` holds
-    the reason code) and its outcome. With ``pending`` set the decision is a ``Truncate``
-    and ``outcome`` a placeholder: ``Pipeline.finish_truncation`` makes the real verdict."""
-
-    decision: Decision | None
-    features: RequestFeatures | None
-    outcome: Outcome
-    bad: str | None = None
-    pending: PendingTruncation | None = None
-    placement: Placement | None = None  # where it was judged (and, when ICE picks, sent)
 
 
 def _is_json(content_type: str) -> bool:
@@ -350,7 +316,7 @@ class Pipeline:
             waiting = Continue(verdict_headers(Pass(decision.pressure)), None)
             pending = PendingTruncation(conv, body)
             return BodyVerdict(decision, features, waiting, pending=pending, placement=placement)
-        return _verdict(decision, features, adapter, body, placement)
+        return make_verdict(decision, features, adapter, body, placement)
 
     def _evaluate(
         self,
@@ -383,91 +349,8 @@ class Pipeline:
     async def finish_truncation(
         self, route: Route, facts: HeaderFacts, verdict: BodyVerdict
     ) -> BodyVerdict:
-        """Carry out a pending ``Truncate`` (see ext_proc/truncate/runner.py), then judge the
-        shorter request with the ladder's other rules."""
-        from ext_proc.truncate.planner import Overflow, apply_plan
-        from ext_proc.truncate.runner import truncate
+        """Carry out a pending ``Truncate``, then judge the shorter request with the ladder's
+        other rules (``ext_proc.truncating``)."""
+        from ext_proc.truncating import finish_truncation
 
-        pending, decision, features = verdict.pending, verdict.decision, verdict.features
-        adapter = facts.adapter
-        spec = route.profile.truncation
-        if pending is None or not isinstance(decision, Truncate) or features is None:
-            return verdict
-        if adapter is None or spec is None:
-            return verdict
-        prefix = verdict.placement.prefix if verdict.placement is not None else None
-        result = await truncate(
-            pending.conversation,
-            features.input_tokens,
-            decision.budget_tokens,
-            spec,
-            self.similarity,
-        )
-        tplan = result.plan
-        if isinstance(tplan, Overflow) and decision.reason == "context_budget":
-            # the context, not pressure, asked: judge the request as it is (a downgrade to the
-            # room left, or 400 context_length_exceeded), as without truncation
-            as_is, placed = self._evaluate(route, facts, features, LADDER_AFTER_TRUNCATION, prefix)
-            return _verdict(as_is, features, adapter, pending.body, placed)
-        if isinstance(tplan, Overflow):
-            k = spec.keep_last_turns
-            message = (
-                f"The conversation cannot be shortened enough: the messages ICE must keep "
-                f"(system messages, the current question and the last {k} turns) need about "
-                f"{tplan.must_keep_tokens} tokens; the budget is {tplan.budget_tokens} tokens "
-                f"({decision.reason.replace('_', ' ')})."
-            )
-            reject = Reject(
-                decision.pressure, 400, "truncation_budget_exceeded", message, "messages"
-            )
-            return _verdict(
-                reject, features, adapter, pending.body, verdict.placement or Placement()
-            )
-        body = apply_plan(pending.body, tplan) if tplan.changed else pending.body
-        placeholders = len(tplan.runs) if tplan.placeholder else 0
-        shorter = replace(
-            features,
-            input_tokens=max(0, features.input_tokens - result.saved_tokens),
-            message_count=len(tplan.kept_messages) + placeholders,
-        )
-        saved = result.saved_tokens
-        if tplan.changed and features.input_tokens_source == "exact":
-            shorter = self._recount(adapter, shorter, body)
-            if shorter.input_tokens_source == "exact":
-                saved = features.input_tokens - shorter.input_tokens
-        then, placed = self._evaluate(route, facts, shorter, LADDER_AFTER_TRUNCATION, prefix)
-        if isinstance(then, Reject) or not tplan.changed:
-            return _verdict(then, shorter, adapter, body, placed)
-        assert not isinstance(then, Truncate | Truncated)
-        done = Truncated(
-            then=then,
-            reason=decision.reason,
-            dropped_messages=tplan.dropped_messages,
-            saved_tokens=saved,
-            mode=tplan.mode,
-            fallback=result.fallback,
-        )
-        telemetry.count_truncation(route.name, done.mode, done.fallback, done.saved_tokens)
-        return _verdict(done, shorter, adapter, body, placed)
-
-
-def _verdict(
-    decision: Decision,
-    features: RequestFeatures,
-    adapter: SchemaAdapter,
-    body: bytes,
-    placement: Placement,
-) -> BodyVerdict:
-    """The verdict with its planned outcome, which names the placement (and, when ICE picked
-    the endpoint of a request that goes on, tells Envoy where to send it)."""
-    outcome = plan(decision, adapter, body, features)
-    if isinstance(outcome, Continue):
-        extra = placement.headers()
-        if extra:
-            lb = placement.endpoint if placement.picked else None
-            outcome = replace(outcome, headers=outcome.headers + extra, lb_endpoint=lb)
-    else:
-        extra = [h for h in placement.headers() if h[0] == H_ENDPOINT]
-        if extra:
-            outcome = replace(outcome, headers=outcome.headers + extra)
-    return BodyVerdict(decision, features, outcome, placement=placement)
+        return await finish_truncation(self, route, facts, verdict)

@@ -1,0 +1,732 @@
+"""Two real vLLMs behind one Envoy: round robin alone, ICE judging (``endpoint_pick: none``) and
+ICE picking the endpoint (``endpoint_pick: ice``), on an overload burst and on shared prompts.
+
+```
+burst ─┬─ rr ───► Envoy B (ice cluster → a closed port: fails open) ─round robin─┬─► vLLM A
+       └─ none ─┐                                                                └─► vLLM B
+         ice ───┴─► Envoy (envoy/envoy.yaml) ─ext_proc─► ICE (pool: A and B)
+                      └─ override_host: ICE's pick (envoy.lb), else round robin ─► A or B
+```
+
+Two ``vllm serve`` of the tiny model (``ext_proc.vllm_local``: CPU, 24 KV blocks of 128
+tokens each, own ports and scratch dirs), one ICE whose pool lists both ``/metrics`` URLs
+(``ext_proc/vllm_tiny_policy.yaml`` rendered by ``ext_proc.overload.render_policy``, then its
+pools given both URLs and the run's ``endpoint_pick``), and real Envoy rendered from
+``envoy/envoy.yaml`` with ``clusters={"backend": [A, B], "ice": [ICE]}``. The three configs:
+
+- ``rr``: a second Envoy from the same file whose ``ice`` cluster is a closed port, so every
+  request fails open (``unjudged`` = requests) and the backend cluster's round robin places
+  it: the baseline without ICE. ICE still runs (policy ``none``) and scrapes both vLLMs, so
+  vLLM serves the same /metrics load in every config.
+- ``none``: Envoy's round robin places each request; ICE judges it against the endpoint with
+  the least room (the safe default for a pool of several endpoints).
+- ``ice``: ICE picks where the request fits (prefix affinity on system prompt + tools, then
+  most room after admission, then shortest queue) and tells Envoy in ``envoy.lb``
+  ``x-gateway-destination-endpoint``; the reply's ``x-ice-endpoint`` names it.
+
+ICE is restarted before every run (no ledger, affinity table or drain history carries over),
+vLLM A and B are idle before every run (``wait_idle`` on both), every run uses fresh prompt
+text (seeded per workload, round and config), and the config order rotates per round.
+
+Workloads:
+
+1. ``overload``: ``ext_proc.overload``'s burst (``plan_burst`` / ``request_body``): ``--requests``
+   streamed chats of ~``--prompt-tokens`` prompt and ``--max-tokens`` output tokens
+   (``ignore_eos``), priorities from ``--mix``, open loop, once per ``--spacings`` value (ms
+   between starts; 0 = all at once). On one vLLM this burst preempts ~15 times unjudged.
+2. ``shared``: ``--shared-requests`` chats, one every ``--shared-spacing-ms``, each with one of
+   ``--system-prompts`` system prompts of ~``--system-tokens`` tokens (request i gets prompt
+   i mod k) and its own ~``--question-tokens`` user question, ``--shared-max-tokens`` output,
+   all ``standard``. The load is low (nothing should be shed); what differs is where the
+   prompts land, and so vLLM's prefix-cache hits.
+
+Per run (``PoolRun``, a ``RunResult`` of ``ext_proc.overload`` with per-backend deltas):
+status of every request, TTFT (first streamed token) p50/p95 of the completed ones
+(``send``), 429s; per vLLM, from /metrics before and after: ``vllm:num_preemptions_total``,
+``vllm:request_success_total`` (where requests ran), ``vllm:prefix_cache_hits_total`` /
+``vllm:prefix_cache_queries_total`` (tokens; hit rate = Σ hits / Σ queries over A and B);
+sampled every ``--sample-ms``: the peak of waiting, running, KV usage; Envoy's
+``failure_mode_allowed`` (requests that went through unjudged); the ``x-ice-endpoint``
+header of each reply (ICE's pick; absent with ``none``).
+
+    .venv/bin/python bench/endpoint_pick.py                       # 2 rounds, both workloads
+    .venv/bin/python bench/endpoint_pick.py --rounds 3 --json out.json
+    .venv/bin/python bench/endpoint_pick.py --workloads shared --rounds 1
+
+Needs ``.venv-vllm`` (``make vllm-install``). ~60 s to start both vLLMs, ~10 s per ICE start,
+~20-40 s per overload run, ~30 s per shared run.
+
+Why the shared workload's prompts are ~900 tokens: a vLLM here caches 23 blocks. Three
+prompts of 7 full blocks (21) do not fit one vLLM's cache next to the running requests, so
+round robin, which sends every prompt to both, evicts them (LRU, cyclic order: the prompt
+needed next is the one evicted); two of them fit one vLLM, so prefix affinity keeps each
+prompt's blocks where its requests go. With prompts that all fit one vLLM (``--system-tokens
+400``) round robin only pays one extra miss per prompt and the hit rates come close.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+import types
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # run as a script: import ext_proc from the checkout
+    sys.path.insert(0, str(REPO))
+
+from ext_proc import vllm_local as vl  # noqa: E402
+from ext_proc.overload import (  # noqa: E402
+    CHAT,
+    MAX_TOKENS,
+    MIX,
+    POLICY,
+    PROMPT_TOKENS,
+    REQUESTS,
+    RunResult,
+    Sample,
+    Shot,
+    ext_proc_stats,
+    fetch,
+    metric_sum,
+    plan_burst,
+    render_policy,
+    request_body,
+    table,
+    wait_idle,
+)
+from ext_proc.overload.burst import Planned  # noqa: E402
+from ext_proc.overload.metrics import sample_metrics  # noqa: E402
+from ext_proc.overload.run import send  # noqa: E402
+from ext_proc.stack import (  # noqa: E402
+    ENVOY_DIR,
+    Stack,
+    free_port,
+    policy_passthrough_paths,
+    render_envoy_config,
+)
+
+CONFIGS = ("rr", "none", "ice")
+SHARED_CONFIGS = ("none", "ice")
+WORKLOADS = ("overload", "shared")
+SPACINGS = (250.0, 0.0)
+LABELS = ("A", "B")
+# The shared workload (module docstring: why ~900 tokens).
+SHARED_REQUESTS = 24
+SHARED_SPACING_MS = 1000.0
+SYSTEM_PROMPTS = 3
+SYSTEM_TOKENS = 900
+QUESTION_TOKENS = 40
+SHARED_MAX_TOKENS = 32
+H_ENDPOINT = "x-ice-endpoint"
+
+
+@dataclass
+class BackendDelta:
+    """One vLLM over one run: counter deltas and sampled peaks."""
+
+    label: str
+    address: str
+    finished: int  # vllm:request_success_total
+    preemptions: int
+    prefix_queries: float  # tokens
+    prefix_hits: float
+    waiting_max: int = 0
+    running_max: int = 0
+    kv_usage_max: float = 0.0
+
+
+def _rate(hits: float, queries: float) -> float | None:
+    return round(hits / queries, 3) if queries else None
+
+
+def _ab(values: Sequence[Any]) -> str:
+    return "/".join("-" if v is None else str(v) for v in values)
+
+
+@dataclass
+class PoolRun(RunResult):
+    """A ``RunResult`` over a pool: ``mode`` is the config, plus each backend's deltas."""
+
+    workload: str = ""
+    spacing_ms: float = 0.0
+    backends: list[BackendDelta] = field(default_factory=list)
+    endpoints: dict[str, int] = field(default_factory=dict)  # x-ice-endpoint label → replies
+    timelines: dict[str, list[Sample]] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        s = super().summary()
+        b = self.backends
+        hits = sum(x.prefix_hits for x in b)
+        queries = sum(x.prefix_queries for x in b)
+        s.update(
+            {
+                "workload": self.workload,
+                "spacing_ms": self.spacing_ms,
+                "preemptions_ab": _ab([x.preemptions for x in b]),
+                "finished_ab": _ab([x.finished for x in b]),
+                "picked_ab": _ab([self.endpoints.get(x.label, 0) for x in b])
+                if self.endpoints
+                else None,
+                "waiting_max_ab": _ab([x.waiting_max for x in b]),
+                "running_max_ab": _ab([x.running_max for x in b]),
+                "kv_usage_max_ab": _ab([round(x.kv_usage_max, 2) for x in b]),
+                "prefix_hit_rate": _rate(hits, queries),
+                "prefix_hit_rate_ab": _ab([_rate(x.prefix_hits, x.prefix_queries) for x in b]),
+                "prefix_hits_tokens": int(hits),
+                "prefix_queries_tokens": int(queries),
+            }
+        )
+        return s
+
+
+OVERLOAD_ROWS: tuple[tuple[str, str], ...] = (
+    ("requests", "requests"),
+    ("ok", "200 completed"),
+    ("shed_429", "429 shed"),
+    ("other", "other errors"),
+    ("downgraded", "downgraded by ICE"),
+    ("preemptions", "vLLM preemptions (A+B)"),
+    ("preemptions_ab", "vLLM preemptions A/B"),
+    ("finished_ab", "finished on vLLM A/B"),
+    ("picked_ab", "x-ice-endpoint A/B"),
+    ("wait_p50_s", "200 TTFT p50 (s)"),
+    ("wait_p95_s", "200 TTFT p95 (s)"),
+    ("wait_max_s", "200 TTFT max (s)"),
+    ("ok_p95_s", "200 latency p95 (s)"),
+    ("output_tokens", "completed output tokens"),
+    ("wall_s", "burst wall time (s)"),
+    ("shed_by_priority", "429 by priority"),
+    ("shed_reasons", "429 reasons"),
+    ("waiting_max_ab", "vLLM waiting max A/B"),
+    ("running_max_ab", "vLLM running max A/B"),
+    ("kv_usage_max_ab", "vLLM KV usage max A/B"),
+    ("unjudged", "Envoy fail-open (unjudged)"),
+)
+SHARED_ROWS: tuple[tuple[str, str], ...] = (
+    ("requests", "requests"),
+    ("ok", "200 completed"),
+    ("shed_429", "429 shed"),
+    ("other", "other errors"),
+    ("prefix_hit_rate", "prefix-cache hit rate (A+B)"),
+    ("prefix_hit_rate_ab", "prefix-cache hit rate A/B"),
+    ("prefix_hits_tokens", "prefix hits (tokens, A+B)"),
+    ("prefix_queries_tokens", "prefix queries (tokens, A+B)"),
+    ("finished_ab", "finished on vLLM A/B"),
+    ("picked_ab", "x-ice-endpoint A/B"),
+    ("wait_p50_s", "200 TTFT p50 (s)"),
+    ("wait_p95_s", "200 TTFT p95 (s)"),
+    ("ok_p50_s", "200 latency p50 (s)"),
+    ("preemptions", "vLLM preemptions (A+B)"),
+    ("running_max_ab", "vLLM running max A/B"),
+    ("unjudged", "Envoy fail-open (unjudged)"),
+)
+
+
+# ---- the stack ---------------------------------------------------------------------------
+
+
+@dataclass
+class Pool:
+    """Two vLLMs, Envoy (through ICE), Envoy ``rr`` (ICE unreachable) and ICE's policies."""
+
+    servers: list[vl.VllmServer]
+    stack: Stack
+    model: str
+    ice_address: str
+    ice_metrics: str
+    policies: dict[str, Path]  # endpoint_pick → rendered policy
+    envoy_url: str
+    admin_port: int
+    rr_url: str
+    rr_admin_port: int
+    ice_starts_s: list[float] = field(default_factory=list)
+
+    @property
+    def metrics_urls(self) -> list[str]:
+        return [f"{s.base_url}/metrics" for s in self.servers]
+
+    @property
+    def addresses(self) -> list[str]:
+        return [f"{s.cfg.host}:{s.cfg.port}" for s in self.servers]
+
+    def target(self, config: str) -> tuple[str, int]:
+        return (
+            (self.rr_url, self.rr_admin_port)
+            if config == "rr"
+            else (
+                self.envoy_url,
+                self.admin_port,
+            )
+        )
+
+    def restart_ice(self, endpoint_pick: str) -> None:
+        """A fresh ICE with the policy of ``endpoint_pick``; judging through Envoy once."""
+        self.stack.stop("ice")
+        t0 = time.monotonic()
+        self.stack.start_ice(
+            self.ice_address,
+            policy=self.policies[endpoint_pick],
+            metrics_address=self.ice_metrics,
+        )
+        deadline = time.monotonic() + 30
+        while not _judged_once(self.envoy_url, self.model):  # Envoy reconnected, ICE scraped
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"ICE not judging after restart\n{self.stack.log_tails()}")
+            time.sleep(0.2)
+        self.ice_starts_s.append(round(time.monotonic() - t0, 1))
+        for url in self.metrics_urls:
+            wait_idle(url)
+
+
+def _post(base: str, model: str, content: str) -> dict[str, str]:
+    body = {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": 2}
+    req = urllib.request.Request(
+        base + CHAT, data=json.dumps(body).encode(), headers={"content-type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        resp.read()
+        return {k.lower(): v for k, v in resp.headers.items()}
+
+
+def _judged_once(envoy_url: str, model: str) -> bool:
+    try:
+        headers = _post(envoy_url, model, "warm up")
+    except OSError:
+        return False
+    return bool(headers.get("x-ice-decision"))
+
+
+def pool_policy(template: Path, out: Path, urls: Sequence[str], mode: str, model_dir: Path) -> Path:
+    """``template`` rendered by ``render_policy``, its pools scraping all ``urls``, ``mode``."""
+    port = int(urls[0].rsplit(":", 1)[1].split("/", 1)[0])
+    render_policy(template, out, port, model_dir)
+    policy: dict[str, Any] = yaml.safe_load(out.read_text())
+    for pool in policy.get("pools", {}).values():
+        pool["metrics_urls"] = list(urls)
+        pool["endpoint_pick"] = mode
+    out.write_text(yaml.safe_dump(policy, sort_keys=False))
+    return out
+
+
+@contextlib.contextmanager
+def pool_setup(
+    workdir: Path, *, policy: Path = POLICY, vllm_args: Sequence[str] = ()
+) -> Iterator[Pool]:
+    """Two vLLMs (sequential starts), both Envoys; ICE starts with ``restart_ice``."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    vl.ensure_model(vl.DEFAULT_MODEL_DIR)
+    with contextlib.ExitStack() as es:
+        servers = []
+        for label in LABELS:
+            # Own scratch per server: ``close`` removes the sockets it finds in its scratch.
+            cfg = vl.ServeConfig(
+                port=vl.free_port(),
+                scratch=vl.DEFAULT_SCRATCH.parent / f"run-ep{label.lower()}",
+                extra_args=tuple(vllm_args),
+            )
+            log = workdir / f"vllm-{label}.log"
+            servers.append(es.enter_context(vl.start_server(cfg, log_path=log)))
+            print(
+                f"[endpoint_pick] vLLM {label} on {cfg.port} up in {servers[-1].startup_s:.1f} s",
+                file=sys.stderr,
+            )
+        stack = es.enter_context(Stack(workdir))
+        urls = [f"{s.base_url}/metrics" for s in servers]
+        policies = {
+            mode: pool_policy(
+                policy, workdir / f"policy-{mode}.yaml", urls, mode, vl.DEFAULT_MODEL_DIR
+            )
+            for mode in ("none", "ice")
+        }
+        ice_address = f"127.0.0.1:{free_port()}"
+        backends = [f"{s.cfg.host}:{s.cfg.port}" for s in servers]
+        ports = {}
+        for name, ice in (("envoy", ice_address), ("envoy_rr", f"127.0.0.1:{free_port()}")):
+            port, admin = free_port(), free_port()
+            config = render_envoy_config(
+                ENVOY_DIR / "envoy.yaml",
+                admin_port=admin,
+                listeners={"ingress": port},
+                clusters={"ice": [ice], "backend": backends},
+                passthrough_paths=policy_passthrough_paths(policies["none"]),
+            )
+            stack.start_envoy(config, admin, name=name)
+            ports[name] = (port, admin)
+        pool = Pool(
+            servers=servers,
+            stack=stack,
+            model=servers[0].cfg.served_model_name,
+            ice_address=ice_address,
+            ice_metrics=f"127.0.0.1:{free_port()}",
+            policies=policies,
+            envoy_url=f"http://127.0.0.1:{ports['envoy'][0]}",
+            admin_port=ports["envoy"][1],
+            rr_url=f"http://127.0.0.1:{ports['envoy_rr'][0]}",
+            rr_admin_port=ports["envoy_rr"][1],
+        )
+        for s in servers:  # first-request costs, straight to each
+            _post(s.base_url, pool.model, "warm up")
+        yield pool
+
+
+# ---- one run -----------------------------------------------------------------------------
+
+
+def shared_bodies(
+    burst: Sequence[Planned],
+    model: str,
+    seed: int,
+    *,
+    prompts: int,
+    system_tokens: int,
+    question_tokens: int,
+) -> list[dict[str, Any]]:
+    """``request_body`` with messages [system prompt i mod ``prompts``, question i]."""
+    systems = [vl.filler_text(system_tokens, seed + k) for k in range(prompts)]
+    bodies = []
+    for p in burst:
+        body = request_body(p, model, seed)
+        body["messages"] = [
+            {"role": "system", "content": systems[p.index % prompts]},
+            {"role": "user", "content": vl.filler_text(question_tokens, seed + 1000 + p.index)},
+        ]
+        bodies.append(body)
+    return bodies
+
+
+async def run_pool(
+    *,
+    config: str,
+    workload: str,
+    round_no: int,
+    spacing_ms: float,
+    target: str,
+    admin_port: int,
+    pool: Pool,
+    burst: Sequence[Planned],
+    bodies: Sequence[dict[str, Any]],
+    sample_s: float,
+) -> PoolRun:
+    """``burst`` (with ``bodies``) sent open-loop to ``target``; both vLLMs watched."""
+    labels = dict(zip(pool.addresses, LABELS, strict=True))
+    seen: Counter[str] = Counter()
+
+    async def on_end(
+        _s: aiohttp.ClientSession, _c: types.SimpleNamespace, params: aiohttp.TraceRequestEndParams
+    ) -> None:
+        endpoint = params.response.headers.get(H_ENDPOINT)
+        if endpoint:
+            seen[labels.get(endpoint, endpoint)] += 1
+
+    trace = aiohttp.TraceConfig()
+    trace.on_request_end.append(on_end)
+    urls = pool.metrics_urls
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
+    async with (
+        aiohttp.ClientSession(
+            connector=connector, timeout=aiohttp.ClientTimeout(total=600), trace_configs=[trace]
+        ) as session,
+        aiohttp.ClientSession() as probe,
+    ):
+        before = [await fetch(probe, u) for u in urls]
+        stats0 = ext_proc_stats(admin_port)
+        stop = asyncio.Event()
+        t0 = time.monotonic() + 0.05
+        timelines: list[list[Sample]] = [[] for _ in urls]
+        samplers = [
+            asyncio.create_task(
+                sample_metrics(
+                    probe, u, t0, sample_s, stop, metric_sum(b, "vllm:num_preemptions_total"), out
+                )
+            )
+            for u, b, out in zip(urls, before, timelines, strict=True)
+        ]
+        try:
+            shots: list[Shot] = list(
+                await asyncio.gather(
+                    *(
+                        send(session, target + CHAT, p, b, t0)
+                        for p, b in zip(burst, bodies, strict=True)
+                    )
+                )
+            )
+            wall = time.monotonic() - t0
+        finally:
+            stop.set()
+            await asyncio.gather(*samplers, return_exceptions=True)
+        after = [await fetch(probe, u) for u in urls]
+    stats1 = ext_proc_stats(admin_port)
+
+    def delta(i: int, name: str) -> float:
+        return metric_sum(after[i], name) - metric_sum(before[i], name)
+
+    backends = [
+        BackendDelta(
+            label=LABELS[i],
+            address=pool.addresses[i],
+            finished=int(delta(i, "vllm:request_success_total")),
+            preemptions=int(delta(i, "vllm:num_preemptions_total")),
+            prefix_queries=delta(i, "vllm:prefix_cache_queries_total"),
+            prefix_hits=delta(i, "vllm:prefix_cache_hits_total"),
+            waiting_max=max((s.waiting for s in timelines[i]), default=0),
+            running_max=max((s.running for s in timelines[i]), default=0),
+            kv_usage_max=max((s.kv_usage for s in timelines[i]), default=0.0),
+        )
+        for i in range(len(urls))
+    ]
+    q_sum = sum(delta(i, "vllm:request_queue_time_seconds_sum") for i in range(len(urls)))
+    q_count = sum(delta(i, "vllm:request_queue_time_seconds_count") for i in range(len(urls)))
+    return PoolRun(
+        mode=config,
+        round=round_no,
+        wall_s=wall,
+        preemptions=sum(b.preemptions for b in backends),
+        queue_time_mean_s=q_sum / q_count if q_count else None,
+        vllm_requests=int(q_count),
+        waiting_max=max(b.waiting_max for b in backends),
+        running_max=max(b.running_max for b in backends),
+        kv_usage_max=max(b.kv_usage_max for b in backends),
+        ext_proc={k: stats1.get(k, 0) - stats0.get(k, 0) for k in stats1},
+        shots=shots,
+        workload=workload,
+        spacing_ms=spacing_ms,
+        backends=backends,
+        endpoints=dict(seen),
+        timelines={LABELS[i]: t for i, t in enumerate(timelines)},
+    )
+
+
+def one_line(r: PoolRun) -> str:
+    s = r.summary()
+    return (
+        f"{s['ok']} ok, {s['shed_429']} × 429, preemptions {s['preemptions_ab']}, "
+        f"finished {s['finished_ab']}, picked {s['picked_ab']}, "
+        f"TTFT p50/p95 {s['wait_p50_s']}/{s['wait_p95_s']} s, hit rate {s['prefix_hit_rate']}, "
+        f"unjudged {s['unjudged']}, {s['wall_s']} s"
+    )
+
+
+def aggregate(runs: Sequence[PoolRun]) -> PoolRun:
+    """All rounds of one config as one run (pooled shots, summed deltas): the totals column."""
+    first = runs[0]
+    backends = [
+        BackendDelta(
+            label=b.label,
+            address=b.address,
+            finished=sum(r.backends[i].finished for r in runs),
+            preemptions=sum(r.backends[i].preemptions for r in runs),
+            prefix_queries=sum(r.backends[i].prefix_queries for r in runs),
+            prefix_hits=sum(r.backends[i].prefix_hits for r in runs),
+            waiting_max=max(r.backends[i].waiting_max for r in runs),
+            running_max=max(r.backends[i].running_max for r in runs),
+            kv_usage_max=max(r.backends[i].kv_usage_max for r in runs),
+        )
+        for i, b in enumerate(first.backends)
+    ]
+    endpoints: Counter[str] = Counter()
+    ext_proc: Counter[str] = Counter()
+    for r in runs:
+        endpoints.update(r.endpoints)
+        ext_proc.update(r.ext_proc)
+    return PoolRun(
+        mode=first.mode,
+        round=0,
+        wall_s=sum(r.wall_s for r in runs),
+        preemptions=sum(r.preemptions for r in runs),
+        queue_time_mean_s=None,
+        vllm_requests=sum(r.vllm_requests for r in runs),
+        waiting_max=max(r.waiting_max for r in runs),
+        running_max=max(r.running_max for r in runs),
+        kv_usage_max=max(r.kv_usage_max for r in runs),
+        ext_proc=dict(ext_proc),
+        shots=[s for r in runs for s in r.shots],
+        workload=first.workload,
+        spacing_ms=first.spacing_ms,
+        backends=backends,
+        endpoints=dict(endpoints),
+    )
+
+
+# ---- the plan ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Case:
+    workload: str
+    spacing_ms: float
+    configs: tuple[str, ...]
+
+    @property
+    def title(self) -> str:
+        return f"{self.workload}, spacing {self.spacing_ms:g} ms"
+
+
+def run_all(pool: Pool, cases: Sequence[Case], args: argparse.Namespace) -> list[PoolRun]:
+    results: list[PoolRun] = []
+    for ci, case in enumerate(cases):
+        if case.workload == "overload":
+            burst = plan_burst(
+                args.requests, args.prompt_tokens, args.max_tokens, case.spacing_ms, args.mix
+            )
+        else:
+            burst = plan_burst(
+                args.shared_requests,
+                args.system_tokens,
+                args.shared_max_tokens,
+                case.spacing_ms,
+                "standard=1",
+            )
+        for r in range(args.rounds):
+            k = r % len(case.configs)
+            order = case.configs[k:] + case.configs[:k]
+            for config in order:
+                pool.restart_ice("none" if config == "rr" else config)
+                seed = 10_000_000 * (ci + 1) + 100_000 * (r + 1) + 10_000 * CONFIGS.index(config)
+                if case.workload == "overload":
+                    bodies = [request_body(p, pool.model, seed + p.index) for p in burst]
+                else:
+                    bodies = shared_bodies(
+                        burst,
+                        pool.model,
+                        seed,
+                        prompts=args.system_prompts,
+                        system_tokens=args.system_tokens,
+                        question_tokens=args.question_tokens,
+                    )
+                target, admin = pool.target(config)
+                result = asyncio.run(
+                    run_pool(
+                        config=config,
+                        workload=case.workload,
+                        round_no=r + 1,
+                        spacing_ms=case.spacing_ms,
+                        target=target,
+                        admin_port=admin,
+                        pool=pool,
+                        burst=burst,
+                        bodies=bodies,
+                        sample_s=args.sample_ms / 1000,
+                    )
+                )
+                results.append(result)
+                print(
+                    f"[endpoint_pick] {case.title} r{r + 1} {config}: {one_line(result)}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    for url in pool.metrics_urls:
+        wait_idle(url)
+    return results
+
+
+def tables(results: Sequence[PoolRun], cases: Sequence[Case]) -> str:
+    out = []
+    for case in cases:
+        runs = [
+            r for r in results if r.workload == case.workload and r.spacing_ms == case.spacing_ms
+        ]
+        if not runs:
+            continue
+        rows = OVERLOAD_ROWS if case.workload == "overload" else SHARED_ROWS
+        totals = [aggregate([r for r in runs if r.mode == c]) for c in case.configs]
+        out.append(f"## {case.title}: per run\n\n{table(runs, rows)}\n")
+        heads = [f"all {t.mode}" for t in sorted(totals, key=lambda t: (t.round, t.mode))]
+        out.append(f"## {case.title}: all rounds pooled\n\n{table(totals, rows, heads)}\n")
+    return "\n".join(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--workloads", default=",".join(WORKLOADS), help="overload,shared")
+    ap.add_argument("--configs", default=",".join(CONFIGS), help="overload: rr,none,ice")
+    ap.add_argument("--shared-configs", default=",".join(SHARED_CONFIGS), help="shared: none,ice")
+    ap.add_argument("--requests", type=int, default=REQUESTS)
+    ap.add_argument("--prompt-tokens", type=int, default=PROMPT_TOKENS, help="filler words")
+    ap.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
+    ap.add_argument("--spacings", default=",".join(f"{s:g}" for s in SPACINGS), help="ms")
+    ap.add_argument("--mix", default=MIX, help="priority weights, e.g. standard=3,sheddable=2")
+    ap.add_argument("--shared-requests", type=int, default=SHARED_REQUESTS)
+    ap.add_argument("--shared-spacing-ms", type=float, default=SHARED_SPACING_MS)
+    ap.add_argument("--system-prompts", type=int, default=SYSTEM_PROMPTS)
+    ap.add_argument("--system-tokens", type=int, default=SYSTEM_TOKENS, help="filler words")
+    ap.add_argument("--question-tokens", type=int, default=QUESTION_TOKENS, help="filler words")
+    ap.add_argument("--shared-max-tokens", type=int, default=SHARED_MAX_TOKENS)
+    ap.add_argument("--sample-ms", type=float, default=100.0)
+    ap.add_argument("--policy", type=Path, default=POLICY)
+    ap.add_argument("--workdir", type=Path, default=None, help="logs (default: a temp dir)")
+    ap.add_argument("--vllm-arg", action="append", default=[], help="to both vllm serve")
+    ap.add_argument("--json", type=Path, default=None, help="write the full report here")
+    args = ap.parse_args(argv)
+
+    def configs(spec: str) -> tuple[str, ...]:
+        chosen = tuple(c for c in spec.split(",") if c)
+        bad = [c for c in chosen if c not in CONFIGS]
+        if bad:
+            ap.error(f"unknown config(s) {bad}: choose from {CONFIGS}")
+        return chosen
+
+    workloads = [w for w in args.workloads.split(",") if w]
+    cases: list[Case] = []
+    if "overload" in workloads:
+        cases += [
+            Case("overload", float(s), configs(args.configs)) for s in args.spacings.split(",")
+        ]
+    if "shared" in workloads:
+        cases.append(Case("shared", args.shared_spacing_ms, configs(args.shared_configs)))
+    started = datetime.datetime.now(datetime.UTC)
+    t0 = time.monotonic()
+    with contextlib.ExitStack() as es:
+        workdir = args.workdir or Path(es.enter_context(tempfile.TemporaryDirectory()))
+        with pool_setup(workdir, policy=args.policy, vllm_args=args.vllm_arg) as pool:
+            results = run_all(pool, cases, args)
+            ice_starts = pool.ice_starts_s
+    elapsed = time.monotonic() - t0
+    text = tables(results, cases)
+    print(text)
+    print(
+        f"{len(results)} runs in {elapsed:.0f} s (started {started:%Y-%m-%d %H:%M} UTC, "
+        f"{os.cpu_count()} CPUs, {platform.platform()}); ICE starts {ice_starts} s"
+    )
+    if args.json is not None:
+        report = {
+            "started_utc": started.isoformat(timespec="seconds"),
+            "elapsed_s": round(elapsed, 1),
+            "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+            "ice_starts_s": ice_starts,
+            "runs": [
+                {
+                    "summary": r.summary(),
+                    "backends": [asdict(b) for b in r.backends],
+                    "ext_proc": r.ext_proc,
+                    "endpoints": r.endpoints,
+                    "shots": [asdict(s) for s in r.shots],
+                    "timelines": {k: [asdict(s) for s in v] for k, v in r.timelines.items()},
+                }
+                for r in results
+            ],
+        }
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

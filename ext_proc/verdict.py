@@ -1,0 +1,80 @@
+"""What the pipeline knows of one request between its ext_proc messages, and its verdict.
+
+``HeaderFacts`` (the headers phase, kept for the body phase), ``PendingTruncation`` and
+``BodyVerdict`` (the body phase's result: decision, features, outcome, placement) are plain
+data: a ``BodyVerdict`` travels back from the offload helper. ``make_verdict`` plans a
+decision's outcome and names its placement (``ext_proc.placement``) on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from ext_proc.decision import Decision
+from ext_proc.placement import H_ENDPOINT, Placement
+from ext_proc.plan import Continue, Outcome, Respond, plan
+from ext_proc.policy.model import Priority
+from ext_proc.schemas import RequestFeatures, SchemaAdapter
+
+if TYPE_CHECKING:
+    from ext_proc.truncate.units import Conversation
+
+__all__ = ["BodyVerdict", "HeaderFacts", "PendingTruncation", "make_verdict"]
+
+
+@dataclass(slots=True)
+class HeaderFacts:
+    """What the request headers said, kept for the body phase."""
+
+    adapter: SchemaAdapter | None = None
+    priority: Priority = "standard"
+    strip: list[str] = field(default_factory=list)
+    answer: Respond | None = None  # set when the request is answered without its body
+    skip_body: bool = False  # not an inference request: do not send the body to ICE
+    endpoint: str | None = None  # x-gateway-destination-endpoint (endpoint_pick: header)
+
+
+@dataclass(frozen=True, slots=True)
+class PendingTruncation:
+    """What ``finish_truncation`` needs: the request's units (built where the body was
+    decoded, possibly the offload helper) and the original bytes."""
+
+    conversation: Conversation
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class BodyVerdict:
+    """A body-phase result: the decision (None when the body broke the API and ``bad`` holds
+    the reason code) and its outcome. With ``pending`` set the decision is a ``Truncate``
+    and ``outcome`` a placeholder: ``Pipeline.finish_truncation`` makes the real verdict."""
+
+    decision: Decision | None
+    features: RequestFeatures | None
+    outcome: Outcome
+    bad: str | None = None
+    pending: PendingTruncation | None = None
+    placement: Placement | None = None  # where it was judged (and, when ICE picks, sent)
+
+
+def make_verdict(
+    decision: Decision,
+    features: RequestFeatures,
+    adapter: SchemaAdapter,
+    body: bytes,
+    placement: Placement,
+) -> BodyVerdict:
+    """The verdict with its planned outcome, which names the placement (and, when ICE picked
+    the endpoint of a request that goes on, tells Envoy where to send it)."""
+    outcome = plan(decision, adapter, body, features)
+    if isinstance(outcome, Continue):
+        extra = placement.headers()
+        if extra:
+            lb = placement.endpoint if placement.picked else None
+            outcome = replace(outcome, headers=outcome.headers + extra, lb_endpoint=lb)
+    else:
+        extra = [h for h in placement.headers() if h[0] == H_ENDPOINT]
+        if extra:
+            outcome = replace(outcome, headers=outcome.headers + extra)
+    return BodyVerdict(decision, features, outcome, placement=placement)
