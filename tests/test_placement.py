@@ -234,3 +234,27 @@ def test_prefix_key_is_the_system_prompt_and_tools() -> None:
     assert prefix_key("openai.chat", a) == prefix_key("openai.chat", b)
     assert prefix_key("openai.chat", a) != prefix_key("openai.chat", c)
     assert prefix_key("openai.chat", {"messages": [{"role": "user", "content": "x"}]}) is None
+
+
+def test_an_endpoint_that_leaves_the_pool_leaves_the_affinity_table() -> None:
+    snap = pool(full_usage=0.0, idle_usage=0.0)
+    pipeline, first = judge("ice", snap, max_tokens=100, system="Shared system prompt.")
+    went = headers_of(first)["x-ice-endpoint"]
+    table = pipeline.placer._affinity["default"]
+    assert len(table) == 1
+    # the next view has only the other backend: the prefix's entry is forgotten
+    other = next(b for b in snap.backends if not b.url.startswith(f"http://{went}"))
+    pipeline.lookup = lambda _p: PoolSnapshot(
+        pool="default", backends=(other,), taken_at_s=time.monotonic()
+    )
+    again = judge_with(pipeline, max_tokens=100, system="Shared system prompt.")
+    assert headers_of(again)["x-ice-endpoint"] != went
+    assert (
+        table.get(
+            prefix_key(
+                "openai.chat",
+                {"messages": [{"role": "system", "content": "Shared system prompt."}]},
+            )
+        )
+        != went
+    )
