@@ -73,6 +73,7 @@ import datetime
 import json
 import os
 import platform
+import random
 import sys
 import tempfile
 import time
@@ -129,12 +130,15 @@ SPACINGS = (250.0, 0.0)
 LABELS = ("A", "B")
 # The shared workload (module docstring: why ~900 tokens).
 SHARED_REQUESTS = 24
-SHARED_SPACING_MS = 1000.0
-SYSTEM_PROMPTS = 3
+SHARED_SPACING_MS = 500.0
+SYSTEM_PROMPTS = "3,6"
 SYSTEM_TOKENS = 900
 QUESTION_TOKENS = 40
 SHARED_MAX_TOKENS = 32
 H_ENDPOINT = "x-ice-endpoint"
+# Each vLLM's model worker on a core of its own (module docstring: with vLLM's ``auto``
+# binding both workers share core 0 and one of them stalls).
+BINDS: tuple[str | None, ...] = ("0", "1")
 
 
 @dataclass
@@ -164,20 +168,25 @@ def _ab(values: Sequence[Any]) -> str:
 class PoolRun(RunResult):
     """A ``RunResult`` over a pool: ``mode`` is the config, plus each backend's deltas."""
 
+    case: str = ""  # Case.title
     workload: str = ""
     spacing_ms: float = 0.0
     backends: list[BackendDelta] = field(default_factory=list)
     endpoints: dict[str, int] = field(default_factory=dict)  # x-ice-endpoint label → replies
+    stale_views: int = 0  # replies judged on a stale or no view (x-ice-stale, pressure unknown)
     timelines: dict[str, list[Sample]] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         s = super().summary()
         b = self.backends
+        ok = [x for x in self.shots if x.status == 200 and x.error is None]
         hits = sum(x.prefix_hits for x in b)
         queries = sum(x.prefix_queries for x in b)
         s.update(
             {
+                "case": self.case,
                 "workload": self.workload,
+                "stale_views": self.stale_views,
                 "spacing_ms": self.spacing_ms,
                 "preemptions_ab": _ab([x.preemptions for x in b]),
                 "finished_ab": _ab([x.finished for x in b]),
@@ -189,6 +198,9 @@ class PoolRun(RunResult):
                 "kv_usage_max_ab": _ab([round(x.kv_usage_max, 2) for x in b]),
                 "prefix_hit_rate": _rate(hits, queries),
                 "prefix_hit_rate_ab": _ab([_rate(x.prefix_hits, x.prefix_queries) for x in b]),
+                "prompt_tokens_mean": round(sum(x.prompt_tokens for x in ok) / len(ok))
+                if ok
+                else None,
                 "prefix_hits_tokens": int(hits),
                 "prefix_queries_tokens": int(queries),
             }
@@ -205,7 +217,7 @@ OVERLOAD_ROWS: tuple[tuple[str, str], ...] = (
     ("preemptions", "vLLM preemptions (A+B)"),
     ("preemptions_ab", "vLLM preemptions A/B"),
     ("finished_ab", "finished on vLLM A/B"),
-    ("picked_ab", "x-ice-endpoint A/B"),
+    ("picked_ab", "x-ice-endpoint A/B (all replies)"),
     ("wait_p50_s", "200 TTFT p50 (s)"),
     ("wait_p95_s", "200 TTFT p95 (s)"),
     ("wait_max_s", "200 TTFT max (s)"),
@@ -218,6 +230,7 @@ OVERLOAD_ROWS: tuple[tuple[str, str], ...] = (
     ("running_max_ab", "vLLM running max A/B"),
     ("kv_usage_max_ab", "vLLM KV usage max A/B"),
     ("unjudged", "Envoy fail-open (unjudged)"),
+    ("stale_views", "ICE judged on a stale view"),
 )
 SHARED_ROWS: tuple[tuple[str, str], ...] = (
     ("requests", "requests"),
@@ -226,10 +239,11 @@ SHARED_ROWS: tuple[tuple[str, str], ...] = (
     ("other", "other errors"),
     ("prefix_hit_rate", "prefix-cache hit rate (A+B)"),
     ("prefix_hit_rate_ab", "prefix-cache hit rate A/B"),
+    ("prompt_tokens_mean", "prompt tokens / request (mean)"),
     ("prefix_hits_tokens", "prefix hits (tokens, A+B)"),
     ("prefix_queries_tokens", "prefix queries (tokens, A+B)"),
     ("finished_ab", "finished on vLLM A/B"),
-    ("picked_ab", "x-ice-endpoint A/B"),
+    ("picked_ab", "x-ice-endpoint A/B (all replies)"),
     ("wait_p50_s", "200 TTFT p50 (s)"),
     ("wait_p95_s", "200 TTFT p95 (s)"),
     ("ok_p50_s", "200 latency p50 (s)"),
@@ -286,7 +300,9 @@ class Pool:
             metrics_address=self.ice_metrics,
         )
         deadline = time.monotonic() + 30
-        while not _judged_once(self.envoy_url, self.model):  # Envoy reconnected, ICE scraped
+        while not _judged_once(
+            self.envoy_url, self.model, endpoint_pick == "ice"
+        ):  # Envoy reconnected, ICE scraped
             if time.monotonic() > deadline:
                 raise RuntimeError(f"ICE not judging after restart\n{self.stack.log_tails()}")
             time.sleep(0.2)
@@ -305,36 +321,65 @@ def _post(base: str, model: str, content: str) -> dict[str, str]:
         return {k.lower(): v for k, v in resp.headers.items()}
 
 
-def _judged_once(envoy_url: str, model: str) -> bool:
+def _judged_once(envoy_url: str, model: str, picking: bool) -> bool:
+    """One short chat through Envoy came back judged (and, ``picking``, with a pick)."""
     try:
         headers = _post(envoy_url, model, "warm up")
     except OSError:
         return False
-    return bool(headers.get("x-ice-decision"))
+    return bool(headers.get("x-ice-decision")) and (not picking or H_ENDPOINT in headers)
 
 
 def pool_policy(template: Path, out: Path, urls: Sequence[str], mode: str, model_dir: Path) -> Path:
-    """``template`` rendered by ``render_policy``, its pools scraping all ``urls``, ``mode``."""
+    """``template`` rendered by ``render_policy``, its pools scraping all ``urls`` with
+    ``endpoint_pick: mode``, semantic truncation off."""
     port = int(urls[0].rsplit(":", 1)[1].split("/", 1)[0])
     render_policy(template, out, port, model_dir)
     policy: dict[str, Any] = yaml.safe_load(out.read_text())
     for pool in policy.get("pools", {}).values():
         pool["metrics_urls"] = list(urls)
         pool["endpoint_pick"] = mode
+    for profile in policy.get("profiles", {}).values():
+        # Single-turn requests: nothing to truncate, same verdicts; ICE starts in ~1 s, not ~9
+        # s (no embedding worker), so every run can have a fresh ICE.
+        if isinstance(profile.get("truncation"), dict):
+            profile["truncation"]["enabled"] = False
     out.write_text(yaml.safe_dump(policy, sort_keys=False))
     return out
 
 
 @contextlib.contextmanager
+def _env(key: str, value: str | None) -> Iterator[None]:
+    """``os.environ[key]`` = ``value`` (None: as it is) inside the block (``start_server``
+    copies the environment when it starts vLLM)."""
+    old = os.environ.get(key)
+    if value is not None:
+        os.environ[key] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = old
+
+
+@contextlib.contextmanager
 def pool_setup(
-    workdir: Path, *, policy: Path = POLICY, vllm_args: Sequence[str] = ()
+    workdir: Path,
+    *,
+    policy: Path = POLICY,
+    vllm_args: Sequence[str] = (),
+    binds: Sequence[str | None] = BINDS,
 ) -> Iterator[Pool]:
-    """Two vLLMs (sequential starts), both Envoys; ICE starts with ``restart_ice``."""
+    """Two vLLMs (sequential starts), both Envoys; ICE starts with ``restart_ice``.
+
+    ``binds``: each vLLM's ``VLLM_CPU_OMP_THREADS_BIND`` (None: vLLM's own ``auto``)."""
     workdir.mkdir(parents=True, exist_ok=True)
     vl.ensure_model(vl.DEFAULT_MODEL_DIR)
     with contextlib.ExitStack() as es:
         servers = []
-        for label in LABELS:
+        for label, bind in zip(LABELS, binds, strict=True):
             # Own scratch per server: ``close`` removes the sockets it finds in its scratch.
             cfg = vl.ServeConfig(
                 port=vl.free_port(),
@@ -342,7 +387,8 @@ def pool_setup(
                 extra_args=tuple(vllm_args),
             )
             log = workdir / f"vllm-{label}.log"
-            servers.append(es.enter_context(vl.start_server(cfg, log_path=log)))
+            with _env("VLLM_CPU_OMP_THREADS_BIND", bind):
+                servers.append(es.enter_context(vl.start_server(cfg, log_path=log)))
             print(
                 f"[endpoint_pick] vLLM {label} on {cfg.port} up in {servers[-1].startup_s:.1f} s",
                 file=sys.stderr,
@@ -389,6 +435,16 @@ def pool_setup(
 # ---- one run -----------------------------------------------------------------------------
 
 
+def prompt_order(requests: int, prompts: int) -> list[int]:
+    """Which system prompt each request gets: each equally often (± 1), in a shuffled order
+    that is the same for every run (a seed of its own). Not ``i mod prompts``: that aliases
+    with round robin over two endpoints (an even count of prompts splits into two disjoint
+    halves, one per endpoint: perfect affinity by accident)."""
+    order = [i % prompts for i in range(requests)]
+    random.Random(f"prompts:{requests}:{prompts}").shuffle(order)
+    return order
+
+
 def shared_bodies(
     burst: Sequence[Planned],
     model: str,
@@ -398,13 +454,15 @@ def shared_bodies(
     system_tokens: int,
     question_tokens: int,
 ) -> list[dict[str, Any]]:
-    """``request_body`` with messages [system prompt i mod ``prompts``, question i]."""
+    """``request_body`` with messages [system prompt ``prompt_order``[i], question i]; the
+    texts are fresh per ``seed``, the order of prompts is not."""
     systems = [vl.filler_text(system_tokens, seed + k) for k in range(prompts)]
+    order = prompt_order(len(burst), prompts)
     bodies = []
     for p in burst:
         body = request_body(p, model, seed)
         body["messages"] = [
-            {"role": "system", "content": systems[p.index % prompts]},
+            {"role": "system", "content": systems[order[p.index]]},
             {"role": "user", "content": vl.filler_text(question_tokens, seed + 1000 + p.index)},
         ]
         bodies.append(body)
@@ -414,6 +472,7 @@ def shared_bodies(
 async def run_pool(
     *,
     config: str,
+    case: str,
     workload: str,
     round_no: int,
     spacing_ms: float,
@@ -427,13 +486,17 @@ async def run_pool(
     """``burst`` (with ``bodies``) sent open-loop to ``target``; both vLLMs watched."""
     labels = dict(zip(pool.addresses, LABELS, strict=True))
     seen: Counter[str] = Counter()
+    views: Counter[str] = Counter()
 
     async def on_end(
         _s: aiohttp.ClientSession, _c: types.SimpleNamespace, params: aiohttp.TraceRequestEndParams
     ) -> None:
-        endpoint = params.response.headers.get(H_ENDPOINT)
+        headers = params.response.headers
+        endpoint = headers.get(H_ENDPOINT)
         if endpoint:
             seen[labels.get(endpoint, endpoint)] += 1
+        if headers.get("x-mem-pressure") == "unknown" or headers.get("x-ice-stale"):
+            views["stale"] += 1  # judged without a fresh view: no pick either
 
     trace = aiohttp.TraceConfig()
     trace.on_request_end.append(on_end)
@@ -505,10 +568,12 @@ async def run_pool(
         kv_usage_max=max(b.kv_usage_max for b in backends),
         ext_proc={k: stats1.get(k, 0) - stats0.get(k, 0) for k in stats1},
         shots=shots,
+        case=case,
         workload=workload,
         spacing_ms=spacing_ms,
         backends=backends,
         endpoints=dict(seen),
+        stale_views=views["stale"],
         timelines={LABELS[i]: t for i, t in enumerate(timelines)},
     )
 
@@ -557,10 +622,12 @@ def aggregate(runs: Sequence[PoolRun]) -> PoolRun:
         kv_usage_max=max(r.kv_usage_max for r in runs),
         ext_proc=dict(ext_proc),
         shots=[s for r in runs for s in r.shots],
+        case=first.case,
         workload=first.workload,
         spacing_ms=first.spacing_ms,
         backends=backends,
         endpoints=dict(endpoints),
+        stale_views=sum(r.stale_views for r in runs),
     )
 
 
@@ -569,13 +636,18 @@ def aggregate(runs: Sequence[PoolRun]) -> PoolRun:
 
 @dataclass(frozen=True)
 class Case:
+    """One workload at one setting, run ``--rounds`` times in each of ``configs``."""
+
     workload: str
     spacing_ms: float
     configs: tuple[str, ...]
+    prompts: int = 0  # shared: how many system prompts
 
     @property
     def title(self) -> str:
-        return f"{self.workload}, spacing {self.spacing_ms:g} ms"
+        if self.workload == "shared":
+            return f"shared, {self.prompts} system prompts, spacing {self.spacing_ms:g} ms"
+        return f"overload, spacing {self.spacing_ms:g} ms"
 
 
 def run_all(pool: Pool, cases: Sequence[Case], args: argparse.Namespace) -> list[PoolRun]:
@@ -606,7 +678,7 @@ def run_all(pool: Pool, cases: Sequence[Case], args: argparse.Namespace) -> list
                         burst,
                         pool.model,
                         seed,
-                        prompts=args.system_prompts,
+                        prompts=case.prompts,
                         system_tokens=args.system_tokens,
                         question_tokens=args.question_tokens,
                     )
@@ -614,6 +686,7 @@ def run_all(pool: Pool, cases: Sequence[Case], args: argparse.Namespace) -> list
                 result = asyncio.run(
                     run_pool(
                         config=config,
+                        case=case.title,
                         workload=case.workload,
                         round_no=r + 1,
                         spacing_ms=case.spacing_ms,
@@ -639,9 +712,7 @@ def run_all(pool: Pool, cases: Sequence[Case], args: argparse.Namespace) -> list
 def tables(results: Sequence[PoolRun], cases: Sequence[Case]) -> str:
     out = []
     for case in cases:
-        runs = [
-            r for r in results if r.workload == case.workload and r.spacing_ms == case.spacing_ms
-        ]
+        runs = [r for r in results if r.case == case.title]
         if not runs:
             continue
         rows = OVERLOAD_ROWS if case.workload == "overload" else SHARED_ROWS
@@ -665,7 +736,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--mix", default=MIX, help="priority weights, e.g. standard=3,sheddable=2")
     ap.add_argument("--shared-requests", type=int, default=SHARED_REQUESTS)
     ap.add_argument("--shared-spacing-ms", type=float, default=SHARED_SPACING_MS)
-    ap.add_argument("--system-prompts", type=int, default=SYSTEM_PROMPTS)
+    ap.add_argument(
+        "--system-prompts", default=SYSTEM_PROMPTS, help="shared: prompt counts, one case each"
+    )
     ap.add_argument("--system-tokens", type=int, default=SYSTEM_TOKENS, help="filler words")
     ap.add_argument("--question-tokens", type=int, default=QUESTION_TOKENS, help="filler words")
     ap.add_argument("--shared-max-tokens", type=int, default=SHARED_MAX_TOKENS)
@@ -690,7 +763,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             Case("overload", float(s), configs(args.configs)) for s in args.spacings.split(",")
         ]
     if "shared" in workloads:
-        cases.append(Case("shared", args.shared_spacing_ms, configs(args.shared_configs)))
+        cases += [
+            Case("shared", args.shared_spacing_ms, configs(args.shared_configs), int(k))
+            for k in args.system_prompts.split(",")
+        ]
     started = datetime.datetime.now(datetime.UTC)
     t0 = time.monotonic()
     with contextlib.ExitStack() as es:

@@ -332,7 +332,7 @@ class Pipeline:
         views = self.views
         mode = self._pick.get(route.pool, "none")
         kv, placement = self.placer.place(
-            mode, route.profile, snapshot, features, facts.endpoint, prefix
+            mode, route.profile, snapshot, features, facts.endpoint, prefix, facts.subset
         )
         decision = evaluate(
             features,

@@ -5,7 +5,9 @@ Per the pool's ``endpoint_pick``:
 - ``none``: Envoy's load balancer places the request anywhere, so it is judged against the
   endpoint with the least room (``PoolViews.room`` without an endpoint); nothing is said to
   Envoy.
-- ``ice``: ``picking.pick`` chooses among the endpoints where the request fits now (its
+- ``ice``: ``picking.pick`` chooses among the endpoints (only those of the request's
+  subset hint, ``envoy.lb.subset_hint``, when it carries one; none of them known: not
+  picked, judged as the pool's worst) where the request fits now (its
   blocks at the requested output, all sequences, against each endpoint's free blocks less
   that endpoint's ledger): prefix affinity, then the most room after admission, then the
   shortest queue. When it fits nowhere it is judged against the endpoint with the most free
@@ -72,6 +74,7 @@ class Placer:
         features: RequestFeatures,
         named: str | None = None,
         prefix: str | None = None,
+        subset: frozenset[str] | None = None,
     ) -> tuple[KvFit | None, Placement]:
         """The KV room to judge the request against, and the placement it stands for."""
         views = self.views
@@ -84,6 +87,8 @@ class Placer:
         if mode != "ice" or snapshot is None:
             return views.room(profile, snapshot), Placement()
         candidates = views.candidates(profile, snapshot)
+        if subset is not None:  # the protocol's subset hint: pick only among those
+            candidates = [(e, fit) for e, fit in candidates if e.endpoint in subset]
         if not candidates:
             return views.room(profile, snapshot), Placement()
         affinity = self._affinity_for(snapshot)

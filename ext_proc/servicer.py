@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -48,7 +49,8 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             phase = request.WhichOneof("request")
             try:
                 if phase == "request_headers":
-                    facts, response = self._headers(route, request.request_headers)
+                    subset = _subset_hint(request.metadata_context)
+                    facts, response = self._headers(route, request.request_headers, subset)
                 elif phase == "request_body":
                     verdict = await self._judge(route, facts, request.request_body)
                     if verdict is not None and verdict.pending is not None:
@@ -67,10 +69,11 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             yield response
 
     def _headers(
-        self, route: Route, headers: pb.HttpHeaders
+        self, route: Route, headers: pb.HttpHeaders, subset: frozenset[str] | None = None
     ) -> tuple[HeaderFacts, pb.ProcessingResponse]:
         pairs = ((h.key, h.raw_value or h.value.encode()) for h in headers.headers.headers)
         facts = self.pipeline.on_headers(route, pairs, headers.end_of_stream)
+        facts.subset = subset
         if facts.answer is not None:
             return facts, render.render_immediate(facts.answer)
         if facts.skip_body:
@@ -129,6 +132,32 @@ def _extend_timeout(route: Route) -> pb.ProcessingResponse:
     response = pb.ProcessingResponse()
     response.override_message_timeout.FromMilliseconds(ms)
     return response
+
+
+SUBSET_NAMESPACE = "envoy.lb.subset_hint"
+SUBSET_KEY = "x-gateway-destination-endpoint-subset"
+
+
+def _subset_hint(metadata: Any) -> frozenset[str] | None:
+    """The endpoint-picker protocol's subset hint (filter metadata ``envoy.lb.subset_hint`` /
+    ``x-gateway-destination-endpoint-subset``: a list of ip:port, or one comma-separated
+    string), forwarded by Envoy's ``metadata_options.forwarding_namespaces``; None: no hint."""
+    namespaces = metadata.filter_metadata
+    if SUBSET_NAMESPACE not in namespaces:
+        return None
+    fields = namespaces[SUBSET_NAMESPACE].fields
+    if SUBSET_KEY not in fields:
+        return None
+    value = fields[SUBSET_KEY]
+    kind = value.WhichOneof("kind")
+    if kind == "list_value":
+        items = [v.string_value for v in value.list_value.values]
+    elif kind == "string_value":
+        items = value.string_value.split(",")
+    else:
+        return None
+    hint = frozenset(i.strip() for i in items if i.strip())
+    return hint or None
 
 
 def _continue(phase: str | None) -> pb.ProcessingResponse:

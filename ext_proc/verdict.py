@@ -33,6 +33,7 @@ class HeaderFacts:
     answer: Respond | None = None  # set when the request is answered without its body
     skip_body: bool = False  # not an inference request: do not send the body to ICE
     endpoint: str | None = None  # x-gateway-destination-endpoint (endpoint_pick: header)
+    subset: frozenset[str] | None = None  # the picker protocol's subset hint (envoy.lb)
 
 
 @dataclass(frozen=True, slots=True)

@@ -258,3 +258,45 @@ def test_an_endpoint_that_leaves_the_pool_leaves_the_affinity_table() -> None:
         )
         != went
     )
+
+
+def test_ice_picks_only_within_the_subset_hint() -> None:
+    snap = pool()
+    pipeline = Pipeline(parse_policy(policy_text("ice")), lambda _p: snap)
+    route = pipeline.router.resolve([])
+    pairs = [(":path", b"/v1/chat/completions"), (":method", b"POST")]
+    body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1900})
+    facts = pipeline.on_headers(route, pairs, end_of_stream=False)
+    facts.subset = frozenset({"10.0.0.1:8000"})  # only the full one is allowed
+    v = pipeline.on_body(route, facts, body.encode())
+    assert v is not None and v.decision is not None
+    assert headers_of(v)["x-ice-endpoint"] == "10.0.0.1:8000"
+    assert v.decision.decision == "downgrade"  # fits there only downgraded (8 blocks)
+    facts.subset = frozenset({"10.9.9.9:1"})  # none known: not picked, judged as the worst
+    v = pipeline.on_body(route, facts, body.encode())
+    assert v is not None and "x-ice-endpoint" not in headers_of(v)
+
+
+def test_the_subset_hint_is_read_from_forwarded_metadata() -> None:
+    from envoy.config.core.v3 import base_pb2
+    from google.protobuf import struct_pb2
+
+    from ext_proc.servicer import _subset_hint
+
+    def metadata(value: object) -> base_pb2.Metadata:
+        md = base_pb2.Metadata()
+        hint = struct_pb2.Struct()
+        hint.update({"x-gateway-destination-endpoint-subset": value})
+        md.filter_metadata["envoy.lb.subset_hint"].CopyFrom(hint)
+        return md
+
+    assert _subset_hint(metadata(["10.0.0.1:8000", "10.0.0.2:8000"])) == {
+        "10.0.0.1:8000",
+        "10.0.0.2:8000",
+    }
+    assert _subset_hint(metadata("10.0.0.1:8000, 10.0.0.2:8000")) == {
+        "10.0.0.1:8000",
+        "10.0.0.2:8000",
+    }
+    assert _subset_hint(base_pb2.Metadata()) is None
+    assert _subset_hint(metadata(5)) is None

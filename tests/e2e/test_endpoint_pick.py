@@ -80,6 +80,7 @@ def pool_stack(
     *,
     dead_endpoint: bool = False,
     epp_header: bool = False,
+    subset_of: str = "",
 ) -> Iterator[Pool]:
     """Two dev backends (FULL, ROOMY) in one pool; with ``dead_endpoint`` a third backend's
     metrics (idle) are mapped to a closed port that is also in Envoy's backend cluster."""
@@ -135,6 +136,24 @@ def pool_stack(
                 },
             }
             http.insert(1, epp)
+        if subset_of:  # a stand-in gateway that hints the subset: only that backend
+            filters = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"]
+            http = filters[0]["typed_config"]["http_filters"]
+            address = f"127.0.0.1:{ports[subset_of]}"
+            hint = {
+                "name": "envoy.filters.http.set_metadata",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.set_metadata"
+                    ".v3.Config",
+                    "metadata": [
+                        {
+                            "metadata_namespace": "envoy.lb.subset_hint",
+                            "value": {"x-gateway-destination-endpoint-subset": [address]},
+                        }
+                    ],
+                },
+            }
+            http.insert(1, hint)
         stack.start_envoy(config, admin_port)
         p = Pool(stack, envoy_port, ports, dead if dead_endpoint else "")
         p.backend_call("full", "PUT", "/_dev/state", FULL)
@@ -217,3 +236,13 @@ def test_ice_killed_under_load_fails_open_to_round_robin_without_a_loop(
         assert all(r.header("x-ice-decision") is None for r in replies)  # unjudged, fail-open
         full, roomy = len(pool.received("full")), len(pool.received("roomy"))
         assert (full, roomy) == (5, 5)  # round robin; nothing went back into Envoy
+
+
+def test_ice_mode_honours_the_subset_hint_of_a_gateway_filter(tmp_path: Path) -> None:
+    # the hint allows only FULL: ICE picks it (where the request fits only downgraded)
+    with pool_stack(tmp_path, "ice", subset_of="full") as pool:
+        reply = pool.post(BODY)
+        assert reply.status == 200, reply
+        assert reply.header("x-ice-endpoint") == f"127.0.0.1:{pool.backends['full']}"
+        assert reply.header("x-ice-decision") == "downgrade"
+        assert len(pool.received("full")) == 1 and pool.received("roomy") == []
