@@ -33,12 +33,18 @@ Workloads:
 1. ``overload``: ``ext_proc.overload``'s burst (``plan_burst`` / ``request_body``): ``--requests``
    streamed chats of ~``--prompt-tokens`` prompt and ``--max-tokens`` output tokens
    (``ignore_eos``), priorities from ``--mix``, open loop, once per ``--spacings`` value (ms
-   between starts; 0 = all at once). On one vLLM this burst preempts ~15 times unjudged.
+   between starts; 0 = all at once). On one vLLM, all at once, it preempts ~15 times unjudged
+   (``bench/overload.py``).
 2. ``shared``: ``--shared-requests`` chats, one every ``--shared-spacing-ms``, each with one of
-   ``--system-prompts`` system prompts of ~``--system-tokens`` tokens (request i gets prompt
-   i mod k) and its own ~``--question-tokens`` user question, ``--shared-max-tokens`` output,
-   all ``standard``. The load is low (nothing should be shed); what differs is where the
-   prompts land, and so vLLM's prefix-cache hits.
+   k system prompts of ~``--system-tokens`` tokens and its own ~``--question-tokens`` user
+   question, ``--shared-max-tokens`` output, all ``standard``; one case per k in
+   ``--system-prompts`` (default 3 and 6). Each prompt is used equally often, in a shuffled
+   order that is the same in every run (``prompt_order``; ``i mod k`` would alias with round
+   robin over two endpoints: an even k splits into two disjoint halves, perfect affinity by
+   accident). The load is low (nothing should be shed); what differs is where the prompts
+   land, and so vLLM's prefix-cache hits. ~900 prompt tokens = 7 full blocks of 128 (965
+   tokens with the chat template and question): 3 prompts (21 blocks) fit one vLLM's 23
+   usable blocks next to one running request, 6 prompts (42) do not.
 
 Per run (``PoolRun``, a ``RunResult`` of ``ext_proc.overload`` with per-backend deltas):
 status of every request, TTFT (first streamed token) p50/p95 of the completed ones
@@ -46,22 +52,74 @@ status of every request, TTFT (first streamed token) p50/p95 of the completed on
 ``vllm:request_success_total`` (where requests ran), ``vllm:prefix_cache_hits_total`` /
 ``vllm:prefix_cache_queries_total`` (tokens; hit rate = Σ hits / Σ queries over A and B);
 sampled every ``--sample-ms``: the peak of waiting, running, KV usage; Envoy's
-``failure_mode_allowed`` (requests that went through unjudged); the ``x-ice-endpoint``
-header of each reply (ICE's pick; absent with ``none``).
+``failure_mode_allowed`` (requests that went through unjudged); from each reply's headers:
+``x-ice-endpoint`` (ICE's pick, also on a 429; absent with ``none``) and whether ICE judged
+on a stale view (``x-ice-stale``, or pressure ``unknown``). The tables show each run and
+then all rounds of a config pooled (shots pooled for quantiles, counters summed).
 
-    .venv/bin/python bench/endpoint_pick.py                       # 2 rounds, both workloads
+    .venv/bin/python bench/endpoint_pick.py                       # 2 rounds, ~4.5 min
     .venv/bin/python bench/endpoint_pick.py --rounds 3 --json out.json
-    .venv/bin/python bench/endpoint_pick.py --workloads shared --rounds 1
+    .venv/bin/python bench/endpoint_pick.py --workloads shared --shared-spacing-ms 150
 
-Needs ``.venv-vllm`` (``make vllm-install``). ~60 s to start both vLLMs, ~10 s per ICE start,
-~20-40 s per overload run, ~30 s per shared run.
+Needs ``.venv-vllm`` (``make vllm-install``): ~20-25 s to start each vLLM (one after the
+other), ~1 s per ICE start, 2-11 s per overload run, ~12 s per shared run.
 
-Why the shared workload's prompts are ~900 tokens: a vLLM here caches 23 blocks. Three
-prompts of 7 full blocks (21) do not fit one vLLM's cache next to the running requests, so
-round robin, which sends every prompt to both, evicts them (LRU, cyclic order: the prompt
-needed next is the one evicted); two of them fit one vLLM, so prefix affinity keeps each
-prompt's blocks where its requests go. With prompts that all fit one vLLM (``--system-tokens
-400``) round robin only pays one extra miss per prompt and the hit rates come close.
+Set-up choices:
+- Two vLLMs fit this 2-core, 24 GiB machine, but vLLM's CPU worker binds its OpenMP threads
+  (``VLLM_CPU_OMP_THREADS_BIND=auto``) to core 0 and reserves core 1, in both servers. With
+  both workers on core 0, one of the two stalled under the light shared workload: 11 of its
+  12 requests waited for their first token until 1-2 s after the last of them had arrived
+  (TTFT p95 10.5 s vs 0.2 s on the other; 4 of 4 runs, also with requests sent straight to
+  each vLLM, no Envoy). ``--vllm-bind`` (default ``0,1``) gives each worker a core of its own
+  (``VLLM_CPU_OMP_THREADS_BIND`` per server); ``auto,auto`` brings the stall back.
+- ICE's policy has semantic truncation off: every request here is single-turn, so nothing
+  could be dropped and the verdicts are the same; ICE then starts in ~1 s instead of ~9 s
+  (no embedding worker), which lets every run have a fresh ICE.
+- Envoy runs with one worker, so its round robin alternates strictly over the requests it
+  forwards (with ``none`` a 429 is not forwarded and does not advance it).
+
+Results (2 Dec 2026, 2 cores (AMD EPYC), 24 GiB, Envoy 1.40, vLLM 0.32 CPU, tiny model;
+``--rounds 3``, 367 s; all rounds pooled, 72 requests per cell):
+
+| overload burst, 24 × (887 + 200) | rr 250 ms | none 250 | ice 250 | rr 0 ms | none 0 | ice 0 |
+|---|---:|---:|---:|---:|---:|---:|
+| 200 completed              | 72 | 38 | 46 | 72 | 19 | 32 |
+| 429                        | 0 | 34 | 26 | 0 | 53 | 40 |
+| preemptions A+B (A/B)      | 25 (6/19) | 4 (3/1) | 7 (3/4) | 30 (15/15) | 4 (3/1) | 11 (5/6) |
+| finished on A/B            | 36/36 | 18/20 | 24/22 | 36/36 | 9/10 | 14/18 |
+| TTFT p50 of 200s (s)       | 0.60 | 0.26 | 0.36 | 1.96 | 0.98 | 0.91 |
+| TTFT p95 of 200s (s)       | 5.09 | 1.15 | 1.78 | 8.60 | 1.56 | 4.63 |
+
+| shared prompts, 500 ms spacing       | 3 prompts: none | 3: ice | 6 prompts: none | 6: ice |
+|---|---:|---:|---:|---:|
+| prefix-cache hit rate (A+B)          | 0.696 | 0.812 | 0.365 | 0.210 |
+| finished on A/B                      | 36/36 | 72/0 | 36/36 | 72/0 |
+| TTFT p50 / p95 (s)                   | 0.048/0.205 | 0.039/0.148 | 0.059/0.330 | 0.044/0.169 |
+
+What the figures say:
+- ICE in front of two vLLMs cuts preemptions from 25-30 to 4-11 per 72 requests, by shedding.
+  ``none`` judges each request against the endpoint with the least room, so it admits about
+  what one vLLM would (19 of 72 at once); ``ice`` places requests where they fit and
+  completes 20-70 % more (46 vs 38, 32 vs 19), at more preemptions than ``none`` (7 vs 4,
+  11 vs 4) and a longer TTFT tail: it fills both endpoints to the edge of what its view
+  says fits, and the view lags the backends (at 250 ms spacing 13 of 72 replies with
+  ``ice``, 17 with ``none``, were judged on a stale view: ICE's scrapes of two busy vLLMs on
+  2 cores time out now and then).
+- Affinity raised the hit rate only where the prompt set fits one vLLM. At this load the
+  pool is idle whenever a request arrives, so ``picking.pick``'s tie-break (equal room,
+  empty queues → the endpoint name) sends every *new* prefix to the same endpoint and
+  affinity keeps it there: all 72 requests ran on one vLLM, the other idled. With 3 prompts
+  that is the best case (3 cold misses instead of round robin's 6 per 24: 0.812 vs 0.696,
+  the cold-miss ceilings 21/24 and 18/24 × 896/965); with 6 prompts that one vLLM's LRU
+  cache thrashes (0.210) while round robin spreads the set over both caches (0.365). At 150
+  ms spacing (``--shared-spacing-ms 150 --rounds 2``, same day) requests overlap, new prefixes
+  spread (40/8 and 33/15) and affinity won both: 0.812 vs 0.686 (3 prompts), 0.450 vs 0.355
+  (6), with 0 vs 2 and 0 vs 5 requests shed (``none`` judges against the fuller endpoint).
+- The shared TTFTs are short either way: prefill of ~900 tokens on this 2-layer model costs
+  tens of ms, so a cache hit saves little here; ``ice``'s lower TTFT with 6 prompts, at a
+  lower hit rate, probably comes from keeping one vLLM busy (warm), not from the cache.
+- Round to round the overload figures vary (round robin at 250 ms: 7, 6 and 12 preemptions);
+  the shared hit rates repeat exactly, as placement and prompt order are deterministic there.
 """
 
 from __future__ import annotations
@@ -746,6 +804,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--policy", type=Path, default=POLICY)
     ap.add_argument("--workdir", type=Path, default=None, help="logs (default: a temp dir)")
     ap.add_argument("--vllm-arg", action="append", default=[], help="to both vllm serve")
+    ap.add_argument(
+        "--vllm-bind",
+        default=",".join(b or "auto" for b in BINDS),
+        help="VLLM_CPU_OMP_THREADS_BIND of A,B (auto: vLLM's own, both on core 0)",
+    )
     ap.add_argument("--json", type=Path, default=None, help="write the full report here")
     args = ap.parse_args(argv)
 
@@ -771,7 +834,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.monotonic()
     with contextlib.ExitStack() as es:
         workdir = args.workdir or Path(es.enter_context(tempfile.TemporaryDirectory()))
-        with pool_setup(workdir, policy=args.policy, vllm_args=args.vllm_arg) as pool:
+        binds = [None if b == "auto" else b for b in args.vllm_bind.split(",")]
+        if len(binds) != len(LABELS):
+            ap.error(f"--vllm-bind: one value per vLLM ({len(LABELS)})")
+        with pool_setup(workdir, policy=args.policy, vllm_args=args.vllm_arg, binds=binds) as pool:
             results = run_all(pool, cases, args)
             ice_starts = pool.ice_starts_s
     elapsed = time.monotonic() - t0

@@ -138,11 +138,15 @@ class Candidate:
         return self.free_blocks - self.need_blocks
 
 
-def pick(candidates: Iterable[Candidate], affine: str | None = None) -> Candidate | None:
+def pick(
+    candidates: Iterable[Candidate], affine: str | None = None, prefix: str | None = None
+) -> Candidate | None:
     """The endpoint a request goes to, among those where it fits now:
     1. the endpoint its prefix was last sent to (``affine``), when the request fits there;
     2. else the one with the most free blocks left after admitting it;
-    3. ties: the shortest queue, then the endpoint's name (deterministic).
+    3. ties: the shortest queue, then the highest rendezvous hash of (prefix, endpoint), so
+       that new prefixes spread over equally good endpoints instead of all landing on the
+       first (a request without a prefix: the endpoint's name). Deterministic.
     None when it fits nowhere."""
     fitting = [c for c in candidates if c.fits]
     if not fitting:
@@ -156,6 +160,12 @@ def pick(candidates: Iterable[Candidate], affine: str | None = None) -> Candidat
         key=lambda c: (
             -c.room_after,
             c.waiting if c.waiting is not None else float("inf"),
+            -_rendezvous(prefix, c.endpoint) if prefix is not None else 0,
             c.endpoint,
         ),
     )
+
+
+def _rendezvous(prefix: str, endpoint: str) -> int:
+    digest = hashlib.blake2b(f"{prefix}|{endpoint}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")

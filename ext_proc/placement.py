@@ -7,11 +7,12 @@ Per the pool's ``endpoint_pick``:
   Envoy.
 - ``ice``: ``picking.pick`` chooses among the endpoints (only those of the request's
   subset hint, ``envoy.lb.subset_hint``, when it carries one; none of them known: not
-  picked, judged as the pool's worst) where the request fits now (its
-  blocks at the requested output, all sequences, against each endpoint's free blocks less
-  that endpoint's ledger): prefix affinity, then the most room after admission, then the
-  shortest queue. When it fits nowhere it is judged against the endpoint with the most free
-  blocks (the ladder then downgrades or sheds there), and still sent there if it passes.
+  picked, judged as the pool's worst) where the request fits now (its blocks at the
+  requested output, all sequences, against each endpoint's free blocks less that endpoint's
+  ledger): prefix affinity, then the most room after admission, then the shortest queue,
+  then a rendezvous hash of the prefix (new prefixes spread). When it fits nowhere it is
+  judged against the endpoint with the most free blocks (the ladder then downgrades or sheds
+  there), and still sent there if it passes.
 - ``header``: another picker named the endpoint (``x-gateway-destination-endpoint``); it is
   judged against that endpoint; an endpoint the view does not know is judged as the pool's
   worst, and ``x-ice-endpoint`` says ``unknown``.
@@ -104,7 +105,7 @@ class Placer:
             Candidate(e.endpoint, fit.free_blocks, fit.need(shape, wanted), e.waiting)
             for e, fit in candidates
         ]
-        chosen = pick(scored, affinity.get(prefix))
+        chosen = pick(scored, affinity.get(prefix), prefix)
         if chosen is None:  # fits nowhere: judged (and sent) where the most room is
             chosen = max(scored, key=lambda c: (c.free_blocks, c.endpoint))
         fit = next(f for e, f in candidates if e.endpoint == chosen.endpoint)

@@ -300,3 +300,11 @@ def test_the_subset_hint_is_read_from_forwarded_metadata() -> None:
     }
     assert _subset_hint(base_pb2.Metadata()) is None
     assert _subset_hint(metadata(5)) is None
+
+
+def test_new_prefixes_spread_over_equally_good_endpoints() -> None:
+    idle = [Candidate(f"10.0.0.{i}:8000", free_blocks=100, need_blocks=3) for i in (1, 2)]
+    chosen = {pick(idle, prefix=f"prefix-{k}").endpoint for k in range(16)}  # type: ignore[union-attr]
+    assert chosen == {"10.0.0.1:8000", "10.0.0.2:8000"}
+    # the same prefix always lands on the same one
+    assert pick(idle, prefix="p") == pick(list(reversed(idle)), prefix="p")
