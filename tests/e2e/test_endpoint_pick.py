@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -227,15 +228,41 @@ def test_a_picked_endpoint_that_refuses_connections_is_retried_on_another(
 def test_ice_killed_under_load_fails_open_to_round_robin_without_a_loop(
     tmp_path: Path,
 ) -> None:
+    import threading
+
     with pool_stack(tmp_path, "ice") as pool:
-        assert pool.post(BODY).header("x-ice-decision") == "pass"
+        replies: list[Reply] = []
+        errors: list[str] = []
+        stop = threading.Event()
+
+        def load() -> None:  # four clients sending one request after another
+            while not stop.is_set():
+                try:
+                    replies.append(pool.post(BODY))
+                except OSError as e:
+                    errors.append(repr(e))
+                time.sleep(0.05)  # the dev backend keeps its last 1,000 requests
+
+        clients = [threading.Thread(target=load) for _ in range(4)]
+        for c in clients:
+            c.start()
+        time.sleep(1.5)
+        pool.stack.stop("ice", signal.SIGKILL)  # mid-flight
+        time.sleep(2.0)
+        stop.set()
+        for c in clients:
+            c.join(10)
+        assert errors == []
+        assert replies and all(r.status == 200 for r in replies), [r.status for r in replies]
+        judged = [r for r in replies if r.header("x-ice-decision") is not None]
+        unjudged = [r for r in replies if r.header("x-ice-decision") is None]
+        assert judged and unjudged  # ICE judged before the kill, Envoy failed open after
+        # every request reached a backend once: none went back into Envoy
+        assert len(pool.received("full")) + len(pool.received("roomy")) == len(replies)
         pool.clear()
-        pool.stack.stop("ice")
-        replies = [pool.post(BODY) for _ in range(10)]
-        assert [r.status for r in replies] == [200] * 10
-        assert all(r.header("x-ice-decision") is None for r in replies)  # unjudged, fail-open
-        full, roomy = len(pool.received("full")), len(pool.received("roomy"))
-        assert (full, roomy) == (5, 5)  # round robin; nothing went back into Envoy
+        after = [pool.post(BODY) for _ in range(10)]
+        assert [r.status for r in after] == [200] * 10
+        assert (len(pool.received("full")), len(pool.received("roomy"))) == (5, 5)  # round robin
 
 
 def test_ice_mode_honours_the_subset_hint_of_a_gateway_filter(tmp_path: Path) -> None:
