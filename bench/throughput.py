@@ -547,9 +547,7 @@ def run(args: argparse.Namespace) -> list[ConnResult]:
     with tempfile.TemporaryDirectory(prefix="ice-bench-") as tmp, Stack(Path(tmp)) as stack:
         ingress, upstream, admin = free_port(), free_port(), free_port()
         ice_base, metrics_port = free_ports(args.workers), free_port()
-        policy = write_policy(
-            Path(tmp), f"http://127.0.0.1:{upstream}/metrics", args.endpoint_pick
-        )
+        policy = write_policy(Path(tmp), f"http://127.0.0.1:{upstream}/metrics", args.endpoint_pick)
         # ICE first, so Envoy's first health check of the ice cluster finds it serving; ICE's
         # scraper reaches the fast upstream's /metrics once Envoy is up (verify_routes waits).
         ice_addresses = stack.start_ice(

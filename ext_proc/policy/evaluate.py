@@ -70,6 +70,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ext_proc.decision import Decision, Downgrade, Pass, Reject, Truncate
+from ext_proc.policy.kvfit import KvFit, Shape
 from ext_proc.policy.model import Priority, Profile
 from ext_proc.policy.pressure import Pressure
 from ext_proc.policy.scores import DrainInputs, retry_after_s
@@ -90,76 +91,7 @@ __all__ = [
 TRUNCATABLE_SCHEMAS = ("openai.chat", "anthropic.messages")
 
 
-@dataclass(frozen=True, slots=True)
-class Shape:
-    """What the KV arithmetic needs of a request's shape: its prompts grouped by tokens
-    ((tokens, count) pairs), the samples each starts, and the window a stored-context
-    sequence fills (0: none)."""
-
-    groups: tuple[tuple[int, int], ...]
-    samples: int = 1
-    window: int = 0
-
-    @classmethod
-    def single(cls, input_tokens: int) -> Shape:
-        """One prompt, one sequence."""
-        return cls(((input_tokens, 1),))
-
-    @classmethod
-    def of(cls, features: RequestFeatures, profile: Profile) -> Shape:
-        window = (profile.max_model_len or 0) if features.stored_context else 0
-        return cls(features.prompt_groups(), features.samples, window)
-
-    @property
-    def sequences(self) -> int:
-        return sum(count for _, count in self.groups) * self.samples
-
-    def tokens(self, output: int) -> int:
-        """Prompt and output tokens of all sequences (Retry-After's drain arithmetic)."""
-        per = sum(max(p, self.window - output) * c for p, c in self.groups)
-        return per * self.samples + output * self.sequences
-
-
-@dataclass(frozen=True, slots=True)
-class KvFit:
-    """The pool's KV room and how many blocks a request needs (see the module docstring).
-
-    ``blocks(P, O)``: the first sequence of a prompt; ``sibling(P, O)``: another sample of
-    the same prompt, whose full prompt blocks are shared (None: not shared, as ``blocks``)."""
-
-    free_blocks: int
-    usable_blocks: int
-    block_size: int
-    blocks: Callable[[int, int], int]
-    sibling: Callable[[int, int], int] | None = None
-
-    def need(self, shape: Shape, output: int) -> int:
-        """KV blocks of the whole request with ``output`` tokens per sequence."""
-        total = 0
-        for tokens, count in shape.groups:
-            p = max(tokens, shape.window - output) if shape.window else tokens
-            one = self.blocks(p, output)
-            if shape.samples > 1:
-                other = self.sibling(p, output) if self.sibling is not None else one
-                one += (shape.samples - 1) * other
-            total += count * one
-        return total
-
-    def output_fit(self, shape: Shape, wanted: int) -> int:
-        """The largest output ≤ ``wanted`` whose blocks fit ``free_blocks`` (0: none does)."""
-        fits = self.free_blocks
-        if self.need(shape, wanted) <= fits:
-            return wanted
-        if self.need(shape, 1) > fits:
-            return 0
-        lo, hi = 1, wanted  # need() is monotone in output: binary search
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self.need(shape, mid) <= fits:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+_NO_SHAPE = Shape.single(0)  # a Case built without a shape (tests)
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +105,7 @@ class Case:
     kv: KvFit | None = None
     drain: DrainInputs | None = None
     cache_efficiency: float | None = None
-    shape: Shape = Shape(((0, 1),))
+    shape: Shape = _NO_SHAPE
 
     def retry_after(self, need_tokens: int) -> int:
         """Retry-After for this request from the pool's drain rate (see policy/scores.py)."""
