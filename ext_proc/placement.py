@@ -66,6 +66,7 @@ class Placer:
         self.views = views
         self._affinity: dict[str, Affinity] = {}
         self._seen: dict[str, PoolSnapshot] = {}
+        self._addresses: dict[str, frozenset[str]] = {}
 
     def place(
         self,
@@ -120,5 +121,8 @@ class Placer:
         affinity = self._affinity.setdefault(snapshot.pool, Affinity())
         if self._seen.get(snapshot.pool) is not snapshot:  # a new view: forget who left
             self._seen[snapshot.pool] = snapshot
-            affinity.forget(self.views.addresses(snapshot))
+            present = frozenset(self.views.addresses(snapshot))
+            if present != self._addresses.get(snapshot.pool):
+                self._addresses[snapshot.pool] = present
+                affinity.forget(present)
         return affinity
