@@ -56,6 +56,29 @@ class Endpoint:
     stale: bool
 
 
+class _Entries:
+    """One endpoint's ledger: (time passed, KV blocks) of the requests sent there, oldest
+    first, and their running total (read on every request: no sum over the entries)."""
+
+    __slots__ = ("entries", "total")
+
+    def __init__(self) -> None:
+        self.entries: deque[tuple[float, int]] = deque()
+        self.total = 0
+
+    def add(self, at_s: float, blocks: int) -> None:
+        self.entries.append((at_s, blocks))
+        self.total += blocks
+        if len(self.entries) > MAX_INFLIGHT:  # the newest stay
+            self.total -= self.entries.popleft()[1]
+
+    def expire(self, before_s: float) -> None:
+        """Drop the entries a view taken at ``before_s`` already shows."""
+        entries = self.entries
+        while entries and entries[0][0] <= before_s:
+            self.total -= entries.popleft()[1]
+
+
 def _less(fit: KvFit, held: int) -> KvFit:
     return replace(fit, free_blocks=max(0, fit.free_blocks - held)) if held else fit
 
@@ -75,7 +98,7 @@ class PoolViews:
         self._geometries: dict[tuple[str, int], KVGeometry] = {}
         # pool → endpoint ("" anywhere) → (time.monotonic() it was passed, KV blocks) of the
         # requests sent upstream
-        self._inflight: dict[str, dict[str, deque[tuple[float, int]]]] = {}
+        self._inflight: dict[str, dict[str, _Entries]] = {}
 
     def pressure(self, profile: Profile, snapshot: PoolSnapshot | None) -> Pressure | None:
         """The pool's pressure under the profile's model."""
@@ -196,10 +219,9 @@ class PoolViews:
             return {}
         out: dict[str, int] = {}
         for endpoint, entries in pool.items():
-            while entries and entries[0][0] <= snapshot.taken_at_s:  # the view shows these
-                entries.popleft()
-            if entries:
-                out[endpoint] = sum(blocks for _, blocks in entries)
+            entries.expire(snapshot.taken_at_s)  # the view shows these
+            if entries.total:
+                out[endpoint] = entries.total
         return out
 
     def held(self, snapshot: PoolSnapshot) -> int:
@@ -210,9 +232,12 @@ class PoolViews:
         """Make ``ledger`` (``ledger()``'s figures) the ledger of ``snapshot``'s pool: the
         offload helper judges a heavy body with the blocks its ICE worker holds, as the worker
         itself would."""
-        self._inflight[snapshot.pool] = {
-            e: deque([(float("inf"), blocks)]) for e, blocks in ledger.items() if blocks
-        }
+        pool: dict[str, _Entries] = {}
+        for endpoint, blocks in ledger.items():
+            if blocks:
+                pool[endpoint] = _Entries()
+                pool[endpoint].add(float("inf"), blocks)
+        self._inflight[snapshot.pool] = pool
 
     def hold(
         self,
@@ -228,10 +253,10 @@ class PoolViews:
         if not views or snapshot is None:
             return
         pool = self._inflight.setdefault(snapshot.pool, {})
-        entries = pool.setdefault(endpoint, deque())
-        entries.append((time.monotonic(), views[0].fit.need(shape, output)))
-        if len(entries) > MAX_INFLIGHT:
-            entries.popleft()
+        entries = pool.get(endpoint)
+        if entries is None:
+            entries = pool[endpoint] = _Entries()
+        entries.add(time.monotonic(), views[0].fit.need(shape, output))
 
     def _blocks_fn(self, profile: Profile, block_size: int) -> Callable[[int, int, int], int]:
         """Blocks a request of (input, output) tokens needs with ``cached`` prompt tokens

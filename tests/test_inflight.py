@@ -57,3 +57,15 @@ def test_rejected_requests_hold_nothing() -> None:
     verdict = pipeline.on_body(route, facts, BODY.encode())
     assert verdict is not None and verdict.decision is not None
     assert verdict.decision.decision == "pass"
+
+
+def test_the_ledgers_running_total_follows_expiry_and_its_cap() -> None:
+    from ext_proc.poolview import MAX_INFLIGHT, _Entries
+
+    entries = _Entries()
+    for i in range(MAX_INFLIGHT + 10):
+        entries.add(float(i), 2)
+    # the 10 oldest went past the cap: the total is the sum of the entries kept
+    assert entries.total == 2 * MAX_INFLIGHT == sum(b for _, b in entries.entries)
+    entries.expire(20.0)  # a view taken at t=20 shows the entries up to it (t = 10..20)
+    assert entries.total == sum(b for _, b in entries.entries) == 2 * (MAX_INFLIGHT - 11)
