@@ -345,7 +345,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _exit_now(signum: int, frame: object) -> None:
-    raise SystemExit(0)
+    # The model load may be inside torch's C++ initialisation: SystemExit there ran the
+    # interpreter's finalisers over a half-initialised torch, which sometimes aborted
+    # (SIGABRT, exit -6, seen in CI). Nothing is open yet that needs closing (the socket is
+    # only bound after the load), so leave at once.
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
