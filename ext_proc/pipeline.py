@@ -150,40 +150,43 @@ class Pipeline:
                 facts.skip_body = True
                 telemetry.PASSTHROUGH.labels(route=route.name, reason="path").inc()
                 return facts
-            facts.answer = self._refuse(
+            facts.answer = self._bad(
                 route,
                 OPENAI_CHAT_FALLBACK,
                 404,
                 "unknown_endpoint",
                 f"{method or 'A request'} {plain} is not served by this gateway: it judges the "
                 f"inference endpoints only (see docs/endpoints.md).",
+                count=True,
             )
             return facts
         facts.adapter = adapter
         if not _is_json(content_type):
             # a judged endpoint reads JSON only: a body in another type is not judged, so it
             # does not go on (servers that sniff bodies would read it anyway)
-            facts.answer = self._refuse(
+            facts.answer = self._bad(
                 route,
                 adapter,
                 415,
                 "unsupported_media_type",
                 f"This endpoint takes a JSON body (content-type: application/json), not "
                 f"{content_type.split(';', 1)[0].strip()!r}.",
+                count=True,
             )
             return facts
         if end_of_stream:
-            facts.answer = self._refuse(
-                route, adapter, 400, "empty_body", "The request body is empty."
+            facts.answer = self._bad(
+                route, adapter, 400, "empty_body", "The request body is empty.", count=True
             )
         elif content_length.isdigit() and int(content_length) > self.max_body_bytes:
-            facts.answer = self._refuse(
+            facts.answer = self._bad(
                 route,
                 adapter,
                 413,
                 "request_too_large",
                 f"The request body is {content_length} bytes; the limit is "
                 f"{self.max_body_bytes} bytes.",
+                count=True,
             )
         return facts
 
@@ -226,19 +229,6 @@ class Pipeline:
                 return recounted
         return shorter
 
-    def _refuse(
-        self,
-        route: Route,
-        adapter: SchemaAdapter,
-        status: int,
-        code: str,
-        message: str,
-        param: str | None = None,
-    ) -> Respond:
-        """A headers-phase 4xx (``_bad``), counted in ``ice_bad_requests_total``."""
-        telemetry.BAD_REQUESTS.labels(route=route.name, reason=code).inc()
-        return self._bad(route, adapter, status, code, message, param)
-
     def _bad(
         self,
         route: Route,
@@ -247,8 +237,14 @@ class Pipeline:
         code: str,
         message: str,
         param: str | None = None,
+        *,
+        count: bool = False,
     ) -> Respond:
-        """A 4xx for a request that broke its API's contract, with the verdict headers."""
+        """A 4xx for a request that broke its API's contract, with the verdict headers;
+        ``count``: counted in ``ice_bad_requests_total`` here (the headers phase; a body
+        verdict is counted by ``record``)."""
+        if count:
+            telemetry.BAD_REQUESTS.labels(route=route.name, reason=code).inc()
         verdict = Reject(
             self.views.pressure(route.profile, self.lookup(route.pool)),
             status,
