@@ -30,6 +30,19 @@ def _parser() -> argparse.ArgumentParser:
         default=20_000,
         help="bodies with more JSON objects/arrays are judged in a helper process",
     )
+    s.add_argument(
+        "--max-inflight-bytes",
+        type=int,
+        default=8 * 1024 * 1024,
+        help="body bytes a worker asks Envoy for at once; past it, requests are judged from "
+        "their headers (README: Under a flood)",
+    )
+    s.add_argument(
+        "--message-timeout-ms",
+        type=int,
+        default=1000,
+        help="Envoy's ext_proc message_timeout (the shipped configs: 1000)",
+    )
 
     e = sub.add_parser("evaluate", help="dry-run one request against a policy and a metrics page")
     e.add_argument("request", help="request body JSON file ('-' for stdin)")
@@ -100,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
                     max_body_bytes=args.max_body_bytes,
                     shutdown_grace_s=args.shutdown_grace_s,
                     heavy_containers=args.heavy_containers,
+                    max_inflight_bytes=args.max_inflight_bytes,
+                    message_timeout_s=args.message_timeout_ms / 1000,
                 )
             )
         if args.command == "evaluate":

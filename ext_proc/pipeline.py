@@ -32,6 +32,7 @@ from dataclasses import replace
 from typing import Any
 
 from ext_proc import rawjson, telemetry
+from ext_proc.coarse import COARSE_LADDER, H_JUDGED, coarse_features
 from ext_proc.decision import (
     Decision,
     Downgrade,
@@ -130,6 +131,8 @@ class Pipeline:
                 content_type = raw.decode("latin-1")
             elif key == "content-length":
                 content_length = raw.decode("latin-1")
+                if content_length.isdigit():
+                    facts.content_length = int(content_length)
             elif key == self._priority_header:
                 wanted = raw.decode("latin-1").strip().lower()
                 for candidate in PRIORITIES:
@@ -192,7 +195,21 @@ class Pipeline:
 
     def needs_helper(self, body: bytes) -> bool:
         """Exact counting of a body this large belongs in the helper process."""
-        return self.counters is not None and len(body) > self.policy.exact_count_inline_bytes
+        return self.needs_helper_size(len(body))
+
+    def needs_helper_size(self, nbytes: int) -> bool:
+        return self.counters is not None and nbytes > self.policy.exact_count_inline_bytes
+
+    def on_size(self, route: Route, facts: HeaderFacts, nbytes: int) -> BodyVerdict:
+        """The coarse verdict (``ext_proc.coarse``) on a request of ``nbytes`` body bytes,
+        judged without its body: pass, or a 429 in the API's format; ``x-ice-judged:
+        headers``. ``facts.adapter`` must be set."""
+        adapter = facts.adapter or OPENAI_CHAT_FALLBACK
+        features = coarse_features(adapter, nbytes, route.profile.max_model_len)
+        decision, placement = self._evaluate(route, facts, features, COARSE_LADDER)
+        verdict = make_verdict(decision, features, adapter, b"", placement)
+        judged = [*verdict.outcome.headers, (H_JUDGED, "headers")]
+        return replace(verdict, outcome=replace(verdict.outcome, headers=judged))
 
     def _exact_count(
         self, adapter: SchemaAdapter, features: RequestFeatures, values: dict[str, Any], size: int

@@ -20,6 +20,7 @@ __all__ = [
     "METADATA_NAMESPACE",
     "body_continue",
     "headers_continue",
+    "headers_outcome",
     "render_body_outcome",
     "render_immediate",
     "skip_body",
@@ -64,6 +65,19 @@ def skip_body(remove: list[str] | None = None) -> pb.ProcessingResponse:
     if remove:
         resp.request_headers.response.header_mutation.remove_headers.extend(remove)
     resp.mode_override.request_body_mode = _BODY_MODE_NONE
+    return resp
+
+
+def headers_outcome(outcome: Outcome, remove: list[str] | None = None) -> pb.ProcessingResponse:
+    """Answer the request-headers message with a verdict made without the body (the coarse
+    verdict): a ``Respond`` at once, or continue with the verdict headers set and the body
+    phase turned off (the body goes to the backend as sent; ``outcome.body`` must be None)."""
+    if isinstance(outcome, Respond):
+        return render_immediate(outcome)
+    resp = skip_body(remove)
+    common = resp.request_headers.response
+    common.header_mutation.set_headers.extend(_header(k, v) for k, v in outcome.headers)
+    _set_metadata(resp, outcome)
     return resp
 
 
@@ -118,10 +132,15 @@ def _render_continue(outcome: Continue) -> pb.ProcessingResponse:
         common.body_mutation.body = outcome.body
         sets.append(_header("content-length", str(len(outcome.body))))
     resp = pb.ProcessingResponse(request_body=pb.BodyResponse(response=common))
+    _set_metadata(resp, outcome)
+    return resp
+
+
+def _set_metadata(resp: pb.ProcessingResponse, outcome: Continue) -> None:
+    """The verdict headers (namespace ``ice``) and ICE's pick (``envoy.lb``) on a reply."""
     resp.dynamic_metadata.CopyFrom(_metadata(outcome.headers))
     if outcome.lb_endpoint is not None:
         # the endpoint-picker protocol: the pick in envoy.lb, where the backend cluster's
         # override_host policy reads it (the route stays; the header is informational)
         lb = resp.dynamic_metadata.fields[LB_NAMESPACE].struct_value.fields
         lb[DESTINATION_HEADER].string_value = outcome.lb_endpoint
-    return resp

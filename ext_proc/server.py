@@ -34,7 +34,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
-from ext_proc import telemetry
+from ext_proc import memory, telemetry
+from ext_proc.backlog import DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_MESSAGE_TIMEOUT_S, Backlog
 from ext_proc.offload import DEFAULT_HEAVY_CONTAINERS, Offload
 from ext_proc.pipeline import DEFAULT_MAX_BODY_BYTES, Pipeline
 from ext_proc.policy.load import load_policy
@@ -62,6 +63,8 @@ class ServeOptions:
     shutdown_grace_s: float = 10.0
     heavy_containers: int = DEFAULT_HEAVY_CONTAINERS
     embedding_socket: str | None = None  # set by serve() when a profile truncates
+    max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES
+    message_timeout_s: float = DEFAULT_MESSAGE_TIMEOUT_S
 
 
 def worker_addresses(address: str, workers: int) -> list[str]:
@@ -140,7 +143,10 @@ async def _run_worker(opts: ServeOptions, address: str, shm_name: str | None = N
     )
     offload = Offload(opts.policy_path, opts.max_body_bytes, opts.heavy_containers)
     offload.warm()
-    pb_grpc.add_ExternalProcessorServicer_to_server(ExtProcServicer(pipeline, offload), server)
+    memory.tune()
+    backlog = Backlog(opts.max_inflight_bytes, opts.message_timeout_s)
+    servicer = ExtProcServicer(pipeline, offload, backlog)
+    pb_grpc.add_ExternalProcessorServicer_to_server(servicer, server)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     server.add_insecure_port(address)

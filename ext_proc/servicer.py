@@ -9,6 +9,7 @@ in ``pipeline.HeaderFacts``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -19,9 +20,11 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from ext_proc import render, telemetry
+from ext_proc.backlog import SMALL_BODY_BYTES, Backlog, Lane
+from ext_proc.memory import Trimmer
 from ext_proc.offload import Offload
 from ext_proc.pipeline import BodyVerdict, HeaderFacts, Pipeline, Route
-from ext_proc.plan import reject_outcome
+from ext_proc.plan import Continue, reject_outcome
 from ext_proc.schemas import OPENAI_CHAT_FALLBACK
 
 __all__ = ["ExtProcServicer"]
@@ -32,9 +35,17 @@ log = logging.getLogger("ice.servicer")
 class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     """Answers Envoy's ext_proc streams with the pipeline's verdicts."""
 
-    def __init__(self, pipeline: Pipeline, offload: Offload | None = None) -> None:
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        offload: Offload | None = None,
+        backlog: Backlog | None = None,
+    ) -> None:
         self.pipeline = pipeline
         self.offload = offload
+        self.backlog = backlog or Backlog()
+        self.trimmer = Trimmer(lambda: self.backlog.idle)
+        self._gate = asyncio.Lock()  # long bodies judged in-process: one at a time
         self._logged: set[str] = set()
 
     async def Process(
@@ -44,29 +55,55 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     ) -> AsyncIterator[pb.ProcessingResponse]:
         route = self.pipeline.router.resolve(context.invocation_metadata() or ())
         facts = HeaderFacts(priority=route.default_priority)
-        async for request in request_iterator:
-            started = time.perf_counter()
-            phase = request.WhichOneof("request")
-            try:
-                if phase == "request_headers":
-                    subset = _subset_hint(request.metadata_context)
-                    facts, response = self._headers(route, request.request_headers, subset)
-                elif phase == "request_body":
-                    verdict = await self._judge(route, facts, request.request_body)
-                    if verdict is not None and verdict.pending is not None:
-                        # Truncation waits on the embedding worker: ask Envoy for the time
-                        # first (a reply with only override_message_timeout is not the answer).
-                        yield _extend_timeout(route)
-                        verdict = await self.pipeline.finish_truncation(route, facts, verdict)
-                    response = self._body_response(route, verdict)
-                else:
-                    response = _continue(phase)
-            except Exception as e:
-                response = self._fault(route, facts, phase, e)
-            telemetry.PROCESSING_SECONDS.labels(phase=phase or "unknown").observe(
-                time.perf_counter() - started
-            )
-            yield response
+        try:
+            async for request in request_iterator:
+                started = time.perf_counter()
+                phase = request.WhichOneof("request")
+                try:
+                    if phase == "request_headers":
+                        subset = _subset_hint(request.metadata_context)
+                        facts, response = self._headers(route, request.request_headers, subset)
+                    elif phase == "request_body":
+                        verdict = await self._judge(route, facts, request.request_body, started)
+                        if verdict is not None and verdict.pending is not None:
+                            # Truncation waits on the embedding worker: ask Envoy for the time
+                            # first (a reply with only override_message_timeout is not the
+                            # answer).
+                            yield _extend_timeout(route)
+                            verdict = await self.pipeline.finish_truncation(route, facts, verdict)
+                        response = self._body_response(route, verdict)
+                        if facts.ticket is not None and verdict is not _GONE:
+                            self.backlog.answered(facts.ticket)
+                        self._release(facts)
+                    else:
+                        response = _continue(phase)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:
+                    response = self._fault(route, facts, phase, e)
+                telemetry.PROCESSING_SECONDS.labels(phase=phase or "unknown").observe(
+                    time.perf_counter() - started
+                )
+                yield response
+        except asyncio.CancelledError:  # Envoy closed the stream (its message timeout)
+            ticket = facts.ticket
+            if ticket is not None and not ticket.released:
+                self.backlog.lost()  # an admitted body Envoy gave up on: admit less
+                if ticket.received:
+                    telemetry.BODIES_DROPPED.labels(reason="stream_closed").inc()
+            raise
+        finally:
+            self._release(facts)
+
+    def _release(self, facts: HeaderFacts) -> None:
+        ticket = facts.ticket
+        if ticket is None or ticket.released:
+            return
+        self.backlog.release(ticket)
+        telemetry.BACKLOG_BYTES.set(self.backlog.inflight_bytes)
+        telemetry.BACKLOG_WINDOW.set(self.backlog.window)
+        if ticket.received:
+            self.trimmer.seen(ticket.nbytes)
 
     def _headers(
         self, route: Route, headers: pb.HttpHeaders, subset: frozenset[str] | None = None
@@ -78,25 +115,83 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             return facts, render.render_immediate(facts.answer)
         if facts.skip_body:
             return facts, render.skip_body(facts.strip)
+        if facts.adapter is not None:
+            promised = facts.content_length
+            if promised is None:  # chunked: the body may be as large as the limit
+                promised = self.pipeline.max_body_bytes
+            helper = self.offload is not None and self.pipeline.needs_helper_size(promised)
+            admitted = self.backlog.admit(promised, "helper" if helper else "inline")
+            if isinstance(admitted, str):  # busy: the coarse verdict, without the body
+                verdict = self.pipeline.on_size(route, facts, promised)
+                self.pipeline.record(route, verdict)
+                telemetry.COARSE_VERDICTS.labels(route=route.name, why=admitted).inc()
+                return facts, render.headers_outcome(verdict.outcome, facts.strip)
+            facts.ticket = admitted
+            telemetry.BACKLOG_BYTES.set(self.backlog.inflight_bytes)
         return facts, render.headers_continue(facts.strip)
 
     async def _judge(
-        self, route: Route, facts: HeaderFacts, body: pb.HttpBody
+        self, route: Route, facts: HeaderFacts, body: pb.HttpBody, started: float
     ) -> BodyVerdict | None:
+        """The body's verdict: in full (in-process or in the offload helper), from its size
+        when it arrived too late to be read in time, None for a body that is not judged, or
+        ``_GONE`` (continue untouched, uncounted) when Envoy can no longer hear it."""
         data = body.body
         heavy = (
             self.offload is not None
             and facts.adapter is not None
             and (self.offload.is_heavy(data) or self.pipeline.needs_helper(data))
         )
-        if heavy and self.offload is not None:
-            verdict = await self.offload.on_body(self.pipeline, route, facts, data)
-        else:
-            verdict = self.pipeline.on_body(route, facts, data)
+        lane: Lane = "helper" if heavy else "inline"
+        ticket = facts.ticket
+        if ticket is None:  # not admitted at the headers (an unknown path's body, tests)
+            return await self._judge_now(route, facts, data, heavy)
+        backlog = self.backlog
+        backlog.arrived(ticket, len(data), lane)
+        alone = backlog.queued_bytes[lane] == ticket.nbytes
+        if heavy or len(data) <= SMALL_BODY_BYTES:
+            verdict = await self._judged_in_time(route, facts, data, heavy, started, alone)
+        else:  # one long body per turn of the event loop: what is ready (headers) goes first
+            async with self._gate:
+                await asyncio.sleep(0)  # also where a stream Envoy has closed is cancelled
+                verdict = await self._judged_in_time(route, facts, data, heavy, started, True)
+        if verdict is not None and backlog.expired(time.perf_counter() - started):
+            telemetry.BODIES_DROPPED.labels(reason="deadline").inc()
+            backlog.lost()
+            return _GONE
         return verdict
 
+    async def _judged_in_time(
+        self,
+        route: Route,
+        facts: HeaderFacts,
+        data: bytes,
+        heavy: bool,
+        started: float,
+        alone: bool,
+    ) -> BodyVerdict | None:
+        """The full verdict, or the coarse one when the body is too late to be read in time;
+        the judge time feeds the lane's cost (``alone``: nothing was ahead of it)."""
+        assert facts.ticket is not None
+        if self.backlog.late(facts.ticket, time.perf_counter() - started):
+            telemetry.COARSE_VERDICTS.labels(route=route.name, why="late").inc()
+            return self.pipeline.on_size(route, facts, len(data))
+        judging = time.perf_counter()
+        verdict = await self._judge_now(route, facts, data, heavy)
+        if alone:  # with bodies ahead of it in the helper, the time includes their wait
+            lane: Lane = "helper" if heavy else "inline"
+            self.backlog.observe(lane, len(data), time.perf_counter() - judging)
+        return verdict
+
+    async def _judge_now(
+        self, route: Route, facts: HeaderFacts, data: bytes, heavy: bool
+    ) -> BodyVerdict | None:
+        if heavy and self.offload is not None:
+            return await self.offload.on_body(self.pipeline, route, facts, data)
+        return self.pipeline.on_body(route, facts, data)
+
     def _body_response(self, route: Route, verdict: BodyVerdict | None) -> pb.ProcessingResponse:
-        if verdict is None:
+        if verdict is None or verdict is _GONE:
             return render.body_continue()
         self.pipeline.record(route, verdict)
         return render.render_body_outcome(verdict.outcome)
@@ -119,6 +214,9 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             )
         return _continue(phase)
 
+
+# The verdict of a body Envoy has given up on: answered with a plain continue, not counted.
+_GONE = BodyVerdict(None, None, Continue([], None))
 
 # What ICE asks of Envoy's message timeout beyond the truncation deadline (the planning and
 # the body edit after the similarities arrive). Envoy's max_message_timeout must allow it.

@@ -14,8 +14,12 @@ from prometheus_client import Counter, Gauge, Histogram
 from ext_proc.signals.snapshot import PoolSnapshot
 
 __all__ = [
+    "BACKLOG_BYTES",
+    "BACKLOG_WINDOW",
     "BAD_REQUESTS",
+    "BODIES_DROPPED",
     "CACHE_EFFICIENCY",
+    "COARSE_VERDICTS",
     "DECISIONS",
     "ERRORS",
     "INPUT_TOKENS",
@@ -65,6 +69,31 @@ PROCESSING_SECONDS = Histogram(
     ["phase"],
     buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
 )
+# The flood guard (ext_proc/backlog.py, ext_proc/coarse.py).
+COARSE_VERDICTS = Counter(
+    "ice_coarse_verdicts",
+    "Requests judged without their body because the worker was busy, by route and why: "
+    "bytes (max_inflight_bytes), time (not judged before Envoy's message timeout), late (the "
+    "body arrived too late to read).",
+    ["route", "why"],
+)
+BODIES_DROPPED = Counter(
+    "ice_bodies_dropped",
+    "Bodies ICE did not judge (or whose verdict it did not count) because Envoy had given "
+    "up on them: stream_closed (Envoy closed the stream), deadline (past message_timeout).",
+    ["reason"],
+)
+BACKLOG_BYTES = Gauge(
+    "ice_backlog_bytes",
+    "Body bytes the workers have asked Envoy for and not yet answered (promised or arrived).",
+    multiprocess_mode="livesum",
+)
+BACKLOG_WINDOW = Gauge(
+    "ice_backlog_window_bytes",
+    "Body bytes the workers admit at once now: max_inflight_bytes, halved when Envoy gave up "
+    "on an admitted body and grown back by bodies answered in time.",
+    multiprocess_mode="livesum",
+)
 SCRAPE_ERRORS = Counter("ice_scrape_errors", "Failed scrapes of backend /metrics pages.", ["pool"])
 KV_USAGE = Gauge(
     "ice_pool_kv_cache_usage",
@@ -89,7 +118,8 @@ PRESSURE = Gauge(
 INPUT_TOKENS = Counter(
     "ice_input_tokens_counted",
     "Evaluated requests by how their input tokens were counted: exact (tokenizer + chat "
-    "template), estimate (no tokenizer for the model), fallback (the tokenizer failed).",
+    "template), estimate (no tokenizer for the model), fallback (the tokenizer failed), "
+    "bound (a coarse verdict: the body was not read).",
     ["source"],
 )
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from ext_proc.backlog import Ticket
 from ext_proc.decision import Decision
 from ext_proc.placement import H_ENDPOINT, Placement
 from ext_proc.plan import Continue, Outcome, Respond, plan
@@ -34,6 +35,8 @@ class HeaderFacts:
     skip_body: bool = False  # not an inference request: do not send the body to ICE
     endpoint: str | None = None  # x-gateway-destination-endpoint (endpoint_pick: header)
     subset: frozenset[str] | None = None  # the picker protocol's subset hint (envoy.lb)
+    content_length: int | None = None  # the request's content-length, when it declares one
+    ticket: Ticket | None = None  # its place in the worker's body backlog (ext_proc.backlog)
 
 
 @dataclass(frozen=True, slots=True)

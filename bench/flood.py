@@ -1,0 +1,539 @@
+"""ICE under a flood: N clients send one long body each at the same moment, through real Envoy.
+
+    .venv/bin/python bench/flood.py [--clients 32,128,256,512] [--mix] [--body-bytes 2760000]
+        [--ice-arg=--max-inflight-bytes=...] [--kill-ice] [--json FILE]
+
+The stack is ``envoy/bench.yaml`` (real Envoy with the production ext_proc filter, one
+worker thread; ICE with one worker; Envoy's fast upstream answering a fixed chat.completion
+and serving a low-pressure vLLM ``/metrics`` page with a large pool). The policy is the
+built-in one with its pool on that page and ``max_model_len`` 1,048,576 (a long-context
+model), so that a long body is a request ICE would pass when it fits.
+
+Each run opens N connections first, then sends N copies of one long chat body (a system
+prompt and 1,000 turns of ~2.7 kB: a long agent conversation, 2.76 MB by default) at once;
+with ``--mix`` a further client sends a short chat request every 50 ms on its own keep-alive
+connection while the flood lasts. Per run it reports:
+
+- judged in full (``x-ice-decision`` and ``x-ice-judged: body``), judged from the headers
+  (``x-ice-judged: headers``), unjudged (a response without ``x-ice-decision``: Envoy let it
+  through fail-open), refused (ICE's 429s and other ICE answers), Envoy's own refusals
+  (overload manager: a 503 or a reset without ICE headers) and client errors;
+- ICE's peak RSS (its process tree: worker and helpers) and its RSS 10 s after the last
+  response, both against its idle RSS (after start-up and a warm-up of a few long and short
+  requests), the same for Envoy, and ICE's CPU seconds over the run;
+- the latency (p50 / p99 / max) of the short requests sent during the flood;
+- ICE's own counters: bodies dropped because Envoy had given up (``ice_bodies_dropped_total``)
+  and verdicts by how they were judged (``ice_judged_total``), and Envoy's ext_proc counters
+  (message timeouts).
+
+``--kill-ice`` kills ICE (SIGKILL) while the flood is under way and checks that Envoy still
+answers every request (fail-open: the backend's 200, unjudged).
+The client is asyncio on raw sockets (``loop.sock_sendall`` sends the one shared body
+without copying it per connection), so 512 clients cost the client little memory and CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+if str(REPO) not in sys.path:  # run as a script: import ext_proc from the checkout
+    sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(HERE))
+
+import throughput as tb  # noqa: E402  (the /proc helpers and the policy writer)
+
+from ext_proc.stack import (  # noqa: E402
+    ENVOY_DIR,
+    Stack,
+    free_port,
+    policy_passthrough_paths,
+    render_envoy_config,
+)
+
+PATH = "/v1/chat/completions"
+LONG_CONTEXT = 1_048_576
+SHORT_EVERY_S = 0.05
+AFTER_S = 10.0
+# Envoy counters reported per run (summed over the names that end so).
+ENVOY_STATS = (
+    "overload.envoy.overload_actions.stop_accepting_requests.scale_percent",
+    "downstream_rq_overload_close",
+    "cluster.ice.upstream_flow_control_paused_reading_total",
+    "cluster.ice.upstream_cx_tx_bytes_total",
+    "ext_proc.streams_started",
+)
+
+
+# --- bodies ----------------------------------------------------------------------------------
+
+
+def long_body(size: int, seed: int = 1) -> bytes:
+    """A long agent conversation of about ``size`` bytes: a system prompt and turns of
+    ~2.7 kB of words, alternating user and assistant, ending with a user turn."""
+    rng = random.Random(seed)
+    words = (
+        "the a memory cache block token prefix request server queue model gateway envoy tool "
+        "call result file line error retry plan step agent context window"
+    )
+    vocab = words.split()
+
+    def text(n: int) -> str:
+        out: list[str] = []
+        total = 0
+        while total < n:
+            w = rng.choice(vocab)
+            out.append(w)
+            total += len(w) + 1
+        return " ".join(out)
+
+    messages: list[dict[str, str]] = [{"role": "system", "content": text(2000)}]
+    turns = max(1, (size - 2100) // 2770)
+    for i in range(turns | 1):  # odd: the last turn is the user's
+        messages.append({"role": "user" if i % 2 == 0 else "assistant", "content": text(2740)})
+    return json.dumps({"model": "m", "messages": messages, "max_tokens": 256}).encode()
+
+
+def short_body() -> bytes:
+    messages = [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "Say hello in one short sentence."},
+    ]
+    return json.dumps({"model": "m", "messages": messages, "max_tokens": 32}).encode()
+
+
+def request_bytes(port: int, body_len: int, keep_alive: bool = False) -> bytes:
+    conn = "keep-alive" if keep_alive else "close"
+    return (
+        f"POST {PATH} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {body_len}\r\n"
+        f"Connection: {conn}\r\n\r\n"
+    ).encode()
+
+
+# --- the client ------------------------------------------------------------------------------
+
+
+@dataclass
+class Reply:
+    status: int  # 0: no HTTP response (reset, refused)
+    headers: dict[str, str]
+    seconds: float
+    error: str = ""
+
+    @property
+    def kind(self) -> str:
+        """judged_body, judged_headers, refused (ICE answered), unjudged, envoy, error."""
+        if self.status == 0:
+            return "error"
+        decision = self.headers.get("x-ice-decision", "")
+        if not decision:
+            return "unjudged" if self.status < 400 else "envoy"
+        if decision == "reject":
+            return "refused"
+        if self.headers.get("x-ice-judged") == "headers":
+            return "judged_headers"
+        return "judged_body"
+
+
+async def _read_response(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> Reply:
+    buf = b""
+    started = time.perf_counter()
+    while b"\r\n\r\n" not in buf:
+        chunk = await loop.sock_recv(sock, 65536)
+        if not chunk:
+            raise ConnectionError("closed before the response headers")
+        buf += chunk
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {}
+    for line in lines[1:]:
+        k, _, v = line.partition(":")
+        headers[k.strip().lower()] = v.strip()
+    length = int(headers.get("content-length", "0") or 0)
+    while len(rest) < length:
+        chunk = await loop.sock_recv(sock, 65536)
+        if not chunk:
+            break
+        rest += chunk
+    return Reply(status, headers, time.perf_counter() - started)
+
+
+async def _connect(loop: asyncio.AbstractEventLoop, port: int) -> socket.socket:
+    sock = socket.socket()
+    sock.setblocking(False)
+    await loop.sock_connect(sock, ("127.0.0.1", port))
+    return sock
+
+
+async def _one(
+    loop: asyncio.AbstractEventLoop, sock: socket.socket, head: bytes, body: memoryview
+) -> Reply:
+    started = time.perf_counter()
+    try:
+        await loop.sock_sendall(sock, head)
+        await loop.sock_sendall(sock, body)
+        reply = await _read_response(loop, sock)
+        reply.seconds = time.perf_counter() - started
+        return reply
+    except OSError as e:
+        return Reply(0, {}, time.perf_counter() - started, type(e).__name__)
+    finally:
+        sock.close()
+
+
+async def _shorts(port: int, stop: asyncio.Event, out: list[Reply]) -> None:
+    """Short requests, one every SHORT_EVERY_S on one keep-alive connection, until ``stop``."""
+    loop = asyncio.get_running_loop()
+    body = short_body()
+    head = request_bytes(port, len(body), keep_alive=True)
+    sock: socket.socket | None = None
+    while not stop.is_set():
+        started = time.perf_counter()
+        try:
+            if sock is None:
+                sock = await _connect(loop, port)
+            await loop.sock_sendall(sock, head + body)
+            reply = await _read_response(loop, sock)
+            reply.seconds = time.perf_counter() - started
+            out.append(reply)
+            if reply.headers.get("connection", "") == "close":
+                sock.close()
+                sock = None
+        except OSError as e:
+            out.append(Reply(0, {}, time.perf_counter() - started, type(e).__name__))
+            if sock is not None:
+                sock.close()
+            sock = None
+        await asyncio.sleep(max(0.0, SHORT_EVERY_S - (time.perf_counter() - started)))
+    if sock is not None:
+        sock.close()
+
+
+async def flood(port: int, clients: int, body: bytes, mix: bool) -> tuple[list[Reply], list[Reply]]:
+    """Send ``clients`` copies of ``body`` at once (connections opened first); with ``mix``,
+    short requests alongside. Returns (long replies, short replies)."""
+    loop = asyncio.get_running_loop()
+    socks = await asyncio.gather(*(_connect(loop, port) for _ in range(clients)))
+    head = request_bytes(port, len(body))
+    view = memoryview(body)
+    stop = asyncio.Event()
+    shorts: list[Reply] = []
+    side = asyncio.create_task(_shorts(port, stop, shorts)) if mix else None
+    longs = await asyncio.gather(*(_one(loop, s, head, view) for s in socks))
+    stop.set()
+    if side is not None:
+        await side
+    return list(longs), shorts
+
+
+def send_one(port: int, body: bytes) -> Reply:
+    async def go() -> Reply:
+        loop = asyncio.get_running_loop()
+        sock = await _connect(loop, port)
+        return await _one(loop, sock, request_bytes(port, len(body)), memoryview(body))
+
+    return asyncio.run(go())
+
+
+# --- sampling --------------------------------------------------------------------------------
+
+
+class RssSampler:
+    """Samples the RSS (MiB) of ICE's process tree and of Envoy every 50 ms in a thread."""
+
+    def __init__(self, ice_pid: int, envoy_pid: int) -> None:
+        self.ice_pid, self.envoy_pid = ice_pid, envoy_pid
+        self.ice_peak = self.envoy_peak = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def ice(self) -> float:
+        return sum(tb.rss_kib(p) for p in tb.process_tree(self.ice_pid)) / 1024
+
+    def envoy(self) -> float:
+        return tb.rss_kib(self.envoy_pid) / 1024
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.ice_peak = max(self.ice_peak, self.ice())
+            self.envoy_peak = max(self.envoy_peak, self.envoy())
+            self._stop.wait(0.05)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def scrape(url: str) -> str:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return str(r.read().decode())
+    except OSError:
+        return ""
+
+
+def metric_sum(text: str, name: str, **labels: str) -> float:
+    """The sum of a metric's samples whose labels include ``labels`` (prometheus_client)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                total += s.value
+    return total
+
+
+def envoy_stat(admin: int, name: str) -> int:
+    text = scrape(f"http://127.0.0.1:{admin}/stats?filter={name}")
+    total = 0
+    for line in text.splitlines():
+        key, _, value = line.partition(": ")
+        if key.endswith(name) and value.strip().isdigit():
+            total += int(value)
+    return total
+
+
+# --- one run ---------------------------------------------------------------------------------
+
+
+@dataclass
+class RunResult:
+    clients: int
+    mix: bool
+    counts: dict[str, int]
+    ice_idle_mib: float
+    ice_peak_mib: float
+    ice_after_mib: float
+    envoy_idle_mib: float
+    envoy_peak_mib: float
+    envoy_after_mib: float
+    ice_cpu_s: float
+    seconds: float
+    short: dict[str, float] = field(default_factory=dict)
+    ice_dropped: float = 0.0
+    ice_headers_seen: float = 0.0
+    ice_bodies_seen: float = 0.0
+    message_timeouts: int = 0
+    envoy_stats: dict[str, int] = field(default_factory=dict)
+    ice_killed: bool = False
+
+    @property
+    def unjudged(self) -> int:
+        return self.counts.get("unjudged", 0)
+
+
+def _short_stats(replies: list[Reply]) -> dict[str, float]:
+    ok = [r.seconds * 1e3 for r in replies if r.status]
+    if not ok:
+        return {"count": float(len(replies))}
+    ok.sort()
+    p99 = ok[min(len(ok) - 1, int(0.99 * len(ok)))]
+    judged = sum(1 for r in replies if r.headers.get("x-ice-judged") == "body")
+    return {
+        "count": float(len(replies)),
+        "p50_ms": statistics.median(ok),
+        "p99_ms": p99,
+        "max_ms": ok[-1],
+        "judged_body": float(judged),
+    }
+
+
+def run_one(
+    ports: dict[str, int],
+    pids: dict[str, int],
+    clients: int,
+    body: bytes,
+    mix: bool,
+    idle: tuple[float, float],
+    kill_ice: bool = False,
+) -> RunResult:
+    metrics = f"http://127.0.0.1:{ports['metrics']}/metrics"
+    before = scrape(metrics)
+    timeouts0 = envoy_stat(ports["admin"], "ext_proc.message_timeouts")
+    cpu0 = tb.tree_cpu(pids["ice"])
+    started = time.perf_counter()
+    with RssSampler(pids["ice"], pids["envoy"]) as rss:
+        if kill_ice:
+            threading.Timer(0.3, lambda: os.killpg(pids["ice"], signal.SIGKILL)).start()
+        longs, shorts = asyncio.run(flood(ports["ingress"], clients, body, mix))
+        seconds = time.perf_counter() - started
+        cpu1 = tb.tree_cpu(pids["ice"])
+        time.sleep(AFTER_S)
+        ice_after, envoy_after = rss.ice(), rss.envoy()
+    after = scrape(metrics)
+    counts: dict[str, int] = {}
+    for r in longs:
+        counts[r.kind] = counts.get(r.kind, 0) + 1
+    dropped = metric_sum(after, "ice_bodies_dropped_total") - metric_sum(
+        before, "ice_bodies_dropped_total"
+    )
+
+    def delta(name: str, **labels: str) -> float:
+        return metric_sum(after, name, **labels) - metric_sum(before, name, **labels)
+
+    return RunResult(
+        ice_headers_seen=delta("ice_processing_seconds_count", phase="request_headers"),
+        ice_bodies_seen=delta("ice_processing_seconds_count", phase="request_body"),
+        clients=clients,
+        mix=mix,
+        counts=counts,
+        ice_idle_mib=idle[0],
+        ice_peak_mib=rss.ice_peak,
+        ice_after_mib=ice_after,
+        envoy_idle_mib=idle[1],
+        envoy_peak_mib=rss.envoy_peak,
+        envoy_after_mib=envoy_after,
+        ice_cpu_s=cpu1 - cpu0,
+        seconds=seconds,
+        short=_short_stats(shorts),
+        ice_dropped=dropped,
+        message_timeouts=envoy_stat(ports["admin"], "ext_proc.message_timeouts") - timeouts0,
+        envoy_stats={k: envoy_stat(ports["admin"], k) for k in ENVOY_STATS},
+        ice_killed=kill_ice,
+    )
+
+
+def write_policy(workdir: Path, metrics_url: str) -> Path:
+    path = tb.write_policy(workdir, metrics_url)
+    policy = yaml.safe_load(path.read_text())
+    for profile in policy["profiles"].values():
+        profile["max_model_len"] = LONG_CONTEXT
+    path.write_text(yaml.safe_dump(policy, sort_keys=False))
+    return path
+
+
+def warm_up(port: int, body: bytes) -> None:
+    for _ in range(3):
+        send_one(port, body)
+        send_one(port, short_body())
+
+
+def print_result(r: RunResult) -> None:
+    c = r.counts
+    name = f"{r.clients}{' + short' if r.mix else ''}{' (ICE killed)' if r.ice_killed else ''}"
+    print(
+        f"{name:>22}  body {c.get('judged_body', 0):4d}  headers {c.get('judged_headers', 0):4d}"
+        f"  refused {c.get('refused', 0):4d}  unjudged {c.get('unjudged', 0):4d}"
+        f"  envoy {c.get('envoy', 0):3d}  errors {c.get('error', 0):3d}  in {r.seconds:5.1f} s"
+    )
+    print(
+        f"{'':>22}  ICE RSS idle {r.ice_idle_mib:.0f} peak {r.ice_peak_mib:.0f} "
+        f"({r.ice_peak_mib / r.ice_idle_mib:.2f}×) +10 s {r.ice_after_mib:.0f} "
+        f"({r.ice_after_mib / r.ice_idle_mib:.2f}×) MiB   Envoy idle {r.envoy_idle_mib:.0f} "
+        f"peak {r.envoy_peak_mib:.0f} +10 s {r.envoy_after_mib:.0f} MiB   ICE CPU "
+        f"{r.ice_cpu_s:.1f} s   dropped {r.ice_dropped:.0f}   Envoy message timeouts "
+        f"{r.message_timeouts}   ICE saw {r.ice_headers_seen:.0f} headers, "
+        f"{r.ice_bodies_seen:.0f} bodies"
+    )
+    print(f"{'':>22}  Envoy {r.envoy_stats}")
+    if r.short.get("p50_ms") is not None:
+        s = r.short
+        print(
+            f"{'':>22}  short requests {s['count']:.0f}: p50 {s['p50_ms']:.0f} ms, p99 "
+            f"{s['p99_ms']:.0f} ms, max {s['max_ms']:.0f} ms, judged in full "
+            f"{s['judged_body']:.0f}"
+        )
+
+
+def run(args: argparse.Namespace) -> list[RunResult]:
+    body = long_body(args.body_bytes)
+    print(f"long body: {len(body):,} bytes; clients {args.clients}; ICE args {args.ice_arg}")
+    results: list[RunResult] = []
+    plans = [(n, False) for n in args.clients]
+    if args.mix:
+        plans += [(n, True) for n in args.clients]
+    if args.kill_ice:
+        plans = [(args.clients[-1], args.mix)]
+    for clients, mix in plans:  # a fresh stack per run: one run's memory is not the next's
+        with tempfile.TemporaryDirectory(prefix="ice-flood-") as tmp, Stack(Path(tmp)) as stack:
+            ports = {k: free_port() for k in ("ingress", "upstream", "admin", "ice", "metrics")}
+            policy = write_policy(Path(tmp), f"http://127.0.0.1:{ports['upstream']}/metrics")
+            stack.start_ice(
+                f"127.0.0.1:{ports['ice']}",
+                policy=policy,
+                metrics_address=f"127.0.0.1:{ports['metrics']}",
+                extra=list(args.ice_arg),
+            )
+            config = render_envoy_config(
+                ENVOY_DIR / "bench.yaml",
+                admin_port=ports["admin"],
+                listeners={"ingress": ports["ingress"], "fast_upstream": ports["upstream"]},
+                clusters={
+                    "ice": [f"127.0.0.1:{ports['ice']}"],
+                    "fast_upstream": [f"127.0.0.1:{ports['upstream']}"],
+                },
+                passthrough_paths=policy_passthrough_paths(policy),
+            )
+            stack.start_envoy(config, ports["admin"], concurrency=args.envoy_concurrency)
+            pids = {"ice": stack.procs["ice"].pid, "envoy": stack.procs["envoy"].pid}
+            time.sleep(2)  # the first scrape
+            warm_up(ports["ingress"], body)
+            time.sleep(3)
+            sampler = RssSampler(pids["ice"], pids["envoy"])
+            idle = (sampler.ice(), sampler.envoy())
+            result = run_one(ports, pids, clients, body, mix, idle, args.kill_ice)
+            if args.envoy_stats:
+                text = scrape(f"http://127.0.0.1:{ports['admin']}/stats?filter={args.envoy_stats}")
+                print("\n".join(x for x in text.splitlines() if not x.endswith(": 0")))
+            print_result(result)
+            results.append(result)
+            if args.kill_ice:
+                bad = result.counts.get("error", 0) + result.counts.get("envoy", 0)
+                print(f"ICE killed: {bad} requests without the backend's answer")
+    return results
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument(
+        "--clients", type=lambda s: [int(x) for x in s.split(",") if x], default=[32, 128, 256, 512]
+    )
+    ap.add_argument("--mix", action="store_true", help="also runs with short requests alongside")
+    ap.add_argument("--body-bytes", type=int, default=2_760_000)
+    ap.add_argument("--ice-arg", action="append", default=[], help="an extra `ice serve` flag")
+    ap.add_argument("--kill-ice", action="store_true", help="SIGKILL ICE during the flood")
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument(
+        "--envoy-concurrency", type=int, default=2, help="Envoy worker threads (README: 1 vs 2)"
+    )
+    ap.add_argument("--envoy-stats", help="print Envoy's non-zero stats matching this regex")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
+    results = run(args)
+    if args.json:
+        rows = [asdict(r) for r in results]
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        raise SystemExit(main())

@@ -1,0 +1,189 @@
+"""The servicer under a flood, driven in-process: coarse verdicts, late bodies, dropped work.
+
+Scripted ext_proc streams as in test_servicer.py; the worker's ``Backlog`` is set up so that
+each case is busy in one precise way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from prometheus_client import REGISTRY
+
+from ext_proc.backlog import Backlog
+from ext_proc.pipeline import Pipeline
+from ext_proc.servicer import ExtProcServicer
+from test_servicer import (  # type: ignore[import-not-found]
+    POLICY,
+    FakeContext,
+    body_msg,
+    headers_msg,
+    set_headers,
+    snapshot,
+)
+
+MIB = 1024 * 1024
+CHAT = json.dumps(
+    {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 64}
+).encode()
+LONG = json.dumps(
+    {"model": "m", "messages": [{"role": "user", "content": "word " * 30_000}], "max_tokens": 8}
+).encode()  # 150 kB: over the 64 KiB of a short body
+
+
+def metric(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def servicer(backlog: Backlog, usage: float = 0.3, waiting: float = 0.0) -> ExtProcServicer:
+    snap = snapshot(usage, waiting)
+    return ExtProcServicer(Pipeline(POLICY, lambda _pool: snap), backlog=backlog)
+
+
+def stream(
+    s: ExtProcServicer,
+    messages: list[pb.ProcessingRequest],
+    between: Callable[[], None] | None = None,
+) -> list[pb.ProcessingResponse]:
+    async def requests() -> AsyncIterator[pb.ProcessingRequest]:
+        for i, m in enumerate(messages):
+            if i and between is not None:
+                between()
+            yield m
+
+    async def collect() -> list[pb.ProcessingResponse]:
+        ctx = FakeContext((("x-ice-route", "chat"),))
+        return [r async for r in s.Process(requests(), ctx)]  # type: ignore[arg-type]
+
+    return asyncio.run(collect())
+
+
+def test_a_body_past_the_inflight_limit_is_judged_from_its_headers_and_not_sent() -> None:
+    backlog = Backlog(max_inflight_bytes=1 * MIB)
+    other = backlog.admit(700_000, "inline")  # another stream's body is on its way
+    before = metric("ice_coarse_verdicts_total", route="chat", why="bytes")
+    out = stream(servicer(backlog), [headers_msg(**{"content-length": "500000"})])
+    reply = out[0]
+    # 700,000 + 500,000 > 1 MiB × 7/8: continue with the body phase turned off …
+    assert reply.HasField("mode_override")
+    assert reply.mode_override.request_body_mode == 0  # NONE
+    headers = set_headers(reply.request_headers.response.header_mutation)
+    assert headers["x-ice-judged"] == "headers" and headers["x-ice-decision"] == "pass"
+    echoed = reply.dynamic_metadata.fields["ice"].struct_value.fields
+    assert echoed["x-ice-judged"].string_value == "headers"
+    assert metric("ice_coarse_verdicts_total", route="chat", why="bytes") == before + 1
+    assert backlog.inflight_bytes == 700_000  # only the other stream's promise
+    backlog.release(other)  # type: ignore[arg-type]
+
+
+def test_a_busy_worker_refuses_at_the_headers_under_pressure_in_the_api_format() -> None:
+    backlog = Backlog(max_inflight_bytes=1 * MIB)
+    backlog.admit(900_000, "inline")
+    msg = headers_msg(**{"content-length": "200000", "x-priority": "sheddable"})
+    out = stream(servicer(backlog, usage=1.0, waiting=8), [msg])
+    ir = out[0].immediate_response
+    assert ir.status.code == 429
+    assert json.loads(ir.body)["error"]["code"] == "memory_pressure"
+    sent = set_headers(ir.headers)
+    assert sent["x-ice-judged"] == "headers" and "retry-after" in sent
+
+
+def test_an_admitted_body_is_judged_in_full_and_releases_its_promise() -> None:
+    backlog = Backlog(max_inflight_bytes=1 * MIB)
+    s = servicer(backlog)
+    seen: list[int] = []
+    out = stream(
+        s,
+        [headers_msg(**{"content-length": str(len(CHAT))}), body_msg(CHAT)],
+        between=lambda: seen.append(backlog.inflight_bytes),
+    )
+    assert seen == [len(CHAT)]  # promised at the headers
+    assert not out[0].HasField("mode_override")
+    headers = set_headers(out[1].request_body.response.header_mutation)
+    assert headers["x-ice-decision"] == "pass" and "x-ice-judged" not in headers
+    assert backlog.idle
+
+
+def test_a_chunked_body_is_promised_the_body_limit() -> None:
+    backlog = Backlog(max_inflight_bytes=64 * MIB)
+    s = servicer(backlog)
+    seen: list[int] = []
+    stream(s, [headers_msg(), body_msg(CHAT)], between=lambda: seen.append(backlog.inflight_bytes))
+    assert seen == [s.pipeline.max_body_bytes]
+    assert backlog.idle
+
+
+def test_a_body_that_arrives_too_late_to_read_gets_the_coarse_verdict() -> None:
+    backlog = Backlog(max_inflight_bytes=64 * MIB)
+    before = metric("ice_coarse_verdicts_total", route="chat", why="late")
+
+    def slow_now() -> None:  # after the headers: judging now costs 10 µs per byte
+        backlog.cost["inline"] = 1e-5
+
+    out = stream(
+        servicer(backlog),
+        [headers_msg(**{"content-length": str(len(LONG))}), body_msg(LONG)],
+        between=slow_now,
+    )
+    # 150 kB × 10 µs = 1.5 s > the 0.5 s budget: judged from its size, not parsed
+    headers = set_headers(out[1].request_body.response.header_mutation)
+    assert headers["x-ice-judged"] == "headers"
+    assert metric("ice_coarse_verdicts_total", route="chat", why="late") == before + 1
+
+
+def test_a_verdict_past_envoys_deadline_is_dropped_uncounted() -> None:
+    backlog = Backlog(max_inflight_bytes=64 * MIB, message_timeout_s=0.05)
+    s = servicer(backlog)
+    judge = s.pipeline.on_body
+
+    def slow(*args: object) -> object:
+        time.sleep(0.08)  # longer than the 50 ms message timeout
+        return judge(*args)  # type: ignore[arg-type]
+
+    s.pipeline.on_body = slow  # type: ignore[method-assign]
+    dropped = metric("ice_bodies_dropped_total", reason="deadline")
+    passes = metric("ice_decisions_total", route="chat", decision="pass", reason="ok")
+    window = backlog.window
+    out = stream(s, [headers_msg(**{"content-length": str(len(CHAT))}), body_msg(CHAT)])
+    assert out[1] == pb.ProcessingResponse(request_body=pb.BodyResponse())  # plain continue
+    assert metric("ice_bodies_dropped_total", reason="deadline") == dropped + 1
+    assert metric("ice_decisions_total", route="chat", decision="pass", reason="ok") == passes
+    snap = s.pipeline.lookup("default")
+    assert snap is not None and not s.pipeline.views.ledger(snap)  # no blocks held
+    assert backlog.window == window / 2 and backlog.idle
+
+
+def test_a_stream_envoy_closes_while_its_body_waits_is_dropped_and_shrinks_the_window() -> None:
+    backlog = Backlog(max_inflight_bytes=32 * MIB)
+    s = servicer(backlog)
+    dropped = metric("ice_bodies_dropped_total", reason="stream_closed")
+
+    async def scenario() -> None:
+        await s._gate.acquire()  # another long body is being judged
+
+        async def requests() -> AsyncIterator[pb.ProcessingRequest]:
+            yield headers_msg(**{"content-length": str(len(LONG))})
+            yield body_msg(LONG)
+
+        async def consume() -> None:
+            ctx = FakeContext((("x-ice-route", "chat"),))
+            async for _ in s.Process(requests(), ctx):  # type: ignore[arg-type]
+                pass
+
+        task = asyncio.create_task(consume())
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert backlog.queued_bytes["inline"] == len(LONG)  # waiting for its turn
+        task.cancel()  # Envoy's message timeout: it closes the stream
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        s._gate.release()
+
+    asyncio.run(scenario())
+    assert metric("ice_bodies_dropped_total", reason="stream_closed") == dropped + 1
+    assert backlog.window == 16 * MIB and backlog.idle
