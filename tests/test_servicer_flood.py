@@ -14,10 +14,6 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from prometheus_client import REGISTRY
-
-from ext_proc.backlog import Backlog
-from ext_proc.pipeline import Pipeline
-from ext_proc.servicer import ExtProcServicer
 from test_servicer import (  # type: ignore[import-not-found]
     POLICY,
     FakeContext,
@@ -26,6 +22,10 @@ from test_servicer import (  # type: ignore[import-not-found]
     set_headers,
     snapshot,
 )
+
+from ext_proc.backlog import Backlog
+from ext_proc.pipeline import Pipeline
+from ext_proc.servicer import ExtProcServicer
 
 MIB = 1024 * 1024
 CHAT = json.dumps(
