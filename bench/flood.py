@@ -353,7 +353,9 @@ def _short_stats(replies: list[Reply]) -> dict[str, float]:
         return {"count": float(len(replies))}
     ok.sort()
     p99 = ok[min(len(ok) - 1, int(0.99 * len(ok)))]
-    judged = sum(1 for r in replies if r.headers.get("x-ice-judged") == "body")
+    judged = sum(
+        1 for r in replies if "x-ice-decision" in r.headers and "x-ice-judged" not in r.headers
+    )
     return {
         "count": float(len(replies)),
         "p50_ms": statistics.median(ok),
@@ -427,6 +429,16 @@ def write_policy(workdir: Path, metrics_url: str) -> Path:
     return path
 
 
+def set_message_timeout(config: dict[str, Any], ms: int) -> None:
+    """Envoy's ext_proc message_timeout (ICE is told the same with --message-timeout-ms)."""
+    for listener in config["static_resources"]["listeners"]:
+        for chain in listener["filter_chains"]:
+            for f in chain["filters"]:
+                for h in f["typed_config"].get("http_filters", []):
+                    if h["name"] == "envoy.filters.http.ext_proc":
+                        h["typed_config"]["message_timeout"] = f"{ms / 1000:g}s"
+
+
 def warm_up(port: int, body: bytes) -> None:
     for _ in range(3):
         send_one(port, body)
@@ -473,11 +485,12 @@ def run(args: argparse.Namespace) -> list[RunResult]:
         with tempfile.TemporaryDirectory(prefix="ice-flood-") as tmp, Stack(Path(tmp)) as stack:
             ports = {k: free_port() for k in ("ingress", "upstream", "admin", "ice", "metrics")}
             policy = write_policy(Path(tmp), f"http://127.0.0.1:{ports['upstream']}/metrics")
+            timeout_ms = args.message_timeout_ms
             stack.start_ice(
                 f"127.0.0.1:{ports['ice']}",
                 policy=policy,
                 metrics_address=f"127.0.0.1:{ports['metrics']}",
-                extra=list(args.ice_arg),
+                extra=[*args.ice_arg, f"--message-timeout-ms={timeout_ms}"],
             )
             config = render_envoy_config(
                 ENVOY_DIR / "bench.yaml",
@@ -489,6 +502,7 @@ def run(args: argparse.Namespace) -> list[RunResult]:
                 },
                 passthrough_paths=policy_passthrough_paths(policy),
             )
+            set_message_timeout(config, timeout_ms)
             stack.start_envoy(config, ports["admin"], concurrency=args.envoy_concurrency)
             pids = {"ice": stack.procs["ice"].pid, "envoy": stack.procs["envoy"].pid}
             time.sleep(2)  # the first scrape
@@ -518,6 +532,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--ice-arg", action="append", default=[], help="an extra `ice serve` flag")
     ap.add_argument("--kill-ice", action="store_true", help="SIGKILL ICE during the flood")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument(
+        "--message-timeout-ms", type=int, default=1000, help="Envoy's ext_proc message_timeout"
+    )
     ap.add_argument(
         "--envoy-concurrency", type=int, default=2, help="Envoy worker threads (README: 1 vs 2)"
     )

@@ -74,7 +74,7 @@ __all__ = [
 Lane = Literal["inline", "helper"]
 Why = Literal["bytes", "time"]
 
-DEFAULT_MAX_INFLIGHT_BYTES = 8 * 1024 * 1024
+DEFAULT_MAX_INFLIGHT_BYTES = 16 * 1024 * 1024
 DEFAULT_MESSAGE_TIMEOUT_S = 1.0  # envoy/envoy.yaml's ext_proc message_timeout
 BUDGET_FRACTION = 0.5
 SMALL_BODY_BYTES = 64 * 1024

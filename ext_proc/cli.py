@@ -14,6 +14,8 @@ __all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
+    from ext_proc.backlog import DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_MESSAGE_TIMEOUT_S
+
     ap = argparse.ArgumentParser(prog="ice", description="ICE, the Inference Constraint Evaluator")
     sub = ap.add_subparsers(dest="command", required=True)
 
@@ -33,14 +35,14 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--max-inflight-bytes",
         type=int,
-        default=8 * 1024 * 1024,
+        default=DEFAULT_MAX_INFLIGHT_BYTES,
         help="body bytes a worker asks Envoy for at once; past it, requests are judged from "
         "their headers (README: Under a flood)",
     )
     s.add_argument(
         "--message-timeout-ms",
         type=int,
-        default=1000,
+        default=int(DEFAULT_MESSAGE_TIMEOUT_S * 1000),
         help="Envoy's ext_proc message_timeout (the shipped configs: 1000)",
     )
 

@@ -163,3 +163,22 @@ def test_inflight_bytes_is_the_sum_of_live_tickets(
     for t in live:
         b.release(t)
     assert b.idle and b.queued_bytes == {"inline": 0, "helper": 0}
+
+
+def test_the_default_message_timeout_is_the_shipped_envoy_configs() -> None:
+    import yaml
+
+    from ext_proc.backlog import DEFAULT_MESSAGE_TIMEOUT_S
+    from ext_proc.stack import ENVOY_DIR
+
+    for name in ("envoy.yaml", "bench.yaml"):
+        config = yaml.safe_load((ENVOY_DIR / name).read_text())
+        ingress = config["static_resources"]["listeners"][0]
+        hcm = ingress["filter_chains"][0]["filters"][0]["typed_config"]
+        ext_proc = next(
+            f for f in hcm["http_filters"] if f["name"] == "envoy.filters.http.ext_proc"
+        )
+        assert ext_proc["typed_config"]["message_timeout"] == f"{DEFAULT_MESSAGE_TIMEOUT_S:g}s"
+        # Envoy bounds its own memory under the same flood (overload manager on its heap)
+        actions = {a["name"] for a in config["overload_manager"]["actions"]}
+        assert "envoy.overload_actions.stop_accepting_requests" in actions
