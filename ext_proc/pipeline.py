@@ -114,7 +114,7 @@ class Pipeline:
         if policy.tokenizers:  # loads every tokenizer now: a bad file stops start-up
             from ext_proc.tokencount import CounterRegistry
 
-            self.counters = CounterRegistry(dict(policy.tokenizers))
+            self.counters = CounterRegistry(dict(policy.tokenizers), policy.token_count_cache_bytes)
 
     def on_headers(
         self, route: Route, headers: Iterable[tuple[str, bytes]], end_of_stream: bool
@@ -231,6 +231,7 @@ class Pipeline:
             input_tokens=max(counts),
             prompt_tokens=counts if len(counts) > 1 else (),
             input_tokens_source="exact",
+            count_mode=counter.count_mode,
         )
 
     def _recount(
@@ -283,6 +284,8 @@ class Pipeline:
         d, f = verdict.decision, verdict.features
         if f is not None:
             telemetry.count_input_tokens(f.input_tokens_source)
+            if f.count_mode:
+                telemetry.TOKEN_COUNTS.labels(mode=f.count_mode).inc()
             telemetry.count_shape(route.name, f.sequences, f.media_parts)
         if f is not None and isinstance(d, Pass | Downgrade | Truncated):  # goes upstream:
             # its blocks count against the pool's free blocks until a newer view (poolview)

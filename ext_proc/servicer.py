@@ -177,7 +177,19 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             telemetry.COARSE_VERDICTS.labels(route=route.name, why="late").inc()
             return self.pipeline.on_size(route, facts, len(data))
         judging = time.perf_counter()
-        verdict = await self._judge_now(route, facts, data, heavy)
+        if heavy and self.offload is not None:
+            # exact counting of a long prompt has a budget: past it, the size decides
+            budget = self.pipeline.policy.exact_count_budget_ms / 1000 - (judging - started)
+            try:
+                verdict = await asyncio.wait_for(
+                    self.offload.on_body(self.pipeline, route, facts, data), max(0.0, budget)
+                )
+            except TimeoutError:
+                telemetry.COARSE_VERDICTS.labels(route=route.name, why="budget").inc()
+                self.backlog.observe("helper", len(data), time.perf_counter() - judging)
+                return self.pipeline.on_size(route, facts, len(data))
+        else:
+            verdict = self.pipeline.on_body(route, facts, data)
         if alone:  # with bodies ahead of it in the helper, the time includes their wait
             lane: Lane = "helper" if heavy else "inline"
             self.backlog.observe(lane, len(data), time.perf_counter() - judging)

@@ -31,6 +31,7 @@ __all__ = [
     "SCRAPE_ERRORS",
     "SNAPSHOT_AGE",
     "TOKENIZE_RISK",
+    "TOKEN_COUNTS",
     "TRUNCATIONS",
     "TRUNCATION_FALLBACKS",
     "TRUNCATION_SAVED_TOKENS",
@@ -69,12 +70,19 @@ PROCESSING_SECONDS = Histogram(
     ["phase"],
     buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
 )
+TOKEN_COUNTS = Counter(
+    "ice_token_counts",
+    "Exact prompt counts by how they were made: pieces (turns between the template's special "
+    "tokens counted apart, from a cache when seen before) or whole (the tokenizer or template "
+    "does not allow the split).",
+    ["mode"],
+)
 # The flood guard (ext_proc/backlog.py, ext_proc/coarse.py).
 COARSE_VERDICTS = Counter(
     "ice_coarse_verdicts",
     "Requests judged without their body because the worker was busy, by route and why: "
     "bytes (max_inflight_bytes), time (not judged before Envoy's message timeout), late (the "
-    "body arrived too late to read).",
+    "body arrived too late to read), budget (exact counting ran past exact_count_budget_ms).",
     ["route", "why"],
 )
 BODIES_DROPPED = Counter(

@@ -187,3 +187,42 @@ def test_a_stream_envoy_closes_while_its_body_waits_is_dropped_and_shrinks_the_w
     asyncio.run(scenario())
     assert metric("ice_bodies_dropped_total", reason="stream_closed") == dropped + 1
     assert backlog.window == 16 * MIB and backlog.idle
+
+
+class SlowHelper:
+    """An offload helper that takes longer than the counting budget (the heavy lane)."""
+
+    heavy_containers = 0
+
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    def is_heavy(self, body: bytes) -> bool:
+        return True
+
+    async def on_body(self, *args: object) -> object:
+        try:
+            await asyncio.sleep(5)
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+        raise AssertionError("not reached")
+
+
+def test_exact_counting_past_its_budget_is_judged_from_the_size() -> None:
+    from ext_proc.policy.load import parse_policy
+
+    policy = parse_policy(
+        "exact_count_budget_ms: 50\nprofiles:\n  default: {max_model_len: 8192}\n"
+        "routes:\n  chat: {profile: default}\n"
+    )
+    snap = snapshot(0.3, 0)
+    helper = SlowHelper()
+    s = ExtProcServicer(Pipeline(policy, lambda _pool: snap), helper, Backlog())  # type: ignore[arg-type]
+    before = metric("ice_coarse_verdicts_total", route="chat", why="budget")
+    out = stream(s, [headers_msg(**{"content-length": str(len(CHAT))}), body_msg(CHAT)])
+    headers = set_headers(out[1].request_body.response.header_mutation)
+    assert headers["x-ice-judged"] == "headers" and headers["x-ice-decision"] == "pass"
+    assert metric("ice_coarse_verdicts_total", route="chat", why="budget") == before + 1
+    assert helper.cancelled  # the 5 s helper was not waited for
+    assert s.backlog.idle

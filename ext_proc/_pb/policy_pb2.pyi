@@ -121,6 +121,8 @@ class Policy(_message.Message):
     EXACT_COUNT_INLINE_BYTES_FIELD_NUMBER: _builtins.int
     EMBEDDING_FIELD_NUMBER: _builtins.int
     PASSTHROUGH_PATHS_FIELD_NUMBER: _builtins.int
+    EXACT_COUNT_BUDGET_MS_FIELD_NUMBER: _builtins.int
+    TOKEN_COUNT_CACHE_BYTES_FIELD_NUMBER: _builtins.int
     default_profile: _builtins.str
     """Profile used by routes that name none (gRPC metadata x-ice-profile). Default "default"."""
     default_pool: _builtins.str
@@ -130,6 +132,15 @@ class Policy(_message.Message):
     exact_count_inline_bytes: _builtins.int
     """Bodies up to this size are counted exactly in the worker; larger ones in the helper
     process (exact counting costs ~2-3.5 µs a token). Default 32768.
+    """
+    exact_count_budget_ms: _builtins.int
+    """Exact counting's time per request, from the body's arrival: past it ICE judges the
+    request from its size (the prompt's upper bound, ext_proc/coarse.py) instead of waiting.
+    Default 600 (Envoy's message_timeout is 1 s).
+    """
+    token_count_cache_bytes: _builtins.int
+    """Bytes of remembered piece counts per tokenizer (digests and counts, no text;
+    ext_proc/tokencount/pieces.py). Default 33554432 (32 MiB); 0 turns the cache off.
     """
     @_builtins.property
     def profiles(self) -> _containers.MessageMap[_builtins.str, Global___Profile]: ...
@@ -173,14 +184,25 @@ class Policy(_message.Message):
         exact_count_inline_bytes: _builtins.int | None = ...,
         embedding: Global___Embedding | None = ...,
         passthrough_paths: _abc.Iterable[_builtins.str] | None = ...,
+        exact_count_budget_ms: _builtins.int | None = ...,
+        token_count_cache_bytes: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_exact_count_inline_bytes", b"_exact_count_inline_bytes", "embedding", b"embedding", "exact_count_inline_bytes", b"exact_count_inline_bytes"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_exact_count_budget_ms", b"_exact_count_budget_ms", "_exact_count_inline_bytes", b"_exact_count_inline_bytes", "_token_count_cache_bytes", b"_token_count_cache_bytes", "embedding", b"embedding", "exact_count_budget_ms", b"exact_count_budget_ms", "exact_count_inline_bytes", b"exact_count_inline_bytes", "token_count_cache_bytes", b"token_count_cache_bytes"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exact_count_inline_bytes", b"_exact_count_inline_bytes", "default_pool", b"default_pool", "default_profile", b"default_profile", "embedding", b"embedding", "exact_count_inline_bytes", b"exact_count_inline_bytes", "passthrough_paths", b"passthrough_paths", "pools", b"pools", "priority_header", b"priority_header", "profiles", b"profiles", "routes", b"routes", "tokenizers", b"tokenizers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exact_count_budget_ms", b"_exact_count_budget_ms", "_exact_count_inline_bytes", b"_exact_count_inline_bytes", "_token_count_cache_bytes", b"_token_count_cache_bytes", "default_pool", b"default_pool", "default_profile", b"default_profile", "embedding", b"embedding", "exact_count_budget_ms", b"exact_count_budget_ms", "exact_count_inline_bytes", b"exact_count_inline_bytes", "passthrough_paths", b"passthrough_paths", "pools", b"pools", "priority_header", b"priority_header", "profiles", b"profiles", "routes", b"routes", "token_count_cache_bytes", b"token_count_cache_bytes", "tokenizers", b"tokenizers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__exact_count_budget_ms: _TypeAlias = _typing.Literal["exact_count_budget_ms"]  # noqa: Y015
+    _WhichOneofArgType__exact_count_budget_ms: _TypeAlias = _typing.Literal["_exact_count_budget_ms", b"_exact_count_budget_ms"]  # noqa: Y015
     _WhichOneofReturnType__exact_count_inline_bytes: _TypeAlias = _typing.Literal["exact_count_inline_bytes"]  # noqa: Y015
     _WhichOneofArgType__exact_count_inline_bytes: _TypeAlias = _typing.Literal["_exact_count_inline_bytes", b"_exact_count_inline_bytes"]  # noqa: Y015
+    _WhichOneofReturnType__token_count_cache_bytes: _TypeAlias = _typing.Literal["token_count_cache_bytes"]  # noqa: Y015
+    _WhichOneofArgType__token_count_cache_bytes: _TypeAlias = _typing.Literal["_token_count_cache_bytes", b"_token_count_cache_bytes"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__exact_count_budget_ms) -> _WhichOneofReturnType__exact_count_budget_ms | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__exact_count_inline_bytes) -> _WhichOneofReturnType__exact_count_inline_bytes | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__token_count_cache_bytes) -> _WhichOneofReturnType__token_count_cache_bytes | None: ...
 
 Global___Policy: _TypeAlias = Policy  # noqa: Y015
 

@@ -377,6 +377,8 @@ def _build(msg: policy_pb2.Policy, base_dir: Path) -> Policy:
         routes=MappingProxyType(routes),
         tokenizers=MappingProxyType(_tokenizers(msg, base_dir)),
         exact_count_inline_bytes=_opt(msg, "exact_count_inline_bytes", 32768),
+        exact_count_budget_ms=_opt(msg, "exact_count_budget_ms", 600),
+        token_count_cache_bytes=_opt(msg, "token_count_cache_bytes", 32 * 1024 * 1024),
         embedding=embedding_spec(msg.embedding, base_dir),
         passthrough_paths=frozenset(passthrough),
     )

@@ -231,6 +231,8 @@ class Policy:
     # only when a policy names tokenizers).
     tokenizers: MappingProxyType[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     exact_count_inline_bytes: int = 32768
+    exact_count_budget_ms: int = 600
+    token_count_cache_bytes: int = 32 * 1024 * 1024
     embedding: EmbeddingSpec = field(default_factory=EmbeddingSpec)
     # exact paths forwarded unjudged (Envoy renders them; ICE passes them without a body)
     passthrough_paths: frozenset[str] = frozenset()

@@ -80,6 +80,8 @@ class RequestFeatures:
     generates: bool = True  # False: embeddings (no output tokens)
     stored_context: bool = False  # part of the prompt is stored at the backend
     inputs: int = 0  # embeddings: the inputs of the request
+    # exact counts: "pieces" (turns counted apart, cached) or "whole" (ext_proc.tokencount)
+    count_mode: str = ""
 
     @property
     def prompts(self) -> tuple[int, ...]:

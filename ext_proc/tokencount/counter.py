@@ -25,6 +25,7 @@ import jinja2
 from tokenizers import AddedToken, Tokenizer
 
 from ext_proc.tokencount.anthropic import _anthropic_tools, anthropic_to_chat
+from ext_proc.tokencount.pieces import DEFAULT_CACHE_BYTES, PieceCounter
 from ext_proc.tokencount.shaping import (
     _conversation_message,
     _cut_at_tag,
@@ -54,7 +55,7 @@ _EFFORTS = ("low", "medium", "high", "xhigh", "max")
 class ExactCounter:
     """One model's tokenizer and chat template; counts prompts as vLLM does (see module doc)."""
 
-    __slots__ = ("_special", "_template_kwargs", "_templates", "_tokenizer", "source")
+    __slots__ = ("_pieces", "_special", "_template_kwargs", "_templates", "_tokenizer", "source")
 
     def __init__(
         self,
@@ -63,16 +64,20 @@ class ExactCounter:
         special_tokens: Mapping[str, str],
         template_kwargs: Mapping[str, Any],
         source: str,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
     ) -> None:
         self._tokenizer = tokenizer
         self._templates = MappingProxyType(dict(templates))
         self._special = MappingProxyType(dict(special_tokens))
         self._template_kwargs = MappingProxyType(dict(template_kwargs))
         self.source = source
+        self._pieces = PieceCounter(tokenizer, cache_bytes)
+        self._pieces.verify(self._samples())
 
     @classmethod
-    def load(cls, spec: TokenizerSpec) -> ExactCounter:
-        """Load ``spec``'s files; raise ``TokenizerLoadError`` naming the file and problem."""
+    def load(cls, spec: TokenizerSpec, cache_bytes: int = DEFAULT_CACHE_BYTES) -> ExactCounter:
+        """Load ``spec``'s files; raise ``TokenizerLoadError`` naming the file and problem.
+        ``cache_bytes`` bounds the remembered piece counts (``pieces``)."""
         path = spec.tokenizer_json
         if not path.is_file():
             raise TokenizerLoadError(f"tokenizer {path}: no such file")
@@ -117,9 +122,28 @@ class ExactCounter:
                 system_first=_needs_system_first(source),
             )
         kwargs = dict(spec.template_kwargs)
-        return cls(tokenizer, templates, special, kwargs, source=str(path))
+        return cls(tokenizer, templates, special, kwargs, source=str(path), cache_bytes=cache_bytes)
+
+    def _samples(self) -> list[str]:
+        """Rendered sample conversations (each template, with and without tools) on which
+        piecewise counting must equal whole counting (``pieces.PieceCounter.verify``)."""
+        texts = []
+        for tools in (None, _SAMPLE_TOOLS):
+            for conversation in _SAMPLE_CONVERSATIONS:
+                try:
+                    texts.append(
+                        self._render([dict(m) for m in conversation], tools, True, False, None)
+                    )
+                except TokenCountError:
+                    continue
+        return texts
 
     # -- properties
+
+    @property
+    def count_mode(self) -> str:
+        """``pieces`` (turns counted apart and cached) or ``whole`` (see ``pieces``)."""
+        return self._pieces.mode
 
     @property
     def has_chat_template(self) -> bool:
@@ -132,9 +156,13 @@ class ExactCounter:
     # -- counting
 
     def count_text(self, text: str, *, add_special_tokens: bool = True) -> int:
-        """Tokens of a ``/v1/completions`` prompt (the post-processor adds BOS as vLLM does)."""
+        """Tokens of a ``/v1/completions`` prompt (the post-processor adds BOS as vLLM does);
+        without special tokens (a rendered chat prompt) piece by piece (``pieces``)."""
         try:
-            return len(self._tokenizer.encode(text, add_special_tokens=add_special_tokens))
+            if not add_special_tokens:
+                return self._pieces.count(text)
+            encoded = self._tokenizer.encode_batch_fast([text], add_special_tokens=True)
+            return len(encoded[0])
         except Exception as e:  # e.g. a lone surrogate ("\ud800" in JSON) is no valid str
             raise TokenCountError(f"cannot tokenize the text: {e}") from None
 
@@ -352,6 +380,36 @@ class ExactCounter:
         if final is not None:
             text = _cut_at_tag(text, final)
         return text
+
+
+# Conversations whose renders must count the same by pieces and whole: roles, whitespace at
+# the edges of turns, newlines, digits, non-Latin text, empty and repeated turns.
+_SAMPLE_CONVERSATIONS: tuple[tuple[dict[str, Any], ...], ...] = (
+    ({"role": "user", "content": "Hello there"},),
+    (
+        {"role": "system", "content": "You are a helpful assistant.\n\nAnswer briefly."},
+        {"role": "user", "content": "  What is 12345 + 678?  "},
+        {"role": "assistant", "content": "\n12345 + 678 = 13023.\n"},
+        {"role": "user", "content": "内存压力 and émigré naïve café, then tabs\tand spaces   "},
+    ),
+    (
+        {"role": "user", "content": ""},
+        {"role": "assistant", "content": " "},
+        {"role": "user", "content": "again\n\n\nagain"},
+        {"role": "assistant", "content": "again\n\n\nagain"},
+        {"role": "user", "content": "'quoted' \"double\" {json: [1, 2]} <tag> & done."},
+    ),
+)
+_SAMPLE_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "description": "Look a word up.",
+            "parameters": {"type": "object", "properties": {"word": {"type": "string"}}},
+        },
+    }
+]
 
 
 def _is_int(value: Any) -> bool:

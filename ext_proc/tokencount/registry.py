@@ -16,6 +16,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ext_proc.tokencount.counter import ExactCounter
+from ext_proc.tokencount.pieces import DEFAULT_CACHE_BYTES
 from ext_proc.tokencount.spec import TokenizerLoadError, TokenizerSpec
 
 
@@ -25,14 +26,18 @@ class CounterRegistry:
 
     __slots__ = ("_counters",)
 
-    def __init__(self, specs: Mapping[str, TokenizerSpec] | None = None) -> None:
+    def __init__(
+        self,
+        specs: Mapping[str, TokenizerSpec] | None = None,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
+    ) -> None:
         loaded: dict[tuple[Any, ...], ExactCounter] = {}
         counters: dict[str, ExactCounter] = {}
         for model, spec in (specs or {}).items():
             key = spec.key()
             if key not in loaded:
                 try:
-                    loaded[key] = ExactCounter.load(spec)
+                    loaded[key] = ExactCounter.load(spec, cache_bytes)
                 except TokenizerLoadError as e:
                     raise TokenizerLoadError(f"tokenizers.{model}: {e}") from None
             counters[model] = loaded[key]
