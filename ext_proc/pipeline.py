@@ -33,6 +33,7 @@ from typing import Any
 
 from ext_proc import rawjson, telemetry
 from ext_proc.coarse import COARSE_LADDER, H_JUDGED, coarse_features
+from ext_proc.counting import H_TOKENS, bounds, same_verdict
 from ext_proc.decision import (
     Decision,
     Downgrade,
@@ -60,7 +61,13 @@ from ext_proc.schemas import (
     schema_for_path,
 )
 from ext_proc.signals.snapshot import PoolSnapshot
-from ext_proc.verdict import BodyVerdict, HeaderFacts, PendingTruncation, make_verdict
+from ext_proc.verdict import (
+    BodyVerdict,
+    HeaderFacts,
+    PendingTruncation,
+    make_verdict,
+    with_header,
+)
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
@@ -319,11 +326,19 @@ class Pipeline:
             message = "The request body is not valid JSON: the JSON is nested too deeply."
             outcome = self._bad(route, adapter, 400, "invalid_json", message)
             return BodyVerdict(None, None, outcome, bad="invalid_json")
-        if self.counters is not None:
-            features = self._exact_count(adapter, features, values, len(body))
         picks = self._pick.get(route.pool) == "ice"
         prefix = prefix_key(features.schema, values) if picks else None
-        decision, placement = self._evaluate(route, facts, features, LADDER, prefix)
+        counted = self.counters is not None and self.counters.counter_for(features.model)
+        decided: tuple[Decision, Placement] | None = None
+        if counted and self.policy.exact_count == "needed":  # the estimate may decide
+            lo, hi = bounds(features, len(body))
+            low, _ = self._evaluate(route, facts, lo, LADDER, prefix)
+            high = self._evaluate(route, facts, hi, LADDER, prefix)
+            if same_verdict(low, high[0]):
+                features, decided = hi, high
+        if decided is None and self.counters is not None:
+            features = self._exact_count(adapter, features, values, len(body))
+        decision, placement = decided or self._evaluate(route, facts, features, LADDER, prefix)
         spec = route.profile.truncation
         if isinstance(decision, Truncate) and spec is not None:
             from ext_proc.truncate.runner import conversation_for
@@ -332,7 +347,11 @@ class Pipeline:
             waiting = Continue(verdict_headers(Pass(decision.pressure)), None)
             pending = PendingTruncation(conv, body)
             return BodyVerdict(decision, features, waiting, pending=pending, placement=placement)
-        return make_verdict(decision, features, adapter, body, placement)
+        verdict = make_verdict(decision, features, adapter, body, placement)
+        if counted:
+            used = "exact" if features.input_tokens_source == "exact" else "estimate"
+            verdict = with_header(verdict, H_TOKENS, used)
+        return verdict
 
     def _evaluate(
         self,

@@ -21,7 +21,7 @@ from ext_proc.schemas import RequestFeatures, SchemaAdapter
 if TYPE_CHECKING:
     from ext_proc.truncate.units import Conversation
 
-__all__ = ["BodyVerdict", "HeaderFacts", "PendingTruncation", "make_verdict"]
+__all__ = ["BodyVerdict", "HeaderFacts", "PendingTruncation", "make_verdict", "with_header"]
 
 
 @dataclass(slots=True)
@@ -82,3 +82,9 @@ def make_verdict(
         if extra:
             outcome = replace(outcome, headers=outcome.headers + extra)
     return BodyVerdict(decision, features, outcome, placement=placement)
+
+
+def with_header(verdict: BodyVerdict, key: str, value: str) -> BodyVerdict:
+    """The verdict with one more header on its outcome (to the backend and the client)."""
+    headers = [*verdict.outcome.headers, (key, value)]
+    return replace(verdict, outcome=replace(verdict.outcome, headers=headers))

@@ -30,6 +30,7 @@ profiles: {{default: {{max_model_len: {max_model_len}, output_buffer_tokens: 0,
                       min_output_tokens: 1}}}}
 tokenizers:
   tiny: {{model_dir: vllm_cpu/tokenizer}}
+exact_count: always
 """,
         base_dir=DATA,
     )

@@ -123,6 +123,7 @@ class Policy(_message.Message):
     PASSTHROUGH_PATHS_FIELD_NUMBER: _builtins.int
     EXACT_COUNT_BUDGET_MS_FIELD_NUMBER: _builtins.int
     TOKEN_COUNT_CACHE_BYTES_FIELD_NUMBER: _builtins.int
+    EXACT_COUNT_FIELD_NUMBER: _builtins.int
     default_profile: _builtins.str
     """Profile used by routes that name none (gRPC metadata x-ice-profile). Default "default"."""
     default_pool: _builtins.str
@@ -141,6 +142,10 @@ class Policy(_message.Message):
     token_count_cache_bytes: _builtins.int
     """Bytes of remembered piece counts per tokenizer (digests and counts, no text;
     ext_proc/tokencount/pieces.py). Default 33554432 (32 MiB); 0 turns the cache off.
+    """
+    exact_count: _builtins.str
+    """When a model with a tokenizer is counted exactly: "needed" (default: only when the
+    estimate's bounds give different verdicts, ext_proc/counting.py) or "always".
     """
     @_builtins.property
     def profiles(self) -> _containers.MessageMap[_builtins.str, Global___Profile]: ...
@@ -186,10 +191,11 @@ class Policy(_message.Message):
         passthrough_paths: _abc.Iterable[_builtins.str] | None = ...,
         exact_count_budget_ms: _builtins.int | None = ...,
         token_count_cache_bytes: _builtins.int | None = ...,
+        exact_count: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_exact_count_budget_ms", b"_exact_count_budget_ms", "_exact_count_inline_bytes", b"_exact_count_inline_bytes", "_token_count_cache_bytes", b"_token_count_cache_bytes", "embedding", b"embedding", "exact_count_budget_ms", b"exact_count_budget_ms", "exact_count_inline_bytes", b"exact_count_inline_bytes", "token_count_cache_bytes", b"token_count_cache_bytes"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exact_count_budget_ms", b"_exact_count_budget_ms", "_exact_count_inline_bytes", b"_exact_count_inline_bytes", "_token_count_cache_bytes", b"_token_count_cache_bytes", "default_pool", b"default_pool", "default_profile", b"default_profile", "embedding", b"embedding", "exact_count_budget_ms", b"exact_count_budget_ms", "exact_count_inline_bytes", b"exact_count_inline_bytes", "passthrough_paths", b"passthrough_paths", "pools", b"pools", "priority_header", b"priority_header", "profiles", b"profiles", "routes", b"routes", "token_count_cache_bytes", b"token_count_cache_bytes", "tokenizers", b"tokenizers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exact_count_budget_ms", b"_exact_count_budget_ms", "_exact_count_inline_bytes", b"_exact_count_inline_bytes", "_token_count_cache_bytes", b"_token_count_cache_bytes", "default_pool", b"default_pool", "default_profile", b"default_profile", "embedding", b"embedding", "exact_count", b"exact_count", "exact_count_budget_ms", b"exact_count_budget_ms", "exact_count_inline_bytes", b"exact_count_inline_bytes", "passthrough_paths", b"passthrough_paths", "pools", b"pools", "priority_header", b"priority_header", "profiles", b"profiles", "routes", b"routes", "token_count_cache_bytes", b"token_count_cache_bytes", "tokenizers", b"tokenizers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__exact_count_budget_ms: _TypeAlias = _typing.Literal["exact_count_budget_ms"]  # noqa: Y015
     _WhichOneofArgType__exact_count_budget_ms: _TypeAlias = _typing.Literal["_exact_count_budget_ms", b"_exact_count_budget_ms"]  # noqa: Y015

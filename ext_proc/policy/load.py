@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from google.protobuf import json_format
@@ -379,9 +379,18 @@ def _build(msg: policy_pb2.Policy, base_dir: Path) -> Policy:
         exact_count_inline_bytes=_opt(msg, "exact_count_inline_bytes", 32768),
         exact_count_budget_ms=_opt(msg, "exact_count_budget_ms", 600),
         token_count_cache_bytes=_opt(msg, "token_count_cache_bytes", 32 * 1024 * 1024),
+        exact_count=_exact_count_mode(msg.exact_count),
         embedding=embedding_spec(msg.embedding, base_dir),
         passthrough_paths=frozenset(passthrough),
     )
+
+
+def _exact_count_mode(text: str) -> Literal["needed", "always"]:
+    if text in ("", "needed"):
+        return "needed"
+    if text == "always":
+        return "always"
+    raise PolicyError(f"exact_count: {text!r} is not one of needed, always")
 
 
 def _priority_or_none(text: str) -> Priority | None:

@@ -233,6 +233,7 @@ class Policy:
     exact_count_inline_bytes: int = 32768
     exact_count_budget_ms: int = 600
     token_count_cache_bytes: int = 32 * 1024 * 1024
+    exact_count: Literal["needed", "always"] = "needed"
     embedding: EmbeddingSpec = field(default_factory=EmbeddingSpec)
     # exact paths forwarded unjudged (Envoy renders them; ICE passes them without a body)
     passthrough_paths: frozenset[str] = frozenset()

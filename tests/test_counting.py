@@ -1,0 +1,116 @@
+"""Exact counts only when the verdict depends on them (ext_proc/counting.py), hand-computed.
+
+The estimate's bounds are lo = ⌈text × 0.5⌉ + media and hi = ⌈text × 2⌉ + media; when the
+ladder gives both the same verdict the estimate decides at hi (``x-ice-tokens: estimate``),
+else the tokenizer counts (``exact``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from ext_proc.counting import bounds, same_verdict
+from ext_proc.decision import Downgrade, Pass, Reject
+from ext_proc.pipeline import HeaderFacts, Pipeline
+from ext_proc.policy.load import parse_policy
+from ext_proc.schemas import BY_NAME, RequestFeatures
+from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
+
+DATA = Path(__file__).parent / "data"
+
+
+def features(tokens: int, media: int = 0, prompts: tuple[int, ...] = ()) -> RequestFeatures:
+    return RequestFeatures(
+        schema="openai.chat", model="tiny", input_tokens=tokens, max_tokens=None,
+        max_tokens_field=None, stream=False, message_count=1, media_tokens=media,
+        prompt_tokens=prompts,
+    )  # fmt: skip
+
+
+def test_bounds_scale_the_text_and_keep_the_media() -> None:
+    lo, hi = bounds(features(1001, media=201), nbytes=100_000)
+    # text = 800: lo = 400 + 201, hi = 1,600 + 201
+    assert (lo.input_tokens, hi.input_tokens) == (601, 1801)
+    lo, hi = bounds(features(900, prompts=(900, 101)), nbytes=100_000)
+    assert (lo.prompt_tokens, hi.prompt_tokens) == ((450, 51), (1800, 202))
+
+
+def test_the_upper_bound_never_passes_the_bodys_byte_bound() -> None:
+    # 300 bytes: at most 300 + 256 tokens, whatever the estimate says
+    _, hi = bounds(features(400), nbytes=300)
+    assert hi.input_tokens == 556
+
+
+def test_same_verdict_is_both_pass_or_the_same_refusal() -> None:
+    a = Reject(None, 429, "kv_exhausted", "x")
+    assert same_verdict(Pass(None), Pass(None))
+    assert same_verdict(a, Reject(None, 429, "kv_exhausted", "other message"))
+    assert not same_verdict(a, Reject(None, 429, "memory_pressure", "x"))
+    assert not same_verdict(Pass(None), a)
+    assert not same_verdict(Downgrade(None, 10, None, "context_budget"), Pass(None))
+
+
+def pipeline(max_model_len: int, exact_count: str = "needed") -> Pipeline:
+    policy = parse_policy(
+        f"""
+profiles: {{default: {{max_model_len: {max_model_len}, output_buffer_tokens: 0,
+                      min_output_tokens: 1}}}}
+tokenizers:
+  tiny: {{model_dir: vllm_cpu/tokenizer}}
+exact_count: {exact_count}
+""",
+        base_dir=DATA,
+    )
+    backend = BackendSignals(url="u", kv_cache_usage=0.1, num_requests_waiting=0)
+    snap = PoolSnapshot(pool="default", backends=(backend,), taken_at_s=time.monotonic())
+    return Pipeline(policy, lambda _pool: snap)
+
+
+def judge(p: Pipeline, content: str, max_tokens: int = 8) -> tuple[object, dict[str, str]]:
+    route = p.router.resolve(())
+    body = {"model": "tiny", "messages": [{"role": "user", "content": content}]}
+    body["max_tokens"] = max_tokens  # type: ignore[assignment]
+    verdict = p.on_body(
+        route, HeaderFacts(adapter=BY_NAME["openai.chat"]), json.dumps(body).encode()
+    )
+    assert verdict is not None and verdict.features is not None
+    return verdict, dict(verdict.outcome.headers)
+
+
+def test_far_from_every_limit_the_estimate_decides_at_its_upper_bound() -> None:
+    p = pipeline(max_model_len=100_000)
+    verdict, headers = judge(p, "word " * 400)  # ~500 tokens: far below 100k either way
+    assert headers["x-ice-tokens"] == "estimate"
+    f = verdict.features  # type: ignore[attr-defined]
+    assert f.input_tokens_source == "estimate"
+    # the estimate: ⌈2,000 ASCII characters / 4⌉ + 4 for the message + 3 for the reply
+    # primer = 507; judged and held at hi = 2 × 507
+    assert f.input_tokens == 1014
+    assert isinstance(verdict.decision, Pass)  # type: ignore[attr-defined]
+
+
+def test_near_the_context_the_tokenizer_counts() -> None:
+    p = pipeline(max_model_len=600)
+    # ~400–500 tokens of text: lo (≈ 250) fits 600 with its 8 output tokens, hi (≈ 1,000) does
+    # not: the verdicts differ, so the exact count decides
+    verdict, headers = judge(p, "word " * 400)
+    assert headers["x-ice-tokens"] == "exact"
+    assert verdict.features.input_tokens_source == "exact"  # type: ignore[attr-defined]
+
+
+def test_exact_count_always_counts_every_request() -> None:
+    verdict, headers = judge(pipeline(100_000, "always"), "word " * 400)
+    assert headers["x-ice-tokens"] == "exact"
+    assert verdict.features.input_tokens_source == "exact"  # type: ignore[attr-defined]
+
+
+def test_a_model_without_a_tokenizer_says_nothing_about_tokens() -> None:
+    p = pipeline(max_model_len=100_000)
+    route = p.router.resolve(())
+    body = {"model": "other", "messages": [{"role": "user", "content": "hi"}]}
+    verdict = p.on_body(
+        route, HeaderFacts(adapter=BY_NAME["openai.chat"]), json.dumps(body).encode()
+    )
+    assert verdict is not None and "x-ice-tokens" not in dict(verdict.outcome.headers)
