@@ -29,8 +29,9 @@ Accounting (one ``Backlog`` per worker; called from the event loop's thread only
     could not be judged in time even alone (exact counting of a very long prompt with a slow
     tokenizer) gets the coarse verdict rather than Envoy's fail-open.
 - ``late(L, lane, waited_s)`` at the body phase: waited_s (since the body reached the
-  servicer) + (queued bytes of the lane ahead of it + L) × c_lane > budget_s: judged from
-  its size instead (the body is not parsed).
+  servicer) + (queued bytes of the lane ahead of it + L) × c_lane > budget_s (the whole
+  message_timeout when nothing is ahead of it, as at admission): judged from its size
+  instead (the body is not parsed).
 - ``expired(waited_s)``: waited_s > message_timeout. Envoy sent the body before ICE received
   it, so by then Envoy has certainly given up: the verdict is not recorded (no metrics, no
   KV blocks held) and the body is dropped.
@@ -147,7 +148,8 @@ class Backlog:
         """True when the body, with the lane's queued bodies ahead of it, would be answered
         after the budget: judge it from its size instead."""
         ahead = self.queued_bytes[ticket.lane] - ticket.nbytes
-        return waited_s + (ahead + ticket.nbytes) * self.cost[ticket.lane] > self.budget_s
+        budget = self.budget_s if ahead > 0 else self.message_timeout_s
+        return waited_s + (ahead + ticket.nbytes) * self.cost[ticket.lane] > budget
 
     def expired(self, waited_s: float) -> bool:
         """Envoy has certainly given up on a body that reached ICE ``waited_s`` ago."""

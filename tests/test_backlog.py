@@ -70,6 +70,9 @@ def test_a_body_is_late_when_its_wait_and_the_lane_ahead_pass_the_budget() -> No
     # 0.15 s + 0.4 s = 0.55 s > 0.5 s
     assert b.late(t2, 0.15)
     assert not b.expired(1.0) and b.expired(1.01)
+    b.release(t1)  # now nothing is ahead of t2: the whole timeout is its budget
+    assert not b.late(t2, 0.5)  # 0.5 s + 1 MB × 200 ns = 0.7 s ≤ 1.0 s
+    assert b.late(t2, 0.85)  # 0.85 s + 0.2 s > 1.0 s
 
 
 def test_arrival_turns_the_promise_into_the_size() -> None:

@@ -142,9 +142,14 @@ PROBE_HEADERS = {"x-priority": "critical"}
 
 
 def write_policy(
-    path: Path, backend_port: int, profile_extra: str = "", passthrough_paths: Iterable[str] = ()
+    path: Path,
+    backend_port: int,
+    profile_extra: str = "",
+    passthrough_paths: Iterable[str] = (),
+    policy_extra: str = "",
 ) -> Path:
-    """The e2e policy; ``profile_extra`` (YAML, 4-space indented) joins the default profile;
+    """The e2e policy; ``profile_extra`` (YAML, 4-space indented) joins the default profile,
+    ``policy_extra`` (top-level YAML) the policy;
     ``passthrough_paths`` become the policy's ``passthrough_paths``."""
     text = POLICY.format(
         max_model_len=MAX_MODEL_LEN,
@@ -160,6 +165,7 @@ def write_policy(
     paths = list(passthrough_paths)
     if paths:
         text += f"passthrough_paths: {json.dumps(paths)}\n"
+    text += policy_extra
     path.write_text(text)
     return path
 
@@ -451,6 +457,7 @@ def running_stack(
     ice_extra: list[str] | None = None,
     profile_extra: str = "",
     passthrough_paths: Iterable[str] = (),
+    policy_extra: str = "",
 ) -> Iterator[E2E]:
     """Backend, ICE (unless ``start_ice`` is false: its address stays dead) and Envoy;
     ``passthrough_paths`` go into the policy and, opened, into Envoy's config."""
@@ -458,7 +465,9 @@ def running_stack(
     with Stack(workdir) as stack:
         backend_port = free_port()
         stack.start_backend(backend_port)
-        policy = write_policy(workdir / "policy.yaml", backend_port, profile_extra, paths)
+        policy = write_policy(
+            workdir / "policy.yaml", backend_port, profile_extra, paths, policy_extra
+        )
         address = f"127.0.0.1:{free_ports(workers)}"
         addresses = worker_addresses(address, workers)
         metrics_port = free_port()
