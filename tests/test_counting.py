@@ -8,15 +8,14 @@ else the tokenizer counts (``exact``).
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
+
+from test_exact_tokens_pipeline import pipeline as exact_pipeline  # type: ignore[import-not-found]
 
 from ext_proc.counting import bounds, same_verdict
 from ext_proc.decision import Downgrade, Pass, Reject
 from ext_proc.pipeline import HeaderFacts, Pipeline
-from ext_proc.policy.load import parse_policy
 from ext_proc.schemas import BY_NAME, RequestFeatures
-from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
 
 DATA = Path(__file__).parent / "data"
 
@@ -53,19 +52,7 @@ def test_same_verdict_is_both_pass_or_the_same_refusal() -> None:
 
 
 def pipeline(max_model_len: int, exact_count: str = "needed") -> Pipeline:
-    policy = parse_policy(
-        f"""
-profiles: {{default: {{max_model_len: {max_model_len}, output_buffer_tokens: 0,
-                      min_output_tokens: 1}}}}
-tokenizers:
-  tiny: {{model_dir: vllm_cpu/tokenizer}}
-exact_count: {exact_count}
-""",
-        base_dir=DATA,
-    )
-    backend = BackendSignals(url="u", kv_cache_usage=0.1, num_requests_waiting=0)
-    snap = PoolSnapshot(pool="default", backends=(backend,), taken_at_s=time.monotonic())
-    return Pipeline(policy, lambda _pool: snap)
+    return exact_pipeline(max_model_len, exact_count)
 
 
 def judge(p: Pipeline, content: str, max_tokens: int = 8) -> tuple[object, dict[str, str]]:

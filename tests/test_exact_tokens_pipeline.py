@@ -23,14 +23,14 @@ CASES = [
 ]
 
 
-def pipeline(max_model_len: int) -> Pipeline:
+def pipeline(max_model_len: int, exact_count: str = "always") -> Pipeline:
     policy = parse_policy(
         f"""
 profiles: {{default: {{max_model_len: {max_model_len}, output_buffer_tokens: 0,
                       min_output_tokens: 1}}}}
 tokenizers:
   tiny: {{model_dir: vllm_cpu/tokenizer}}
-exact_count: always
+exact_count: {exact_count}
 """,
         base_dir=DATA,
     )
