@@ -143,21 +143,6 @@ def test_table(capsys: pytest.CaptureFixture[str]) -> None:
                 "2",
                 "--head-dim",
                 "64",
-                "--dtype",
-                "bf16",
-                "--kv-memory",
-                "1GiB",
-            ],
-            "max_model_len",
-        ),
-        (
-            [
-                "--layers",
-                "2",
-                "--kv-heads",
-                "2",
-                "--head-dim",
-                "64",
                 "--kv-memory",
                 "1GiB",
                 "--max-model-len",
@@ -188,7 +173,6 @@ def test_table(capsys: pytest.CaptureFixture[str]) -> None:
         "block-size-zero",
         "avg-over-max-len",
         "max-len-zero",
-        "numbers-without-max-len",
         "auto-without-dtype",
         "hybrid-model",
         "missing-config",
@@ -221,3 +205,27 @@ def test_command_imports_only_the_standard_library() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert out.strip() == "[]"
+
+
+NUMBERS = ["--layers", "2", "--kv-heads", "2", "--head-dim", "64", "--dtype", "bf16"]
+
+
+def test_capacity_without_max_model_len_is_printed_and_the_rest_left_out(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # bytes per token = 2 (K, V) × 2 layers × 2 heads × 64 × 2 B = 1,024; a block of 16
+    # tokens = 16,384 B; 1 GiB / 16,384 = 65,536 blocks = 1,048,576 token slots
+    assert main([*NUMBERS, "--kv-memory", "1GiB"]) == 0
+    out = capsys.readouterr().out
+    assert "65,536" in out and "1,048,576 tokens" in out
+    rows = [line.split("  ")[0] for line in out.splitlines()]
+    assert "max concurrency" not in rows and "left out" in out
+    assert main([*NUMBERS, "--kv-memory", "1GiB", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert (data["num_blocks"], data["kv_cache_tokens"], data["bytes_per_block"]) == (
+        65536,
+        1048576,
+        16384,
+    )
+    for key in ("max_model_len", "max_concurrency", "blocks_per_request", "fits_max_model_len"):
+        assert data[key] is None

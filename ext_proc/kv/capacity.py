@@ -34,6 +34,12 @@ Formulas (bytes per rank; ``bpb`` = ``geometry.bytes_per_block``; ``bs`` = block
   the single avg_seq_len): the unused fraction of allocated block space (token slots in each
   sequence's last, partly filled block). Uniformly spread lengths waste about (bs − 1) / 2
   tokens a sequence.
+- Without max_model_len the capacity (num_blocks, token_slots, bytes per block, the memory
+  used, estimated_max_model_len) stands as it is; what needs the context length
+  (blocks_per_request, max_concurrency, bytes_needed_for_max_model_len,
+  fits_max_model_len) is None, and kv_cache_tokens is token_slots when every layer has full
+  attention (int(num_blocks / ceil(L / bs) × L) = num_blocks × bs for any L that is a
+  multiple of bs), else None (sliding windows make it depend on L).
 
 Invariant: pure; stdlib only; ``KVInputError`` names the offending input.
 """
@@ -57,13 +63,13 @@ class CapacityPlan:
     available_kv_bytes: int | None
     num_blocks_from_memory: int | None
     num_blocks: int
-    max_model_len: int
-    blocks_per_request: int
-    max_concurrency: float
-    kv_cache_tokens: int
+    max_model_len: int | None
+    blocks_per_request: int | None
+    max_concurrency: float | None
+    kv_cache_tokens: int | None
     token_slots: int
-    bytes_needed_for_max_model_len: int
-    fits_max_model_len: bool
+    bytes_needed_for_max_model_len: int | None
+    fits_max_model_len: bool | None
     estimated_max_model_len: int | None
     avg_seq_len: int | None
     max_num_seqs_safe: int | None
@@ -149,14 +155,15 @@ def _estimated_max_model_len(geometry: KVGeometry, budget_blocks: int) -> int | 
 def plan_capacity(
     geometry: KVGeometry,
     *,
-    max_model_len: int,
+    max_model_len: int | None,
     available_bytes: int | None = None,
     num_blocks_override: int | None = None,
     avg_seq_len: int | None = None,
     lengths: Sequence[int] | None = None,
 ) -> CapacityPlan:
-    """The ``CapacityPlan`` for ``geometry`` with this much KV memory (or block override)."""
-    if max_model_len < 1:
+    """The ``CapacityPlan`` for ``geometry`` with this much KV memory (or block override);
+    ``max_model_len`` None: the figures that need it are None (module docstring)."""
+    if max_model_len is not None and max_model_len < 1:
         raise KVInputError("max_model_len", f"must be ≥ 1, got {max_model_len}")
     bpb = geometry.bytes_per_block
     from_memory: int | None = None
@@ -172,18 +179,26 @@ def plan_capacity(
         num_blocks = from_memory
     else:
         raise KVInputError("kv_memory", "missing (give the KV memory or a block override)")
-    if avg_seq_len is not None and not 1 <= avg_seq_len <= max_model_len:
+    top = max_model_len if max_model_len is not None else 2**63
+    if avg_seq_len is not None and not 1 <= avg_seq_len <= top:
         raise KVInputError("avg_seq_len", f"must be in [1, max_model_len={max_model_len}]")
     if lengths is not None:
         if not lengths:
             raise KVInputError("lengths", "no lengths given")
-        bad = next((n for n in lengths if not 1 <= n <= max_model_len), None)
+        bad = next((n for n in lengths if not 1 <= n <= top), None)
         if bad is not None:
             raise KVInputError("lengths", f"length {bad} is not in [1, {max_model_len}]")
 
-    per_request = geometry.max_blocks_per_request(max_model_len)
-    concurrency = num_blocks / per_request
     budget = num_blocks - 1  # the null block is never handed out
+    per_request: int | None = None
+    concurrency: float | None = None
+    tokens: int | None = None
+    if max_model_len is not None:
+        per_request = geometry.max_blocks_per_request(max_model_len)
+        concurrency = num_blocks / per_request
+        tokens = int(concurrency * max_model_len)
+    elif all(grp.sliding_window is None for grp in geometry.groups):
+        tokens = num_blocks * geometry.block_size
     if avg_seq_len is not None:
         safe: int | None = max(budget, 0) // geometry.blocks_for_tokens(avg_seq_len)
     elif lengths:
@@ -200,10 +215,10 @@ def plan_capacity(
         max_model_len=max_model_len,
         blocks_per_request=per_request,
         max_concurrency=concurrency,
-        kv_cache_tokens=int(concurrency * max_model_len),
+        kv_cache_tokens=tokens,
         token_slots=num_blocks * geometry.block_size,
-        bytes_needed_for_max_model_len=bpb * per_request,
-        fits_max_model_len=per_request <= budget,
+        bytes_needed_for_max_model_len=None if per_request is None else bpb * per_request,
+        fits_max_model_len=None if per_request is None else per_request <= budget,
         estimated_max_model_len=_estimated_max_model_len(geometry, budget),
         avg_seq_len=avg_seq_len,
         max_num_seqs_safe=safe,

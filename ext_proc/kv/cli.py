@@ -155,8 +155,6 @@ def _plan(args: argparse.Namespace) -> tuple[CapacityPlan, str]:
     )
     given = args.max_model_len is not None
     max_model_len = args.max_model_len if given else shape.max_model_len
-    if max_model_len is None:
-        raise KVInputError("max_model_len", "missing (required without --config)")
     memory = (args.kv_memory, args.gpu_memory, args.gpu_memory_utilization, args.non_kv_memory)
     available = None
     if any(v is not None for v in memory) or args.num_gpu_blocks_override is None:
@@ -168,6 +166,8 @@ def _plan(args: argparse.Namespace) -> tuple[CapacityPlan, str]:
         )
     lengths = _read_lengths(args.lengths) if args.lengths is not None else None
     note = "" if given else f" (config.json: {shape.max_model_len_source})"
+    if max_model_len is None:
+        note = ""
     plan = plan_capacity(
         geometry,
         max_model_len=max_model_len,
@@ -194,7 +194,9 @@ def plan_to_dict(plan: CapacityPlan) -> dict[str, Any]:
         "max_model_len": plan.max_model_len,
         "blocks_per_request": plan.blocks_per_request,
         "max_concurrency": plan.max_concurrency,
-        "max_concurrency_printed": f"{plan.max_concurrency:.2f}x",
+        "max_concurrency_printed": (
+            None if plan.max_concurrency is None else f"{plan.max_concurrency:.2f}x"
+        ),
         "bytes_needed_for_max_model_len": plan.bytes_needed_for_max_model_len,
         "fits_max_model_len": plan.fits_max_model_len,
         "estimated_max_model_len": plan.estimated_max_model_len,
@@ -223,6 +225,35 @@ def _opt(value: object, fmt: str = "{:,}") -> str:
     return "n/a" if value is None else fmt.format(value)
 
 
+def _context_rows(plan: CapacityPlan, note: str) -> list[tuple[str, str]]:
+    """The rows that need max_model_len, or the one line that says they are left out."""
+    if (
+        plan.max_model_len is None
+        or plan.max_concurrency is None
+        or plan.blocks_per_request is None
+        or plan.bytes_needed_for_max_model_len is None
+    ):
+        return [
+            (
+                "max_model_len",
+                "not given: max concurrency and the memory one full-length request needs "
+                "are left out (give --max-model-len or --config)",
+            )
+        ]
+    return [
+        ("max_model_len", f"{plan.max_model_len:,}{note}"),
+        (
+            "max concurrency",
+            f"{plan.max_concurrency:.2f}x ({plan.blocks_per_request:,} blocks per request)",
+        ),
+        (
+            "memory for one max_model_len",
+            f"{plan.bytes_needed_for_max_model_len:,} B "
+            f"({'fits' if plan.fits_max_model_len else 'does NOT fit'})",
+        ),
+    ]
+
+
 def render_table(plan: CapacityPlan, max_model_len_note: str = "") -> str:
     """The human-readable form of ``plan``."""
     g = plan.geometry
@@ -249,17 +280,11 @@ def render_table(plan: CapacityPlan, max_model_len_note: str = "") -> str:
             "n/a" if avail is None else f"{avail:,} B ({format_gib(avail)} GiB)",
         ),
         ("blocks", f"{plan.num_blocks:,}"),
-        ("KV cache size", f"{plan.kv_cache_tokens:,} tokens ({plan.token_slots:,} token slots)"),
-        ("max_model_len", f"{plan.max_model_len:,}{max_model_len_note}"),
         (
-            "max concurrency",
-            f"{plan.max_concurrency:.2f}x ({plan.blocks_per_request:,} blocks per request)",
+            "KV cache size",
+            f"{_opt(plan.kv_cache_tokens)} tokens ({plan.token_slots:,} token slots)",
         ),
-        (
-            "memory for one max_model_len",
-            f"{plan.bytes_needed_for_max_model_len:,} B "
-            f"({'fits' if plan.fits_max_model_len else 'does NOT fit'})",
-        ),
+        *_context_rows(plan, max_model_len_note),
         ("longest request that fits", "unbounded (sliding window)" if est is None else f"{est:,}"),
         ("avg sequence", _opt(plan.avg_seq_len)),
         ("safe max_num_seqs", _opt(plan.max_num_seqs_safe)),
