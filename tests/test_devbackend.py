@@ -494,3 +494,49 @@ def test_any_other_request_is_recorded_and_answered_200() -> None:
         assert await (await client.get("/_dev/requests")).json() == []
 
     run(body)
+
+
+INFERENCE_PATHS = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/messages",
+    "/v1/responses",
+    "/v1/embeddings",
+    "/v1/chat/completions/batch",
+    "/invocations",
+    "/inference/v1/generate",
+    "/generate",
+)
+BAD_BODIES = (
+    b"[" * 20_000 + b"]" * 20_000,  # nested past the parser's recursion limit
+    b'{"messages": [' * 5_000 + b"]}" * 5_000,
+    b"\xff\xfe{}",  # not UTF-8
+    b"\xef\xbb\xbf" + b"{",  # a BOM, then cut-off JSON
+    b"[1, 2, 3]",  # not an object
+    b'"text"',
+)
+# Bodies it can read but whose fields make no sense: answered (200 or 400), never a 500.
+ODD_BODIES = (
+    b'{"model": "m", "messages": 5, "prompt": {}, "input": 7, "max_tokens": "lots"}',
+    b'{"model": "m", "messages": [1, "two", null], "max_tokens": 8}',
+    b'{"model": "m", "messages": [{"role": "user", "content": {"nested": 1}}], "max_tokens": -3}',
+    b'{"model": "m", "prompt": [[1, "a"]], "max_tokens": 1e30, "n": "x"}',
+    b'{"text": 5, "sampling_params": [1], "token_ids": {"a": 1}}',
+    b'{"model": "m", "input": [{"type": 3}], "max_output_tokens": []}',
+)
+
+
+def test_a_body_the_backend_cannot_read_is_a_400_on_every_endpoint_never_a_500() -> None:
+    async def body(client: Client) -> None:
+        for path in INFERENCE_PATHS:
+            for data in BAD_BODIES + ODD_BODIES:
+                for ctype in ("application/json", "text/plain"):
+                    resp = await client.post(path, data=data, headers={"content-type": ctype})
+                    reply = await resp.json()
+                    if data in BAD_BODIES:
+                        assert resp.status == 400, (path, data[:40], ctype, resp.status)
+                        assert "error" in reply, (path, data[:40], reply)
+                    else:
+                        assert resp.status in (200, 400), (path, data[:40], ctype, resp.status)
+
+    run(body)

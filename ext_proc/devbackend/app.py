@@ -34,7 +34,9 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import generate_latest
 
+from ext_proc.devbackend.answers import _anthropic_error, _openai_error
 from ext_proc.devbackend.inference import (
+    Handler,
     chat_batch,
     chat_completions,
     completions,
@@ -113,6 +115,24 @@ async def unrouted(request: web.Request) -> web.Response:
     )
 
 
+# What reading an odd body can raise inside a handler (depth, types, values): a 400.
+_UNREADABLE = (RecursionError, TypeError, ValueError, KeyError, AttributeError, IndexError)
+
+
+def _readable(handler: Handler, anthropic: bool) -> Handler:
+    """``handler``, answering 400 in its API's format to a body it cannot read (never 500).
+    The request was recorded before the handler read it."""
+
+    async def guarded(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except _UNREADABLE as exc:
+            message = f"cannot read the request body: {type(exc).__name__}: {exc}"[:300]
+            return _anthropic_error(message) if anthropic else _openai_error(message)
+
+    return guarded
+
+
 def build_app(model: str) -> web.Application:
     """The devbackend application serving ``model``, with fresh state and metrics."""
     app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -128,7 +148,7 @@ def build_app(model: str) -> web.Application:
         ("/inference/v1/generate", generate_tokens),
         ("/generate", sglang_generate),
     ]:
-        app.router.add_post(path, handler)
+        app.router.add_post(path, _readable(handler, path == "/v1/messages"))
     for path, handler in [("/health", health), ("/v1/models", models), ("/metrics", metrics)]:
         app.router.add_get(path, handler)  # and HEAD
     for method, path, handler in [
