@@ -6,7 +6,8 @@
 - gRPC message limits are raised to ``max_body_bytes`` + 1 MiB so buffered bodies up to the
   limit (8 MiB by default, Envoy's buffer is set to match) pass.
 - SIGTERM/SIGINT: health turns NOT_SERVING, new streams are refused, in-flight streams get
-  ``shutdown_grace_s`` to finish, then the process exits 0.
+  ``shutdown_grace_s`` to finish, then the process exits 0. SIGHUP never stops ICE: it logs
+  that policy reload is not supported and keeps serving.
 - Semantic truncation: when a profile enables it, one embedding worker per host
   (``ext_proc.truncate.host``) is started and ready before the workers serve; every worker
   talks to it over a Unix socket.
@@ -163,6 +164,7 @@ async def _run_worker(opts: ServeOptions, address: str, shm_name: str | None = N
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, _hangup)
     await stop.wait()
     log.info("shutting down: draining in-flight streams (grace %.1f s)", opts.shutdown_grace_s)
     await health.enter_graceful_shutdown()
@@ -174,6 +176,12 @@ async def _run_worker(opts: ServeOptions, address: str, shm_name: str | None = N
     if pipeline.similarity is not None:
         await pipeline.similarity.close()
     offload.close()
+
+
+def _hangup() -> None:
+    """SIGHUP (a process manager's "reload"): never a stop; policy reload is not supported yet,
+    so ICE says so and keeps serving."""
+    log.warning("SIGHUP: policy reload is not supported; still serving the policy loaded at start")
 
 
 def _worker_main(opts: ServeOptions, address: str, shm_name: str | None = None) -> None:
@@ -275,6 +283,7 @@ def _supervise(opts: ServeOptions, addresses: list[str]) -> int:
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGHUP, lambda _signum, _frame: _hangup())
         for addr in addresses:
             procs[addr] = ctx.Process(
                 target=_worker_main, args=(opts, addr, writer.name), name=f"ice-{addr}"

@@ -168,3 +168,20 @@ def test_two_workers_share_the_streams_and_survive_losing_one(tmp_path: Path) ->
             load.wait_for(10)
         assert_all_served(load.sent)
         assert e2e.stack.stop("ice", signal.SIGTERM, timeout_s=20) == 0
+
+
+def test_sighup_never_stops_ice_and_sigint_drains_like_sigterm(tmp_path: Path) -> None:
+    with running_stack(tmp_path, workers=2) as e2e:
+        ice = e2e.stack.procs["ice"]
+        os.killpg(ice.pid, signal.SIGHUP)  # the supervisor and both workers get it
+        deadline = time.monotonic() + 10
+        while ice_log(e2e).count("SIGHUP: policy reload is not supported") < 3:
+            assert time.monotonic() < deadline, ice_log(e2e)
+            time.sleep(0.1)
+        assert ice.poll() is None
+        for address in e2e.ice_addresses:
+            wait_grpc_health(address, timeout_s=5)
+        for _ in range(4):
+            reply = e2e.post(CHAT, BODY, {})
+            assert reply.status == 200 and reply.header("x-ice-decision") == "downgrade"
+        assert e2e.stack.stop("ice", signal.SIGINT, timeout_s=20) == 0
