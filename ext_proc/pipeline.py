@@ -171,6 +171,10 @@ class Pipeline:
             )
             return facts
         facts.adapter = adapter
+        if not _is_json(content_type) and route.profile.content_types == "pass":
+            facts.skip_body = True  # the profile leaves non-JSON to the backend
+            telemetry.PASSTHROUGH.labels(route=route.name, reason="content_type").inc()
+            return facts
         if not _is_json(content_type):
             # a judged endpoint reads JSON only: a body in another type is not judged, so it
             # does not go on (servers that sniff bodies would read it anyway)

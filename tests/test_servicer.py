@@ -11,11 +11,12 @@ import json
 import time
 from collections.abc import AsyncIterator
 
+import pytest
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from ext_proc.pipeline import Pipeline
-from ext_proc.policy.load import parse_policy
+from ext_proc.policy.load import PolicyError, parse_policy
 from ext_proc.servicer import ExtProcServicer
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
 
@@ -149,6 +150,20 @@ def test_non_json_content_type_on_a_judged_path_is_answered_415() -> None:
     ir = out[0].immediate_response
     assert ir.status.code == 415
     assert json.loads(ir.body)["error"]["code"] == "unsupported_media_type"
+
+
+def test_a_content_types_pass_profile_forwards_non_json_unjudged() -> None:
+    policy = parse_policy(
+        "profiles:\n  default: {max_model_len: 8192, content_types: pass}\n"
+        "routes:\n  chat: {profile: default}\n"
+    )
+    out = run(
+        [headers_msg(**{"content-type": "text/plain"})], pipeline=Pipeline(policy, lambda _p: None)
+    )
+    assert not out[0].HasField("immediate_response")
+    assert out[0].mode_override.request_body_mode == 0  # the body goes on, not to ICE
+    with pytest.raises(PolicyError, match=r"profiles\.default\.content_types: must be"):
+        parse_policy("profiles:\n  default: {content_types: lenient}\n")
 
 
 def test_empty_body_is_answered_400_at_the_headers_phase() -> None:

@@ -185,6 +185,11 @@ def _profile(name: str, msg: policy_pb2.Profile, base_dir: Path) -> Profile:
         raise PolicyError(
             f"{where}.stored_context: must be 'full_window' or 'reject', got {stored!r}"
         )
+    content_types = msg.content_types or d.content_types
+    if content_types not in ("strict", "pass"):
+        raise PolicyError(
+            f"{where}.content_types: must be 'strict' or 'pass', got {content_types!r}"
+        )
     caps_per_request = {}
     for cap in ("max_sequences", "max_media_parts", "max_embedding_inputs"):
         caps_per_request[cap] = _opt(msg, cap, getattr(d, cap))
@@ -214,6 +219,7 @@ def _profile(name: str, msg: policy_pb2.Profile, base_dir: Path) -> Profile:
         max_embedding_inputs=caps_per_request["max_embedding_inputs"],
         media=_media(msg.media, f"{where}.media", base_dir),
         stored_context="reject" if stored == "reject" else "full_window",
+        content_types="pass" if content_types == "pass" else "strict",
     )
 
 

@@ -123,6 +123,7 @@ class Profile:
     media: MediaSpec = field(default_factory=MediaSpec)
     stored_context: StoredContext = "full_window"
     max_embedding_inputs: int = 2048
+    content_types: Literal["strict", "pass"] = "strict"
 
 
 StoredContext = Literal["full_window", "reject"]
