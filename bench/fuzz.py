@@ -31,7 +31,7 @@ import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -320,9 +320,18 @@ def main(argv: list[str] | None = None) -> int:
         crashes = 0 if proc.poll() is None else 1
         print_report(report, crashes)
         if args.json:
-            Path(args.json).write_text(
-                json.dumps({**asdict(report), "crashes": crashes}, indent=1, default=str)
-            )
+            row = {
+                "sent": report.sent,
+                "seconds": report.seconds,
+                "crashes": crashes,
+                "outcomes": dict(report.outcomes),
+                "families": {k: dict(v) for k, v in report.families.items()},
+                "altered": report.altered,
+                "slow": report.slow,
+                "ice_5xx": report.ice_5xx,
+                "errors": report.errors,
+            }
+            Path(args.json).write_text(json.dumps(row, indent=1))
         bad = crashes or report.altered or report.ice_5xx or report.slow
         return 1 if bad else 0
 
