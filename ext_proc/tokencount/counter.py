@@ -26,6 +26,7 @@ from tokenizers import AddedToken, Tokenizer
 
 from ext_proc.tokencount.anthropic import _anthropic_tools, anthropic_to_chat
 from ext_proc.tokencount.pieces import DEFAULT_CACHE_BYTES, PieceCounter
+from ext_proc.tokencount.samples import SAMPLE_CONVERSATIONS, SAMPLE_TOOLS
 from ext_proc.tokencount.shaping import (
     _conversation_message,
     _cut_at_tag,
@@ -128,8 +129,8 @@ class ExactCounter:
         """Rendered sample conversations (each template, with and without tools) on which
         piecewise counting must equal whole counting (``pieces.PieceCounter.verify``)."""
         texts = []
-        for tools in (None, _SAMPLE_TOOLS):
-            for conversation in _SAMPLE_CONVERSATIONS:
+        for tools in (None, SAMPLE_TOOLS):
+            for conversation in SAMPLE_CONVERSATIONS:
                 try:
                     texts.append(
                         self._render([dict(m) for m in conversation], tools, True, False, None)
@@ -380,36 +381,6 @@ class ExactCounter:
         if final is not None:
             text = _cut_at_tag(text, final)
         return text
-
-
-# Conversations whose renders must count the same by pieces and whole: roles, whitespace at
-# the edges of turns, newlines, digits, non-Latin text, empty and repeated turns.
-_SAMPLE_CONVERSATIONS: tuple[tuple[dict[str, Any], ...], ...] = (
-    ({"role": "user", "content": "Hello there"},),
-    (
-        {"role": "system", "content": "You are a helpful assistant.\n\nAnswer briefly."},
-        {"role": "user", "content": "  What is 12345 + 678?  "},
-        {"role": "assistant", "content": "\n12345 + 678 = 13023.\n"},
-        {"role": "user", "content": "内存压力 and émigré naïve café, then tabs\tand spaces   "},
-    ),
-    (
-        {"role": "user", "content": ""},
-        {"role": "assistant", "content": " "},
-        {"role": "user", "content": "again\n\n\nagain"},
-        {"role": "assistant", "content": "again\n\n\nagain"},
-        {"role": "user", "content": "'quoted' \"double\" {json: [1, 2]} <tag> & done."},
-    ),
-)
-_SAMPLE_TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "lookup",
-            "description": "Look a word up.",
-            "parameters": {"type": "object", "properties": {"word": {"type": "string"}}},
-        },
-    }
-]
 
 
 def _is_int(value: Any) -> bool:

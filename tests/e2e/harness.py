@@ -11,13 +11,16 @@ import base64
 import contextlib
 import dataclasses
 import http.client
+import importlib.util
 import json
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -547,3 +550,14 @@ class Load:
         while len(self.sent) < target:
             assert time.monotonic() < deadline, f"load stalled at {len(self.sent)} requests"
             time.sleep(0.02)
+
+
+def load_bench(name: str) -> ModuleType:
+    """``bench/<name>.py`` as a module (the benchmarks are scripts, not a package)."""
+    path = Path(__file__).resolve().parents[2] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module

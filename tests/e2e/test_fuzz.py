@@ -10,25 +10,11 @@ generator cannot pass.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
-from .harness import running_stack
+from .harness import load_bench, running_stack
 
-
-def _load() -> ModuleType:
-    path = Path(__file__).resolve().parents[2] / "bench" / "fuzz.py"
-    spec = importlib.util.spec_from_file_location("fuzz", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-fuzz = _load()
+fuzz = load_bench("fuzz")
 
 
 def test_two_thousand_mutated_requests_break_nothing(tmp_path: Path) -> None:

@@ -4,27 +4,13 @@ events gets a verdict."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
-import sys
 from pathlib import Path
-from types import ModuleType
 
-from .harness import running_stack
+from .harness import load_bench, running_stack
 
-
-def _load() -> ModuleType:
-    path = Path(__file__).resolve().parents[2] / "bench" / "soak.py"
-    spec = importlib.util.spec_from_file_location("soak", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-soak = _load()
+soak = load_bench("soak")
 
 
 def test_a_minute_of_mixed_traffic_leaks_no_descriptor_and_loses_no_verdict(
