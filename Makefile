@@ -51,8 +51,8 @@ VLLM_VENV := .venv-vllm
 
 # A real vLLM (CPU build) in its own venv + a tiny random-weight model: ~2 min, ~2.5 GB the first time.
 vllm-install: $(STAMP)
-	$(BIN)/python -m ext_proc.vllm_local install --venv $(VLLM_VENV)
-	$(BIN)/python -m ext_proc.vllm_local build-model --venv $(VLLM_VENV)
+	$(BIN)/python -m ext_proc.lab.vllm_local install --venv $(VLLM_VENV)
+	$(BIN)/python -m ext_proc.lab.vllm_local build-model --venv $(VLLM_VENV)
 
 test-vllm: vllm-install
 	ICE_VLLM=1 $(BIN)/pytest -q -m vllm
@@ -65,10 +65,10 @@ vllm-record-tokens: vllm-install
 	ICE_VLLM=1 ICE_RECORD_TOKENS=1 $(BIN)/pytest -q -m vllm tests/test_tokencount.py
 
 vllm-serve: vllm-install
-	$(BIN)/python -m ext_proc.vllm_local serve --venv $(VLLM_VENV) --port 8000
+	$(BIN)/python -m ext_proc.lab.vllm_local serve --venv $(VLLM_VENV) --port 8000
 
 vllm-record: vllm-install
-	$(BIN)/python -m ext_proc.vllm_local record --venv $(VLLM_VENV)
+	$(BIN)/python -m ext_proc.lab.vllm_local record --venv $(VLLM_VENV)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .scratch/vllm .mypy_cache .ruff_cache .pytest_cache

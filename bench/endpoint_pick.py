@@ -8,10 +8,10 @@ burst ─┬─ rr ───► Envoy B (ice cluster → a closed port: fails op
                       └─ override_host: ICE's pick (envoy.lb), else round robin ─► A or B
 ```
 
-Two ``vllm serve`` of the tiny model (``ext_proc.vllm_local``: CPU, 24 KV blocks of 128
+Two ``vllm serve`` of the tiny model (``ext_proc.lab.vllm_local``: CPU, 24 KV blocks of 128
 tokens each, own ports and scratch dirs), one ICE whose pool lists both ``/metrics`` URLs
-(``ext_proc/vllm_tiny_policy.yaml`` rendered by ``ext_proc.overload.render_policy``, then its
-pools given both URLs and the run's ``endpoint_pick``), and real Envoy rendered from
+(``ext_proc/lab/vllm_tiny_policy.yaml`` rendered by ``ext_proc.lab.overload.render_policy``,
+then its pools given both URLs and the run's ``endpoint_pick``), and real Envoy rendered from
 ``envoy/envoy.yaml`` with ``clusters={"backend": [A, B], "ice": [ICE]}``. The three configs:
 
 - ``rr``: a second Envoy from the same file whose ``ice`` cluster is a closed port, so every
@@ -30,8 +30,8 @@ text (seeded per workload, round and config), and the config order rotates per r
 
 Workloads:
 
-1. ``overload``: ``ext_proc.overload``'s burst (``plan_burst`` / ``request_body``): ``--requests``
-   streamed chats of ~``--prompt-tokens`` prompt and ``--max-tokens`` output tokens
+1. ``overload``: ``ext_proc.lab.overload``'s burst (``plan_burst`` / ``request_body``):
+   ``--requests`` streamed chats of ~``--prompt-tokens`` prompt and ``--max-tokens`` output tokens
    (``ignore_eos``), priorities from ``--mix``, open loop, once per ``--spacings`` value (ms
    between starts; 0 = all at once). On one vLLM, all at once, it preempts ~15 times unjudged
    (``bench/overload.py``).
@@ -46,7 +46,7 @@ Workloads:
    tokens with the chat template and question): 3 prompts (21 blocks) fit one vLLM's 23
    usable blocks next to one running request, 6 prompts (42) do not.
 
-Per run (``PoolRun``, a ``RunResult`` of ``ext_proc.overload`` with per-backend deltas):
+Per run (``PoolRun``, a ``RunResult`` of ``ext_proc.lab.overload`` with per-backend deltas):
 status of every request, TTFT (first streamed token) p50/p95 of the completed ones
 (``send``), 429s; per vLLM, from /metrics before and after: ``vllm:num_preemptions_total``,
 ``vllm:request_success_total`` (where requests ran), ``vllm:prefix_cache_hits_total`` /
@@ -150,8 +150,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # run as a script: import ext_proc from the checkout
     sys.path.insert(0, str(REPO))
 
-from ext_proc import vllm_local as vl  # noqa: E402
-from ext_proc.overload import (  # noqa: E402
+from ext_proc.lab import vllm_local as vl  # noqa: E402
+from ext_proc.lab.overload import (  # noqa: E402
     CHAT,
     MAX_TOKENS,
     MIX,
@@ -170,10 +170,10 @@ from ext_proc.overload import (  # noqa: E402
     table,
     wait_idle,
 )
-from ext_proc.overload.burst import Planned  # noqa: E402
-from ext_proc.overload.metrics import sample_metrics  # noqa: E402
-from ext_proc.overload.run import send  # noqa: E402
-from ext_proc.stack import (  # noqa: E402
+from ext_proc.lab.overload.burst import Planned  # noqa: E402
+from ext_proc.lab.overload.metrics import sample_metrics  # noqa: E402
+from ext_proc.lab.overload.run import send  # noqa: E402
+from ext_proc.lab.stack import (  # noqa: E402
     ENVOY_DIR,
     Stack,
     free_port,

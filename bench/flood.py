@@ -62,7 +62,7 @@ sys.path.insert(0, str(HERE))
 
 import throughput as tb  # noqa: E402  (the /proc helpers and the policy writer)
 
-from ext_proc.stack import (  # noqa: E402
+from ext_proc.lab.stack import (  # noqa: E402
     ENVOY_DIR,
     Stack,
     free_port,

@@ -294,7 +294,7 @@ def print_report(r: Report, crashes: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     import throughput as tb
 
-    from ext_proc.stack import ENVOY_DIR, Stack, free_port, render_envoy_config
+    from ext_proc.lab.stack import ENVOY_DIR, Stack, free_port, render_envoy_config
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--bodies", type=int, default=100_000)

@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import throughput as tb
 
-    from ext_proc.stack import Stack, free_port, render_envoy_config
+    from ext_proc.lab.stack import Stack, free_port, render_envoy_config
 
     with tempfile.TemporaryDirectory() as tmp, Stack(Path(tmp)) as stack:
         ingress, upstream, admin, port = free_port(), free_port(), free_port(), free_port()

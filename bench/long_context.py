@@ -51,7 +51,7 @@ sys.path.insert(0, str(HERE))
 import throughput as tb  # noqa: E402  (the policy writer)
 import yaml  # noqa: E402
 
-from ext_proc.stack import (  # noqa: E402
+from ext_proc.lab.stack import (  # noqa: E402
     ENVOY_DIR,
     Stack,
     free_port,

@@ -1,10 +1,10 @@
 """One overload burst sent twice to a real vLLM: straight to it, and through Envoy + ICE.
 
-The command line of ``ext_proc/overload/`` (which does the work; ``ice demo`` uses it too).
+The command line of ``ext_proc/lab/overload/`` (which does the work; ``ice demo`` uses it too).
 
 ```
 burst ─┬─ direct ──────────────────────────────────────► vllm serve (tiny model, 24 KV blocks)
-       └─ via ICE ─► Envoy (envoy/envoy.yaml) ─ext_proc─► ICE (ext_proc/vllm_tiny_policy.yaml)
+       └─ via ICE ─► Envoy (envoy/envoy.yaml) ─ext_proc─► ICE (ext_proc/lab/vllm_tiny_policy.yaml)
                        └───────────────────────────────► same vllm serve
 ```
 
@@ -62,7 +62,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # run as a script: import ext_proc from the checkout
     sys.path.insert(0, str(REPO))
 
-from ext_proc.overload import (  # noqa: E402
+from ext_proc.lab.overload import (  # noqa: E402
     MAX_TOKENS,
     MIX,
     MODES,

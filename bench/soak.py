@@ -236,7 +236,7 @@ def growth(samples: list[Sample], after_s: float) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ext_proc.stack import ENVOY_DIR, Stack, free_port, render_envoy_config
+    from ext_proc.lab.stack import ENVOY_DIR, Stack, free_port, render_envoy_config
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--minutes", type=float, default=30)

@@ -52,7 +52,7 @@ from typing import Any
 
 import yaml
 
-from ext_proc.stack import (
+from ext_proc.lab.stack import (
     ENVOY_DIR,
     Stack,
     StackError,

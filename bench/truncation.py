@@ -32,11 +32,11 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
+from ext_proc.lab.stack import Stack, free_port
 from ext_proc.pipeline import BodyVerdict, HeaderFacts, Pipeline
 from ext_proc.policy.load import default_policy_text, parse_policy
 from ext_proc.schemas import OPENAI_CHAT
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
-from ext_proc.stack import Stack, free_port
 from ext_proc.truncate.client import EmbeddingClient, EmbeddingWorkerProcess
 
 EN = [

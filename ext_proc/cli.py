@@ -13,6 +13,12 @@ from pathlib import Path
 __all__ = ["main"]
 
 
+def _lab_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("ext_proc.lab") is not None
+
+
 def _parser() -> argparse.ArgumentParser:
     from ext_proc.backlog import DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_MESSAGE_TIMEOUT_S
 
@@ -136,12 +142,19 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(json.dumps(report, indent=2, ensure_ascii=False))
             return 0
+        if args.command in ("demo", "dev-backend") and not _lab_installed():
+            print(
+                f"ice: {args.command} is a lab command: it needs a source checkout "
+                "(the container image leaves ext_proc/lab out)",
+                file=sys.stderr,
+            )
+            return 2
         if args.command == "demo":
-            from ext_proc.demo import run_demo
+            from ext_proc.lab.demo import run_demo
 
             return int(run_demo(wait=not args.no_wait, backend=args.backend))
         if args.command == "dev-backend":
-            from ext_proc.devbackend import main as backend_main
+            from ext_proc.lab.devbackend import main as backend_main
 
             backend_main(["--host", args.host, "--port", str(args.port)])
             return 0

@@ -172,7 +172,7 @@ def test_the_default_message_timeout_is_the_shipped_envoy_configs() -> None:
     import yaml
 
     from ext_proc.backlog import DEFAULT_MESSAGE_TIMEOUT_S
-    from ext_proc.stack import ENVOY_DIR
+    from ext_proc.lab.stack import ENVOY_DIR
 
     for name in ("envoy.yaml", "bench.yaml"):
         config = yaml.safe_load((ENVOY_DIR / name).read_text())

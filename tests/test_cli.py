@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 DATA = Path(__file__).parent / "data"
 
 
@@ -67,3 +69,14 @@ def test_bad_policy_stops_start_up_naming_the_field(tmp_path: Path) -> None:
     out = ice("serve", "--policy", str(bad), "--address", "127.0.0.1:1")
     assert out.returncode == 2
     assert b"profiles.chat.pressure.thresholds.high" in out.stderr
+
+
+def test_lab_commands_say_they_need_a_checkout_where_the_lab_is_absent(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ext_proc import cli
+
+    monkeypatch.setattr(cli, "_lab_installed", lambda: False)
+    assert cli.main(["demo", "--no-wait"]) == 2
+    assert "demo is a lab command: it needs a source checkout" in capsys.readouterr().err
+    assert cli.main(["dev-backend"]) == 2

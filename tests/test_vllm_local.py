@@ -1,8 +1,8 @@
-"""The real-vLLM harness (ext_proc.vllm_local): requirement filtering, serve argv/env, the
+"""The real-vLLM harness (ext_proc.lab.vllm_local): requirement filtering, serve argv/env, the
 recorded pages of tests/data/vllm_cpu, and one live check against a real vLLM server.
 
 Everything but ``test_real_vllm_server`` runs without vLLM. That one needs ``.venv-vllm``
-(``python -m ext_proc.vllm_local install``) and ``ICE_VLLM=1``.
+(``python -m ext_proc.lab.vllm_local install``) and ``ICE_VLLM=1``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from prometheus_client.parser import text_string_to_metric_families
 
-from ext_proc import vllm_local as vl
+from ext_proc.lab import vllm_local as vl
 
 DATA = Path(__file__).parent / "data" / "vllm_cpu"
 
@@ -392,7 +392,7 @@ def test_public_names_resolve() -> None:
 
 def test_runs_as_a_module() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "ext_proc.vllm_local", "--help"],
+        [sys.executable, "-m", "ext_proc.lab.vllm_local", "--help"],
         capture_output=True,
         text=True,
         check=True,
@@ -401,7 +401,7 @@ def test_runs_as_a_module() -> None:
     assert "{install,build-model,serve,record}" in out
 
 
-# --- the recorded pages (python -m ext_proc.vllm_local record) ---------------------------------
+# --- the recorded pages (python -m ext_proc.lab.vllm_local record) -----------------------------
 
 
 def _samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
@@ -492,7 +492,7 @@ def test_recorded_chat_completion() -> None:
 @pytest.mark.timeout(900)
 @pytest.mark.skipif(
     os.environ.get("ICE_VLLM") != "1" or not vl.venv_ready(vl.DEFAULT_VENV),
-    reason="needs ICE_VLLM=1 and .venv-vllm (python -m ext_proc.vllm_local install)",
+    reason="needs ICE_VLLM=1 and .venv-vllm (python -m ext_proc.lab.vllm_local install)",
 )
 def test_real_vllm_server() -> None:
     vl.ensure_model(vl.DEFAULT_MODEL_DIR)

@@ -172,7 +172,7 @@ class Policy(_message.Message):
         """Extra exact paths (after Envoy's normalisation, no query) that the inference listener
         forwards to the backend unjudged, for any method. Closed by default: the listener
         forwards only the judged endpoints and GET/HEAD /v1/models, /health, /version, /ping;
-        any other path is a 404 from Envoy (ext_proc/stack.py renders these routes into the
+        any other path is a 404 from Envoy (ext_proc/lab/stack.py renders these routes into the
         Envoy config; ICE itself answers 404 to an unknown path that still reaches it).
         """
 

@@ -1,6 +1,6 @@
 """The e2e harness: the dev backend, ICE and real Envoy on free loopback ports, and clients.
 
-``running_stack`` starts the three processes (``ext_proc.stack.Stack``) with a test policy
+``running_stack`` starts the three processes (``ext_proc.lab.stack.Stack``) with a test policy
 whose pool scrapes the test backend every 0.1 s, and yields an ``E2E`` that sends requests
 through Envoy, steers the backend's reported memory state and reads what the backend got.
 """
@@ -25,9 +25,9 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from ext_proc.devbackend import DevState
+from ext_proc.lab.devbackend import DevState
+from ext_proc.lab.stack import ENVOY_DIR, Stack, free_port, render_envoy_config
 from ext_proc.server import worker_addresses
-from ext_proc.stack import ENVOY_DIR, Stack, free_port, render_envoy_config
 
 ENVOY_TEMPLATE = ENVOY_DIR / "envoy.yaml"
 CHAT = "/v1/chat/completions"

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from ext_proc.stack import ENVOY_DIR, Stack, free_port, render_envoy_config
+from ext_proc.lab.stack import ENVOY_DIR, Stack, free_port, render_envoy_config
 
 from .harness import Reply, request
 

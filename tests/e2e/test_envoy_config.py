@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from ext_proc.stack import CLOSED_ROUTE, ENVOY_DIR, envoy_binary, render_envoy_config
+from ext_proc.lab.stack import CLOSED_ROUTE, ENVOY_DIR, envoy_binary, render_envoy_config
 
 from .harness import CLOSED, ENVOY_TEMPLATE, JUDGED_ROUTES, READ_ONLY_ROUTES
 

@@ -12,7 +12,7 @@ import socket
 import time
 from pathlib import Path
 
-from ext_proc.stack import wait_grpc_health
+from ext_proc.lab.stack import wait_grpc_health
 
 from .harness import CHAT, E2E, PROBE, PROBE_HEADERS, Load, Sent, request, running_stack
 

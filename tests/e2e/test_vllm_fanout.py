@@ -48,7 +48,7 @@ from typing import Any
 
 import pytest
 
-from ext_proc import vllm_local as vl
+from ext_proc.lab import vllm_local as vl
 from ext_proc.policy.evaluate import Shape
 from ext_proc.policy.model import Profile
 from ext_proc.poolview import PoolViews

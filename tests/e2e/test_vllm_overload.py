@@ -1,7 +1,7 @@
 """ICE's value against a real vLLM: one overload burst, straight to vLLM and through Envoy + ICE.
 
 Starts ``vllm serve`` (CPU, the tiny model, 24 KV blocks of 128 tokens), ICE with
-``ext_proc/vllm_tiny_policy.yaml`` and real Envoy (``ext_proc/overload/`` does the work),
+``ext_proc/lab/vllm_tiny_policy.yaml`` and real Envoy (``ext_proc/lab/overload/`` does the work),
 sends the same burst both ways and asserts the direction, not numbers:
 
 - the burst really overloads vLLM: straight to it, every request completes and vLLM preempts
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from ext_proc import overload
-from ext_proc import vllm_local as vl
+from ext_proc.lab import overload
+from ext_proc.lab import vllm_local as vl
 
 pytestmark = [
     pytest.mark.vllm,

@@ -1,7 +1,0 @@
-"""``python -m ext_proc.vllm_local install|build-model|serve|record``: see ``cli``."""
-
-import sys
-
-from ext_proc.vllm_local.cli import main
-
-sys.exit(main())
