@@ -5,8 +5,9 @@
 The stack: the dev backend, ICE with two workers (so that one can be killed and replaced),
 real Envoy (``envoy/envoy.yaml``). A steady load of ``--rate`` requests per second, mixed:
 passes, downgrades (``max_tokens`` over the context), 400s (broken JSON), 415s
-(``text/plain``), sheddable requests (429 while the pool is saturated), streaming and
-Anthropic requests. The pool's metrics flap between calm and saturated every 20 s; at a
+(``text/plain``), sheddable requests (429 while the pool is high or critical; every request
+at critical), long conversations (truncated semantically while it is high), streaming and
+Anthropic requests. The pool's metrics go calm, high, calm, critical, 20 s each; at a
 third of the run the backend is restarted, at two thirds one ICE worker is killed (SIGKILL;
 the supervisor starts a new one).
 
@@ -20,7 +21,6 @@ unjudged. ``run`` is what ``tests/e2e/test_soak.py`` calls for 60 seconds.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import random
@@ -35,6 +35,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import yaml
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 if str(REPO) not in sys.path:  # run as a script: import ext_proc from the checkout
@@ -43,9 +45,23 @@ sys.path.insert(0, str(HERE))
 
 import throughput as tb  # noqa: E402  (the /proc helpers)
 
-CALM = {"kv_cache_usage": 0.2, "num_requests_waiting": 0}
-SATURATED = {"kv_cache_usage": 0.97, "num_requests_waiting": 12}
+# The pool's states, with the built-in policy's weights (kv 0.40, queue 0.25, saturation 8):
+# score = 100 × (0.40 × usage + 0.25 × min(1, waiting / 8)) / 0.65.
+CALM = {"kv_cache_usage_perc": 0.2, "num_requests_waiting": 0}  # 12: low
+HIGH = {"kv_cache_usage_perc": 0.97, "num_requests_waiting": 3}  # 74: high
+CRITICAL = {"kv_cache_usage_perc": 1.0, "num_requests_waiting": 12}  # 100: critical
+FLAPS = (CALM, HIGH, CALM, CRITICAL)  # one state per FLAP_S
 FLAP_S = 20.0
+# Semantic truncation on the default profile: the "long" conversations of the mix (about 700
+# tokens) are cut to these budgets while the pool is high (at critical they are shed first).
+TRUNCATION = {
+    "enabled": True,
+    "budget_tokens": {"high": 300, "critical": 200},
+    "keep_last_turns": 1,
+    "deadline_ms": 2000,
+    "on_overflow": "best_effort",
+}
+TOPICS = ("basil", "git", "kyoto", "ira", "sourdough", "squats", "python", "plants", "faucet")
 EVENT_WINDOW_S = 5.0
 
 
@@ -65,6 +81,8 @@ class SoakResult:
     samples: list[Sample] = field(default_factory=list)
     sent: int = 0
     by_status: dict[str, int] = field(default_factory=dict)
+    by_decision: dict[str, int] = field(default_factory=dict)  # x-ice-decision of the answers
+    flap_failures: int = 0  # state changes the backend refused (outside its restart)
     unjudged: int = 0
     unjudged_in_windows: int = 0
     errors: int = 0
@@ -97,8 +115,18 @@ def request_kinds(rng: random.Random) -> tuple[str, bytes, dict[str, str]]:
     chat = "/v1/chat/completions"
     words = " ".join(rng.choice(["memory", "cache", "token", "block"]) for _ in range(30))
     msgs = [{"role": "user", "content": words}]
-    kind = rng.choice(["pass", "pass", "downgrade", "bad", "text", "shed", "stream", "anthropic"])
+    kind = rng.choice(
+        ["pass", "pass", "downgrade", "bad", "text", "shed", "stream", "anthropic", "long"]
+    )
     json_type = {"content-type": "application/json"}
+    if kind == "long":  # ten turns of about 35 words on unrelated topics, then a question
+        history: list[dict[str, str]] = []
+        for topic in TOPICS:
+            said = " ".join(rng.choice(["why", "how", "when", topic]) for _ in range(35))
+            history += [{"role": "user", "content": said}, {"role": "assistant", "content": said}]
+        history.append({"role": "user", "content": f"Back to {rng.choice(TOPICS)}: {words}"})
+        body = {"model": "dev-model", "messages": history, "max_tokens": 32}
+        return chat, json.dumps(body).encode(), json_type
     if kind == "pass":
         return (
             chat,
@@ -147,22 +175,25 @@ def run(
     def one(path: str, body: bytes, headers: dict[str, str]) -> None:
         t0 = time.monotonic()
         req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body, headers=headers)
-        status, judged = 0, False
+        status, decision = 0, None
         try:
             with urllib.request.urlopen(req, timeout=30) as r:
                 r.read()
-                status, judged = r.status, r.headers.get("x-ice-decision") is not None
+                status, decision = r.status, r.headers.get("x-ice-decision")
         except urllib.error.HTTPError as e:
             e.read()
-            status, judged = e.code, e.headers.get("x-ice-decision") is not None
+            status, decision = e.code, e.headers.get("x-ice-decision")
         except OSError:
             status = 0
+        judged = decision is not None
         dt = time.monotonic() - t0
         in_window = any(a <= t0 - started <= b for a, b in windows)
         with lock:
             result.sent += 1
             key = str(status)
             result.by_status[key] = result.by_status.get(key, 0) + 1
+            if decision is not None:
+                result.by_decision[decision] = result.by_decision.get(decision, 0) + 1
             latencies.append(dt * 1e3)
             if status == 0:
                 result.errors += 1
@@ -173,13 +204,16 @@ def run(
                     result.unjudged += 1
 
     def flap() -> None:
-        state = CALM
-        while time.monotonic() - started < seconds:
-            data = json.dumps(state).encode()
+        flips = 0
+        while (now := time.monotonic() - started) < seconds:
+            data = json.dumps(FLAPS[flips % len(FLAPS)]).encode()
             put = urllib.request.Request(f"{backend_url}/_dev/state", data=data, method="PUT")
-            with contextlib.suppress(OSError):  # the backend may be restarting
+            try:
                 urllib.request.urlopen(put, timeout=5).read()
-            state = SATURATED if state is CALM else CALM
+            except OSError:  # refused (a bad state) or the backend restarting
+                if not any(a <= now <= b for a, b in windows):
+                    result.flap_failures += 1
+            flips += 1
             time.sleep(FLAP_S)
 
     events = [(seconds / 3, restart_backend), (2 * seconds / 3, kill_worker)]
@@ -248,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
         backend, ice, ingress, admin = free_port(), tb.free_ports(2), free_port(), free_port()
         backend_url = stack.start_backend(backend)
         policy = tb.write_policy(Path(tmp), f"{backend_url}/metrics")
+        doc = yaml.safe_load(policy.read_text())
+        doc["profiles"]["default"]["truncation"] = TRUNCATION
+        policy.write_text(yaml.safe_dump(doc, sort_keys=False))
         addresses = stack.start_ice(f"127.0.0.1:{ice}", policy=policy, workers=2)
         config = render_envoy_config(
             ENVOY_DIR / "envoy.yaml",
@@ -290,10 +327,11 @@ def main(argv: list[str] | None = None) -> int:
             )
         g = growth(result.samples, min(300.0, args.minutes * 60 / 6))
         print(
-            f"sent {result.sent:,}; by status {result.by_status}; unjudged {result.unjudged} "
+            f"sent {result.sent:,}; by status {result.by_status}; by decision "
+            f"{result.by_decision}; unjudged {result.unjudged} "
             f"(+{result.unjudged_in_windows} in the kill/restart windows); errors "
-            f"{result.errors}; growth after warm-up: RSS {g['rss']:+.1%}, fds {g['fds']:+.1%}, "
-            f"p99 {g['p99']:+.1%}"
+            f"{result.errors}; flap failures {result.flap_failures}; growth after warm-up: "
+            f"RSS {g['rss']:+.1%}, fds {g['fds']:+.1%}, p99 {g['p99']:+.1%}"
         )
         if args.json:
             Path(args.json).write_text(json.dumps({**asdict(result), "growth": g}, indent=1))

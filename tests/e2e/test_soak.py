@@ -1,12 +1,14 @@
-"""60 seconds of ``bench/soak.py``: mixed traffic, a flapping pool, the backend restarted and an
-ICE worker killed; ICE's file descriptors do not grow and every request outside those two
-events gets a verdict."""
+"""60 seconds of ``bench/soak.py``: mixed traffic, a flapping pool, an ICE worker killed; ICE's
+file descriptors do not grow, every request outside the kill gets a verdict, and the mix
+really holds passes, downgrades, truncations, 429s, 400s and 415s."""
 
 from __future__ import annotations
 
 import os
 import signal
 from pathlib import Path
+
+import yaml
 
 from .harness import load_bench, running_stack
 
@@ -16,7 +18,9 @@ soak = load_bench("soak")
 def test_a_minute_of_mixed_traffic_leaks_no_descriptor_and_loses_no_verdict(
     tmp_path: Path,
 ) -> None:
-    with running_stack(tmp_path, workers=2) as e2e:
+    truncation = yaml.safe_dump({"truncation": soak.TRUNCATION}, sort_keys=False)
+    extra = "".join(f"    {line}\n" for line in truncation.splitlines())
+    with running_stack(tmp_path, workers=2, profile_extra=extra) as e2e:
         ice_pid = e2e.stack.procs["ice"].pid
         killed: list[int] = []
 
@@ -36,8 +40,11 @@ def test_a_minute_of_mixed_traffic_leaks_no_descriptor_and_loses_no_verdict(
         assert e2e.stack.procs["ice"].poll() is None
         assert result.sent > 1000
         assert result.unjudged == 0, result
+        assert result.flap_failures == 0
         statuses = set(result.by_status)
-        assert {"200", "400", "415"} <= statuses, statuses
+        assert {"200", "400", "415", "429"} <= statuses, statuses
+        decisions = set(result.by_decision)
+        assert {"pass", "downgrade", "truncate", "reject"} <= decisions, decisions
         samples = result.samples
         assert len(samples) >= 4
         # descriptors once warm (second sample) against the last: no growth beyond a few
