@@ -1,4 +1,4 @@
-"""The ``ice`` command: serve, evaluate, demo, dev-backend.
+"""The ``ice`` command: serve, evaluate, plan, signals, truncate, envoy-config, demo, dev-backend.
 
 Exit status 2 with a one-line message for bad arguments or a bad policy file.
 """
@@ -75,6 +75,11 @@ def _parser() -> argparse.ArgumentParser:
         "plan", help="KV-cache capacity of one vLLM rank (ice plan --help)", add_help=False
     )
     sub.add_parser(
+        "envoy-config",
+        help="write the Envoy, Istio and Envoy Gateway configs from envoy/mesh.yaml",
+        add_help=False,
+    )
+    sub.add_parser(
         "signals",
         help="the normalised signals ICE derives from a /metrics URL or saved page",
         add_help=False,
@@ -101,6 +106,10 @@ def main(argv: list[str] | None = None) -> int:
         from ext_proc.signals.cli import main as signals_main
 
         return signals_main(argv[1:])
+    if argv[:1] == ["envoy-config"]:
+        from ext_proc.envoygen.cli import main as envoy_config_main
+
+        return envoy_config_main(argv[1:])
     if argv[:1] == ["truncate"]:
         from ext_proc.truncate.cli import main as truncate_main
 

@@ -461,9 +461,16 @@ def running_stack(
     profile_extra: str = "",
     passthrough_paths: Iterable[str] = (),
     policy_extra: str = "",
+    envoy_template: Path = ENVOY_TEMPLATE,
+    listener: str = "ingress",
+    ice_cluster: str = "ice",
+    backend_cluster: str | tuple[str, ...] = "backend",
 ) -> Iterator[E2E]:
     """Backend, ICE (unless ``start_ice`` is false: its address stays dead) and Envoy;
-    ``passthrough_paths`` go into the policy and, opened, into Envoy's config."""
+    ``passthrough_paths`` go into the policy and, opened, into Envoy's config.
+    ``envoy_template`` (a bootstrap shaped like a mesh's proxy, tests/e2e/meshes.py) with the
+    names of its listener and of its ICE and backend clusters (several: Envoy Gateway makes
+    one per route rule): Envoy runs that instead."""
     paths = list(passthrough_paths)
     with Stack(workdir) as stack:
         backend_port = free_port()
@@ -484,10 +491,18 @@ def running_stack(
             )
         envoy_port, admin_port = free_port(), free_port()
         config = render_envoy_config(
-            ENVOY_TEMPLATE,
+            envoy_template,
             admin_port=admin_port,
-            listeners={"ingress": envoy_port},
-            clusters={"ice": addresses, "backend": [f"127.0.0.1:{backend_port}"]},
+            listeners={listener: envoy_port},
+            clusters={
+                ice_cluster: addresses,
+                **{
+                    name: [f"127.0.0.1:{backend_port}"]
+                    for name in (
+                        (backend_cluster,) if isinstance(backend_cluster, str) else backend_cluster
+                    )
+                },
+            },
             passthrough_paths=paths,
         )
         stack.start_envoy(config, admin_port)

@@ -18,16 +18,11 @@ import yaml
 
 from ext_proc.lab.stack import CLOSED_ROUTE, ENVOY_DIR, envoy_binary, render_envoy_config
 
+from . import meshes
 from .harness import CLOSED, ENVOY_TEMPLATE, JUDGED_ROUTES, READ_ONLY_ROUTES
 
-
-def _is_envoy_config(path: Path) -> bool:
-    """Kubernetes manifests (documents with a top-level ``apiVersion``) are not bootstraps."""
-    docs = list(yaml.safe_load_all(path.read_text()))
-    return not any(isinstance(d, dict) and "apiVersion" in d for d in docs)
-
-
-CONFIGS = sorted(ENVOY_DIR.rglob("*.yaml"))
+# The bootstraps (everything else under envoy/ is a spec or a Kubernetes manifest).
+CONFIGS = [ENVOY_DIR / "bench.yaml", ENVOY_DIR / "envoy.yaml"]
 
 
 def _validate(path: Path) -> subprocess.CompletedProcess[str]:
@@ -46,8 +41,6 @@ def test_envoy_dir_holds_the_stack_config() -> None:
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[str(p.relative_to(ENVOY_DIR)) for p in CONFIGS])
 def test_envoy_config_passes_envoy_validate(path: Path) -> None:
-    if not _is_envoy_config(path):
-        pytest.skip(f"{path.name} is not an Envoy bootstrap (top-level apiVersion)")
     result = _validate(path)
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -74,8 +67,7 @@ TYPE = "type.googleapis.com/"
 EXT_PROC = "envoy.filters.http.ext_proc"
 BUFFER = "envoy.filters.http.buffer"
 BENCH_YAML = ENVOY_DIR / "bench.yaml"
-ISTIO = ENVOY_DIR / "k8s" / "istio-envoyfilter.yaml"
-GATEWAY = ENVOY_DIR / "k8s" / "envoy-gateway-extension-policy.yaml"
+GATEWAY = ENVOY_DIR / "k8s" / "overlays" / "envoy-gateway" / "generated" / "envoy-gateway.yaml"
 READ_METHODS = [{"name": ":method", "string_match": {"safe_regex": {"regex": "GET|HEAD"}}}]
 
 
@@ -227,132 +219,67 @@ def test_passthrough_paths_need_a_closed_route(tmp_path: Path) -> None:
 
 # --- Istio: the EnvoyFilter's patches on a stand-in inbound sidecar config -------------------
 
-ISTIO_ICE = "outbound|50051||ice.ice-system.svc.cluster.local"
-ISTIO_INBOUND = "inbound|8000||"
+# --- Istio: the generated EnvoyFilters in stand-ins of the gateway and the sidecar ------------
 
 
-def _merge(into: dict[str, Any], patch: dict[str, Any]) -> None:
-    """Proto merge, as Istio's MERGE: messages merge, setting one of a route's actions
-    (``route``, ``direct_response``, ``redirect``) replaces the other."""
-    actions = {"route", "direct_response", "redirect"}
-    for key, value in patch.items():
-        if key in actions:
-            for other in actions - {key}:
-                into.pop(other, None)
-        if isinstance(value, dict) and isinstance(into.get(key), dict):
-            _merge(into[key], value)
-        else:
-            into[key] = value
-
-
-def istio_inbound_config(manifest: dict[str, Any]) -> dict[str, Any]:
-    """A bootstrap like a sidecar's inbound listener for port 8000 (one HTTP connection
-    manager, route `default` to the inbound cluster), with the manifest's patches applied
-    the way Istio applies them: each route MERGE first, then the inserts in order."""
-    default = {"name": "default", "match": {"prefix": "/"}, "route": {"cluster": ISTIO_INBOUND}}
-    router = {
-        "name": "envoy.filters.http.router",
-        "typed_config": {"@type": f"{TYPE}envoy.extensions.filters.http.router.v3.Router"},
-    }
-    hcm: dict[str, Any] = {
-        "@type": f"{TYPE}envoy.extensions.filters.network.http_connection_manager.v3."
-        "HttpConnectionManager",
-        "stat_prefix": "inbound_0.0.0.0_8000",
-        "normalize_path": True,
-        "route_config": {
-            "name": "inbound|8000||",
-            "virtual_hosts": [{"name": "inbound|http|8000", "domains": ["*"], "routes": [default]}],
-        },
-        "http_filters": [router],
-    }
-    patches = manifest["spec"]["configPatches"]
-    for p in patches:
-        assert p["match"]["context"] == "SIDECAR_INBOUND"
-        op, value = p["patch"]["operation"], p["patch"]["value"]
-        if p["applyTo"] == "NETWORK_FILTER":
-            assert op == "MERGE"
-            _merge(hcm, value["typed_config"])
-        elif p["applyTo"] == "HTTP_FILTER":
-            assert (op, p["match"]["listener"]["filterChain"]["filter"]["subFilter"]["name"]) == (
-                "INSERT_BEFORE",
-                router["name"],
-            )
-            hcm["http_filters"].insert(hcm["http_filters"].index(router), value)
-    routes = hcm["route_config"]["virtual_hosts"][0]["routes"]
-    on_routes = [p for p in patches if p["applyTo"] == "HTTP_ROUTE"]
-    for p in on_routes:
-        assert p["match"]["routeConfiguration"]["portNumber"] == 8000
-        assert p["match"]["routeConfiguration"]["vhost"]["route"]["name"] == "default"
-    for p in on_routes:
-        if p["patch"]["operation"] == "MERGE":
-            _merge(default, p["patch"]["value"])
-    for p in on_routes:
-        if p["patch"]["operation"] == "INSERT_BEFORE":
-            routes.insert(routes.index(default), p["patch"]["value"])
-    assert {p["patch"]["operation"] for p in on_routes} == {"MERGE", "INSERT_BEFORE"}
-
-    # The clusters: envoy.yaml's `ice` and `backend`, under the names Istio gives them.
-    stack = yaml.safe_load(ENVOY_TEMPLATE.read_text())["static_resources"]["clusters"]
-    clusters = {c["name"]: c for c in stack}
-    renamed = {"ice": ISTIO_ICE, "backend": ISTIO_INBOUND}
-    for old, new in renamed.items():
-        clusters[old] |= {"name": new}
-        clusters[old]["load_assignment"]["cluster_name"] = new
-
-    listener = {
-        "name": "virtualInbound",
-        "address": {"socket_address": {"address": "127.0.0.1", "port_value": 15006}},
-        "filter_chains": [
-            {
-                "filters": [
-                    {"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}
-                ]
-            }
-        ],
-    }
-    return {
-        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 15000}}},
-        "static_resources": {
-            "listeners": [listener],
-            "clusters": [clusters[old] for old in renamed],
-        },
-    }
-
-
-def _istio() -> dict[str, Any]:
-    (manifest,) = yaml.safe_load_all(ISTIO.read_text())
-    assert manifest["kind"] == "EnvoyFilter"
-    return istio_inbound_config(manifest)
-
-
-def test_istio_patches_give_a_config_envoy_accepts(tmp_path: Path) -> None:
-    path = tmp_path / "istio-inbound.json"
-    path.write_text(json.dumps(_istio()))
-    result = _validate(path)
-    assert result.returncode == 0, result.stdout + result.stderr
-
-
-def test_istio_patches_close_the_inbound_routes_by_default() -> None:
-    hcm = _hcm(_istio(), "virtualInbound")
+def test_istio_gateway_is_closed_by_default_and_ice_is_off_elsewhere() -> None:
+    bootstrap = meshes.istio_gateway()
+    hcm = _hcm(bootstrap, meshes.GATEWAY_LISTENER)
     ext_proc = next(f for f in hcm["http_filters"] if f["name"] == EXT_PROC)
-    assert ext_proc["typed_config"]["grpc_service"]["envoy_grpc"]["cluster_name"] == ISTIO_ICE
+    # The gateway carries other services' routes: ICE is off unless a route turns it on.
+    assert ext_proc["disabled"] is True
+    routes = _routes(hcm)
+    judged = [r for r in routes if _ext_proc(r).get("overrides")]
+    assert {r["match"]["path"]: r["name"] for r in judged} == {
+        p: f"ice.{n}" for p, n in JUDGED_ROUTES.items()
+    }
+    for r in judged:
+        assert r["route"]["cluster"] == meshes.ISTIO_BACKEND
+        echoed = {h["header"]["key"] for h in r["response_headers_to_add"]}
+        assert echoed == set(meshes.pieces.ECHOED_HEADERS)
+    closed = routes[-1]
+    assert (closed["name"], closed["match"]) == ("ice.closed", {"prefix": "/"})
+    assert closed["direct_response"]["status"] == 404
+    assert BUFFER in closed["typed_per_filter_config"]
+    names = [f["name"] for f in hcm["http_filters"]]
+    assert names.index("envoy.filters.http.header_mutation") < names.index(EXT_PROC)
+    assert names[-1] == "envoy.filters.http.router"
+
+
+def test_istio_sidecar_closes_the_inbound_routes_by_default() -> None:
+    hcm = _hcm(meshes.istio_sidecar(), meshes.SIDECAR_LISTENER)
+    ext_proc = next(f for f in hcm["http_filters"] if f["name"] == EXT_PROC)
+    assert ext_proc["typed_config"]["grpc_service"]["envoy_grpc"]["cluster_name"] == (
+        meshes.ISTIO_ICE
+    )
     # ICE's scraper reaches vLLM's /metrics through the same sidecar: read-only there too.
     read_only = {**READ_ONLY_ROUTES, "/metrics": "readonly_metrics"}
-    check_closed_by_default(hcm, ISTIO_INBOUND, closed="default", read_only=read_only)
+    check_closed_by_default(hcm, meshes.ISTIO_INBOUND, closed="default", read_only=read_only)
 
 
-def test_istio_and_the_stack_config_run_ice_the_same_way() -> None:
-    """The ext_proc filter of the EnvoyFilter is envoy.yaml's, but for its cluster."""
+@pytest.mark.parametrize("flavour", ["gateway", "sidecar"])
+def test_istio_and_the_stack_config_run_ice_the_same_way(flavour: str) -> None:
+    """The ext_proc filter in Istio is envoy.yaml's, but for its cluster (and, at the
+    gateway, off by default)."""
     stack = next(
         f
         for f in _hcm(yaml.safe_load(ENVOY_TEMPLATE.read_text()))["http_filters"]
         if f["name"] == EXT_PROC
     )
-    istio = next(
-        f for f in _hcm(_istio(), "virtualInbound")["http_filters"] if f["name"] == EXT_PROC
-    )
-    grpc = {"envoy_grpc": {"cluster_name": ISTIO_ICE}}
+    bootstrap = meshes.istio_gateway() if flavour == "gateway" else meshes.istio_sidecar()
+    istio = meshes.ext_proc_of(bootstrap)
+    grpc = {"envoy_grpc": {"cluster_name": meshes.ISTIO_ICE}}
     assert istio["typed_config"] == {**stack["typed_config"], "grpc_service": grpc}
+    ice = next(
+        c for c in bootstrap["static_resources"]["clusters"] if c["name"] == meshes.ISTIO_ICE
+    )
+    local = next(
+        c
+        for c in yaml.safe_load(ENVOY_TEMPLATE.read_text())["static_resources"]["clusters"]
+        if c["name"] == "ice"
+    )
+    assert ice["typed_extension_protocol_options"] == local["typed_extension_protocol_options"]
+    assert ice["connect_timeout"] == local["connect_timeout"]
 
 
 # --- Envoy Gateway: the same paths with Gateway API routes -----------------------------------
@@ -366,9 +293,10 @@ def _gateway() -> dict[tuple[str, str], dict[str, Any]]:
 def test_envoy_gateway_routes_are_closed_by_default() -> None:
     docs = _gateway()
     judged = docs["HTTPRoute", "llm-inference"]["spec"]["rules"]
-    assert [m["path"]["value"] for m in judged[0]["matches"]] == list(JUDGED_ROUTES)
-    assert {m["path"]["type"] for m in judged[0]["matches"]} == {"Exact"}
-    assert len(judged) == 1
+    # One rule per judged route, so that each has its own xDS route name for the patch.
+    assert [r["matches"][0]["path"]["value"] for r in judged] == list(JUDGED_ROUTES)
+    assert {m["path"]["type"] for r in judged for m in r["matches"]} == {"Exact"}
+    assert all(len(r["matches"]) == 1 for r in judged)
     reads, rest = docs["HTTPRoute", "llm-inference-closed"]["spec"]["rules"]
     assert [(m["path"]["value"], m["method"]) for m in reads["matches"]] == [
         (path, method) for path in READ_ONLY_ROUTES for method in ("GET", "HEAD")

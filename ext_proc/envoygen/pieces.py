@@ -1,0 +1,459 @@
+"""The Envoy objects ICE needs in any proxy, as typed ``envoy-data-plane`` messages.
+
+Every Envoy-facing configuration ICE ships (the local bootstrap, the benchmark's, Istio's
+EnvoyFilters, Envoy Gateway's patch) takes its filters, per-route configs, response headers
+and clusters from here, so that the ways ICE runs in each proxy cannot drift apart.
+
+- ``strip_spoofed_headers``: the header_mutation filter ahead of ext_proc: a client cannot set
+  ICE's verdict headers nor pick the endpoint (also while ICE is down).
+- ``ext_proc_filter``: fail-open, headers then the buffered body, responses never sent to ICE,
+  the metadata namespaces ICE writes (``ice``: the verdict; ``envoy.lb``: its endpoint pick).
+- ``judged_route_config`` / ``ice_off``: per-route ext_proc config: the route's name (and
+  profile) as gRPC metadata, or ICE off.
+- ``verdict_response_headers``: the client-side verdict headers, from dynamic metadata.
+- ``too_large_reply``: Envoy's own 413 in the API's error format.
+- ``ice_cluster`` / ``backend_cluster``: ICE's gRPC cluster (HTTP/2, health-checked) and the
+  backend with the endpoint-picker's override_host policy.
+
+Invariants: pure (no I/O); every value is a typed message, rendered only by ``render.as_dict``;
+names and numbers that other code reads (filter names, header names) are module constants.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable, Sequence
+
+from envoy_data_plane.envoy.config.accesslog.v3 import (
+    AccessLogFilter,
+    AndFilter,
+    ComparisonFilter,
+    ComparisonFilterOp,
+    HeaderFilter,
+    StatusCodeFilter,
+)
+from envoy_data_plane.envoy.config.cluster.v3 import (
+    Cluster,
+    ClusterDiscoveryType,
+    LoadBalancingPolicy,
+    LoadBalancingPolicyPolicy,
+)
+from envoy_data_plane.envoy.config.common.mutation_rules.v3 import (
+    HeaderMutation as Mutation,
+)
+from envoy_data_plane.envoy.config.common.mutation_rules.v3 import (
+    HeaderMutationRemoveOnMatch,
+)
+from envoy_data_plane.envoy.config.core.v3 import (
+    Address,
+    GrpcService,
+    GrpcServiceEnvoyGrpc,
+    HeaderValue,
+    HeaderValueOption,
+    HeaderValueOptionHeaderAppendAction,
+    HealthCheck,
+    HealthCheckGrpcHealthCheck,
+    Http2ProtocolOptions,
+    RuntimeUInt32,
+    SocketAddress,
+    SubstitutionFormatString,
+    TypedExtensionConfig,
+)
+from envoy_data_plane.envoy.config.endpoint.v3 import (
+    ClusterLoadAssignment,
+    Endpoint,
+    LbEndpoint,
+    LocalityLbEndpoints,
+)
+from envoy_data_plane.envoy.config.route.v3 import (
+    DirectResponseAction,
+    HeaderMatcher,
+    Route,
+    RouteAction,
+    RouteMatch,
+)
+from envoy_data_plane.envoy.extensions.filters.http.buffer.v3 import Buffer, BufferPerRoute
+from envoy_data_plane.envoy.extensions.filters.http.ext_proc.v3 import (
+    ExternalProcessor,
+    ExtProcOverrides,
+    ExtProcPerRoute,
+    MetadataOptions,
+    MetadataOptionsMetadataNamespaces,
+    ProcessingMode,
+    ProcessingModeBodySendMode,
+    ProcessingModeHeaderSendMode,
+)
+from envoy_data_plane.envoy.extensions.filters.http.header_mutation.v3 import (
+    HeaderMutation,
+    Mutations,
+)
+from envoy_data_plane.envoy.extensions.filters.http.router.v3 import Router
+from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 import (
+    HttpFilter,
+    LocalReplyConfig,
+    ResponseMapper,
+)
+from envoy_data_plane.envoy.extensions.load_balancing_policies.override_host.v3 import (
+    OverrideHost,
+    OverrideHostOverrideHostSource,
+)
+from envoy_data_plane.envoy.extensions.load_balancing_policies.round_robin.v3 import RoundRobin
+from envoy_data_plane.envoy.extensions.upstreams.http.v3 import (
+    HttpProtocolOptions,
+    HttpProtocolOptionsExplicitHttpConfig,
+)
+from envoy_data_plane.envoy.type.matcher.v3 import RegexMatcher, StringMatcher
+from envoy_data_plane.envoy.type.metadata.v3 import MetadataKey
+from envoy_data_plane.envoy.type.metadata.v3 import MetadataKeyPathSegment as Seg
+from envoy_data_plane.google.protobuf import Any, Struct
+
+__all__ = [
+    "BUFFER",
+    "ECHOED_HEADERS",
+    "EXT_PROC",
+    "HEADER_MUTATION",
+    "MAX_BODY_BYTES",
+    "ROUTER",
+    "backend_cluster",
+    "buffer_filter",
+    "buffer_on",
+    "closed_route",
+    "endpoint",
+    "ext_proc_filter",
+    "ice_cluster",
+    "ice_off",
+    "judged_route",
+    "judged_route_config",
+    "read_only_route",
+    "router_filter",
+    "strip_spoofed_headers",
+    "too_large_reply",
+    "verdict_response_headers",
+]
+
+EXT_PROC = "envoy.filters.http.ext_proc"
+HEADER_MUTATION = "envoy.filters.http.header_mutation"
+BUFFER = "envoy.filters.http.buffer"
+ROUTER = "envoy.filters.http.router"
+MAX_BODY_BYTES = 8 * 1024 * 1024  # ICE's --max-body-bytes default; Envoy's buffer limit
+ROUTE_TIMEOUT = datetime.timedelta(seconds=600)  # a long generation, streamed or not
+MESSAGE_TIMEOUT = datetime.timedelta(seconds=1)  # ICE's --message-timeout-ms default
+MAX_MESSAGE_TIMEOUT = datetime.timedelta(seconds=10)  # truncation's deadline_ms + 1 s at most
+VERDICT_NAMESPACE = "ice"  # ext_proc.render.METADATA_NAMESPACE
+LB_NAMESPACE = "envoy.lb"  # ext_proc.render.LB_NAMESPACE
+DESTINATION = "x-gateway-destination-endpoint"  # ext_proc.picking.DESTINATION_HEADER
+
+# The verdict headers Envoy echoes to the client from ICE's dynamic metadata (docs/headers.md).
+ECHOED_HEADERS = (
+    "x-mem-pressure",
+    "x-mem-pressure-score",
+    "x-ice-decision",
+    "x-ice-reason",
+    "x-downgraded",
+    "x-ice-original-max-tokens",
+    "x-ice-stale",
+    "x-ice-truncated",
+    "x-ice-sequences",
+    "x-ice-judged",
+    "x-ice-tokens",
+    "x-ice-endpoint",
+)
+# What a client may not send: ICE's own headers (prefixes and names) and the endpoint pick.
+SPOOF_PREFIXES = ("x-ice-", "x-mem-pressure", DESTINATION)
+SPOOF_NAMES = ("x-downgraded",)
+READ_METHODS = "GET|HEAD"
+
+
+def _any(message: object) -> Any:
+    return Any.pack(message)  # type: ignore[arg-type]
+
+
+def strip_spoofed_headers() -> HttpFilter:
+    """No spoofing: only ICE may set its verdict headers, and only ICE picks the endpoint."""
+    removals = [
+        Mutation(remove_on_match=HeaderMutationRemoveOnMatch(key_matcher=StringMatcher(prefix=p)))
+        for p in SPOOF_PREFIXES
+    ]
+    removals += [Mutation(remove=name) for name in SPOOF_NAMES]
+    # Order as the checked-in configs: prefixes of ICE's own, the names, then the pick.
+    ordered = [removals[0], removals[1], removals[3], removals[2]]
+    config = HeaderMutation(mutations=Mutations(request_mutations=ordered))
+    return HttpFilter(name=HEADER_MUTATION, typed_config=_any(config))
+
+
+def ext_proc_config(cluster: str) -> ExternalProcessor:
+    """ICE's ext_proc settings (README "Round trips"): two messages per inference request,
+    headers (answered at once) then the buffered body (the verdict); responses never sent;
+    fail-open; ICE may turn the body phase off (``allow_mode_override``) and extend one
+    message's timeout for truncation up to ``MAX_MESSAGE_TIMEOUT``."""
+    return ExternalProcessor(
+        grpc_service=GrpcService(envoy_grpc=GrpcServiceEnvoyGrpc(cluster_name=cluster)),
+        failure_mode_allow=True,
+        message_timeout=MESSAGE_TIMEOUT,
+        max_message_timeout=MAX_MESSAGE_TIMEOUT,
+        processing_mode=ProcessingMode(
+            request_header_mode=ProcessingModeHeaderSendMode.SEND,
+            request_body_mode=ProcessingModeBodySendMode.BUFFERED,
+            request_trailer_mode=ProcessingModeHeaderSendMode.SKIP,
+            response_header_mode=ProcessingModeHeaderSendMode.SKIP,
+            response_body_mode=ProcessingModeBodySendMode.NONE,
+            response_trailer_mode=ProcessingModeHeaderSendMode.SKIP,
+        ),
+        allow_mode_override=True,
+        metadata_options=MetadataOptions(
+            receiving_namespaces=MetadataOptionsMetadataNamespaces(
+                untyped=[VERDICT_NAMESPACE, LB_NAMESPACE]
+            ),
+            forwarding_namespaces=MetadataOptionsMetadataNamespaces(
+                untyped=[f"{LB_NAMESPACE}.subset_hint"]
+            ),
+        ),
+    )
+
+
+def ext_proc_filter(cluster: str = "ice", *, disabled: bool = False) -> HttpFilter:
+    """The ext_proc filter; ``disabled``: off unless a route turns it on (the mesh flavours,
+    where the proxy carries other services' routes too)."""
+    return HttpFilter(name=EXT_PROC, typed_config=_any(ext_proc_config(cluster)), disabled=disabled)
+
+
+def buffer_filter() -> HttpFilter:
+    """Off by default; the 404 route turns it on to read a request's body before answering,
+    so a client that sends its whole body first gets the 404, not a reset connection."""
+    config = Buffer(max_request_bytes=MAX_BODY_BYTES)
+    return HttpFilter(name=BUFFER, typed_config=_any(config), disabled=True)
+
+
+def router_filter() -> HttpFilter:
+    return HttpFilter(name=ROUTER, typed_config=_any(Router()))
+
+
+def judged_route_config(route: str, profile: str | None = None) -> ExtProcPerRoute:
+    """ICE on, with the route's name (and, when given, its profile) as gRPC metadata."""
+    metadata = [HeaderValue(key="x-ice-route", value=route)]
+    if profile:
+        metadata.append(HeaderValue(key="x-ice-profile", value=profile))
+    return ExtProcPerRoute(overrides=ExtProcOverrides(grpc_initial_metadata=metadata))
+
+
+def ice_off() -> ExtProcPerRoute:
+    return ExtProcPerRoute(disabled=True)
+
+
+def buffer_on() -> BufferPerRoute:
+    return BufferPerRoute(buffer=Buffer(max_request_bytes=MAX_BODY_BYTES))
+
+
+def judged_route(name: str, path: str, cluster: str, profile: str | None = None) -> Route:
+    """An inference endpoint: its exact path (after normalisation; the query string is not
+    part of the match) to the backend, through ICE."""
+    return Route(
+        name=name,
+        match=RouteMatch(path=path),
+        route=RouteAction(cluster=cluster, timeout=ROUTE_TIMEOUT),
+        typed_per_filter_config={EXT_PROC: _any(judged_route_config(name, profile))},
+    )
+
+
+def read_only_route(name: str, path: str, cluster: str) -> Route:
+    """A read-only path, GET and HEAD only, straight to the backend with ICE off."""
+    method = HeaderMatcher(
+        name=":method",
+        string_match=StringMatcher(safe_regex=RegexMatcher(regex=READ_METHODS)),
+    )
+    return Route(
+        name=name,
+        match=RouteMatch(path=path, headers=[method]),
+        route=RouteAction(cluster=cluster),
+        typed_per_filter_config={EXT_PROC: _any(ice_off())},
+    )
+
+
+def passthrough_route(path: str, cluster: str) -> Route:
+    """A path the policy's ``passthrough_paths`` opens: any method, ICE off."""
+    return Route(
+        name=f"passthrough:{path}",
+        match=RouteMatch(path=path),
+        route=RouteAction(cluster=cluster),
+        typed_per_filter_config={EXT_PROC: _any(ice_off())},
+    )
+
+
+UNKNOWN_ENDPOINT = {
+    "error": {
+        "message": "%REQ(:METHOD)% %PATH(NQ)% is not served by this gateway.",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "unknown_endpoint",
+    }
+}
+
+
+def closed_route(name: str = "closed") -> Route:
+    """Everything else: Envoy's own 404 in the OpenAI error format; the backend never sees
+    the request. The buffer filter reads the body first (``buffer_filter``)."""
+    return Route(
+        name=name,
+        match=RouteMatch(prefix="/"),
+        direct_response=DirectResponseAction(
+            status=404,
+            body_format=SubstitutionFormatString(
+                content_type="application/json", json_format=Struct.from_dict(UNKNOWN_ENDPOINT)
+            ),
+        ),
+        typed_per_filter_config={EXT_PROC: _any(ice_off()), BUFFER: _any(buffer_on())},
+    )
+
+
+def verdict_response_headers() -> list[HeaderValueOption]:
+    """ICE's verdict for the client, from dynamic metadata: no response-phase round trip.
+    Empty values (ICE did not judge the request) add nothing."""
+    return [
+        HeaderValueOption(
+            header=HeaderValue(key=h, value=f"%DYNAMIC_METADATA({VERDICT_NAMESPACE}:{h})%"),
+            append_action=HeaderValueOptionHeaderAppendAction.OVERWRITE_IF_EXISTS_OR_ADD,
+        )
+        for h in ECHOED_HEADERS
+    ]
+
+
+TOO_LARGE = "The request body exceeds the gateway's limit."
+
+
+def too_large_reply() -> LocalReplyConfig:
+    """Envoy's own 413 (a body over the buffer limit, e.g. chunked uploads) in the API's error
+    format: Anthropic's for /v1/messages, OpenAI's elsewhere."""
+
+    def is_413() -> AccessLogFilter:
+        value = RuntimeUInt32(default_value=413, runtime_key="ice.unused_413")
+        return AccessLogFilter(
+            status_code_filter=StatusCodeFilter(
+                comparison=ComparisonFilter(op=ComparisonFilterOp.EQ, value=value)
+            )
+        )
+
+    messages = AccessLogFilter(
+        header_filter=HeaderFilter(
+            header=HeaderMatcher(name=":path", string_match=StringMatcher(prefix="/v1/messages"))
+        )
+    )
+    anthropic = {
+        "type": "error",
+        "error": {"type": "request_too_large", "message": TOO_LARGE, "code": "request_too_large"},
+    }
+    openai = {
+        "error": {
+            "message": TOO_LARGE,
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "request_too_large",
+        }
+    }
+    return LocalReplyConfig(
+        mappers=[
+            ResponseMapper(
+                filter=AccessLogFilter(and_filter=AndFilter(filters=[is_413(), messages])),
+                body_format_override=SubstitutionFormatString(
+                    json_format=Struct.from_dict(anthropic)
+                ),
+            ),
+            ResponseMapper(
+                filter=is_413(),
+                body_format_override=SubstitutionFormatString(json_format=Struct.from_dict(openai)),
+            ),
+        ]
+    )
+
+
+def endpoint(address: str) -> LbEndpoint:
+    """``host:port`` → an endpoint."""
+    host, _, port = address.rpartition(":")
+    return LbEndpoint(
+        endpoint=Endpoint(
+            address=Address(socket_address=SocketAddress(address=host, port_value=int(port)))
+        )
+    )
+
+
+def _assignment(name: str, addresses: Iterable[str]) -> ClusterLoadAssignment:
+    return ClusterLoadAssignment(
+        cluster_name=name,
+        endpoints=[LocalityLbEndpoints(lb_endpoints=[endpoint(a) for a in addresses])],
+    )
+
+
+def ice_cluster(name: str, addresses: Sequence[str], *, dns: bool = False) -> Cluster:
+    """ICE's gRPC cluster: HTTP/2 with at most 32 streams per connection (a flood spreads over
+    several connections, so a new request's headers do not wait behind other requests'
+    bodies), a 1 s connect timeout (0.25 s ejected pending streams under a flood), and gRPC
+    health checks (a worker that stops answering is left out). ``dns``: STRICT_DNS (a
+    Kubernetes Service name) instead of STATIC addresses."""
+    h2 = HttpProtocolOptions(
+        explicit_http_config=HttpProtocolOptionsExplicitHttpConfig(
+            http2_protocol_options=Http2ProtocolOptions(max_concurrent_streams=32)
+        )
+    )
+    return Cluster(
+        name=name,
+        type=ClusterDiscoveryType.STRICT_DNS if dns else ClusterDiscoveryType.STATIC,
+        connect_timeout=datetime.timedelta(seconds=1),
+        typed_extension_protocol_options={
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": _any(h2)
+        },
+        health_checks=[
+            HealthCheck(
+                timeout=datetime.timedelta(seconds=1),
+                interval=datetime.timedelta(seconds=2),
+                unhealthy_threshold=2,
+                healthy_threshold=1,
+                grpc_health_check=HealthCheckGrpcHealthCheck(),
+            )
+        ],
+        load_assignment=_assignment(name, addresses),
+    )
+
+
+def override_host_policy() -> LoadBalancingPolicy:
+    """The endpoint-picker protocol (``endpoint_pick: ice``): a request whose ext_proc reply
+    put a pool member's ip:port in ``envoy.lb`` ``x-gateway-destination-endpoint`` goes
+    there; with no pick, or a pick that is not one of the cluster's endpoints, round robin.
+    Only ``envoy.lb`` is a source: ICE's header would make the pick a list of two."""
+
+    def key(name: str) -> MetadataKey:
+        return MetadataKey(key=LB_NAMESPACE, path=[Seg(key=name)])
+
+    override = OverrideHost(
+        override_host_sources=[OverrideHostOverrideHostSource(metadata=key(DESTINATION))],
+        selected_host_key=key(f"{DESTINATION}-served"),
+        fallback_policy=LoadBalancingPolicy(
+            policies=[
+                LoadBalancingPolicyPolicy(
+                    typed_extension_config=TypedExtensionConfig(
+                        name="envoy.load_balancing_policies.round_robin",
+                        typed_config=_any(RoundRobin()),
+                    )
+                )
+            ]
+        ),
+    )
+    return LoadBalancingPolicy(
+        policies=[
+            LoadBalancingPolicyPolicy(
+                typed_extension_config=TypedExtensionConfig(
+                    name="envoy.load_balancing_policies.override_host",
+                    typed_config=_any(override),
+                )
+            )
+        ]
+    )
+
+
+def backend_cluster(name: str, addresses: Sequence[str], *, pick: bool = True) -> Cluster:
+    """The inference backends; ``pick``: with the endpoint-picker's override_host policy."""
+    return Cluster(
+        name=name,
+        type=ClusterDiscoveryType.STATIC,
+        connect_timeout=datetime.timedelta(seconds=1),
+        load_balancing_policy=override_host_policy() if pick else None,
+        load_assignment=_assignment(name, addresses),
+    )

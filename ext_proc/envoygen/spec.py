@@ -1,0 +1,246 @@
+"""The input of ``ice envoy-config``: which paths ICE judges, as which route and profile, and
+where ICE and the backend run (``envoy/mesh.yaml`` is the shipped one).
+
+    policy: ../ext_proc/default_policy.yaml   # the routes and profiles are checked against it
+    ice: {service: ice, namespace: ice-system, port: 50051}
+    backend: {service: vllm, namespace: llm, port: 8000, selector: {app: vllm}}
+    gateway: {name: llm-gateway, namespace: llm, istio_selector: {istio: ingressgateway}}
+    routes:
+    - {name: chat, path: /v1/chat/completions}
+    - {name: completions, path: /v1/completions, profile: batch}   # profile: optional
+    read_only: [/v1/models, /health, /version, /ping]
+
+Invariants: ``load_spec`` either returns a complete, checked ``MeshSpec`` or raises
+``SpecError`` with one line naming the field (``routes[2].profile: ...``); a route's name is
+one of the policy's routes and its profile (when given) one of its profiles; paths are
+exact, start with ``/``, carry no query and are unique; names are unique.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = ["Backend", "Gateway", "Ice", "MeshSpec", "RouteSpec", "SpecError", "load_spec"]
+
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+ROUTE_NAME = re.compile(r"^[A-Za-z0-9_][-A-Za-z0-9_.]*$")
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+class SpecError(ValueError):
+    """A bad spec: one line, naming the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class RouteSpec:
+    name: str  # the policy's route (x-ice-route)
+    path: str  # exact, after Envoy's path normalisation
+    profile: str | None = None  # x-ice-profile; None: the policy's binding for the route
+
+
+@dataclass(frozen=True, slots=True)
+class Ice:
+    service: str = "ice"
+    namespace: str = "ice-system"
+    port: int = 50051
+
+    @property
+    def host(self) -> str:
+        return f"{self.service}.{self.namespace}.svc.cluster.local"
+
+
+@dataclass(frozen=True, slots=True)
+class Backend:
+    service: str = "vllm"
+    namespace: str = "llm"
+    port: int = 8000
+    selector: tuple[tuple[str, str], ...] = (("app", "vllm"),)
+
+
+@dataclass(frozen=True, slots=True)
+class Gateway:
+    name: str = "llm-gateway"
+    namespace: str = "llm"
+    istio_selector: tuple[tuple[str, str], ...] = (("istio", "ingressgateway"),)
+    istio_namespace: str = "istio-system"
+    port: int = 80  # the gateway's HTTP listener
+
+
+@dataclass(frozen=True, slots=True)
+class MeshSpec:
+    routes: tuple[RouteSpec, ...]
+    read_only: tuple[str, ...] = ("/v1/models", "/health", "/version", "/ping")
+    ice: Ice = field(default_factory=Ice)
+    backend: Backend = field(default_factory=Backend)
+    gateway: Gateway = field(default_factory=Gateway)
+    policy: Path | None = None
+
+    @property
+    def profiled(self) -> bool:
+        """True when some route names its own profile."""
+        return any(r.profile for r in self.routes)
+
+
+def _mapping(value: Any, where: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise SpecError(f"{where}: expected a mapping, got {type(value).__name__}")
+    return value
+
+
+def _only(doc: dict[str, Any], where: str, allowed: set[str]) -> None:
+    extra = sorted(set(doc) - allowed)
+    if extra:
+        raise SpecError(f"{where}{extra[0]}: unknown field (known: {', '.join(sorted(allowed))})")
+
+
+def _name(value: Any, where: str, pattern: re.Pattern[str] = DNS_LABEL) -> str:
+    if not isinstance(value, str) or not pattern.match(value):
+        raise SpecError(f"{where}: {value!r} is not a valid name")
+    return value
+
+
+def _port(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
+        raise SpecError(f"{where}: {value!r} is not a port (1-65535)")
+    return value
+
+
+def _path(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value.startswith("/"):
+        raise SpecError(f"{where}: {value!r} is not a path (it must start with /)")
+    if any(c in value for c in "?#% \t") or "//" in value:
+        raise SpecError(f"{where}: {value!r} must be an exact, normalised path without a query")
+    return value
+
+
+def _labels(value: Any, where: str) -> tuple[tuple[str, str], ...]:
+    doc = _mapping(value, where)
+    if not doc:
+        raise SpecError(f"{where}: needs at least one label")
+    out = []
+    for k, v in sorted(doc.items()):
+        if not isinstance(k, str) or not isinstance(v, str) or not LABEL_VALUE.match(v):
+            raise SpecError(f"{where}.{k}: {v!r} is not a label value")
+        out.append((k, v))
+    return tuple(out)
+
+
+def _policy_names(path: Path) -> tuple[set[str], set[str]]:
+    from ext_proc.policy.load import PolicyError, load_policy
+
+    try:
+        policy = load_policy(path)
+    except (PolicyError, OSError) as e:
+        raise SpecError(f"policy: {e}") from None
+    return set(policy.routes), set(policy.profiles)
+
+
+def parse_spec(doc: Any, base: Path | None = None) -> MeshSpec:
+    """Check a spec document; relative ``policy`` paths are read from ``base``."""
+    doc = _mapping(doc, "spec")
+    _only(doc, "", {"policy", "ice", "backend", "gateway", "routes", "read_only"})
+    policy: Path | None = None
+    if doc.get("policy") is not None:
+        if not isinstance(doc["policy"], str):
+            raise SpecError("policy: expected a file path")
+        policy = (base or Path.cwd()) / doc["policy"]
+    routes_known, profiles_known = _policy_names(policy) if policy else _policy_names_default()
+
+    ice_doc = _mapping(doc.get("ice"), "ice")
+    _only(ice_doc, "ice.", {"service", "namespace", "port"})
+    ice = Ice(
+        service=_name(ice_doc.get("service", Ice().service), "ice.service"),
+        namespace=_name(ice_doc.get("namespace", Ice().namespace), "ice.namespace"),
+        port=_port(ice_doc.get("port", Ice().port), "ice.port"),
+    )
+    be_doc = _mapping(doc.get("backend"), "backend")
+    _only(be_doc, "backend.", {"service", "namespace", "port", "selector"})
+    backend = Backend(
+        service=_name(be_doc.get("service", Backend().service), "backend.service"),
+        namespace=_name(be_doc.get("namespace", Backend().namespace), "backend.namespace"),
+        port=_port(be_doc.get("port", Backend().port), "backend.port"),
+        selector=_labels(be_doc["selector"], "backend.selector")
+        if "selector" in be_doc
+        else Backend().selector,
+    )
+    gw_doc = _mapping(doc.get("gateway"), "gateway")
+    _only(gw_doc, "gateway.", {"name", "namespace", "istio_selector", "istio_namespace", "port"})
+    gateway = Gateway(
+        name=_name(gw_doc.get("name", Gateway().name), "gateway.name"),
+        namespace=_name(gw_doc.get("namespace", backend.namespace), "gateway.namespace"),
+        istio_selector=_labels(gw_doc["istio_selector"], "gateway.istio_selector")
+        if "istio_selector" in gw_doc
+        else Gateway().istio_selector,
+        istio_namespace=_name(
+            gw_doc.get("istio_namespace", Gateway().istio_namespace), "gateway.istio_namespace"
+        ),
+        port=_port(gw_doc.get("port", Gateway().port), "gateway.port"),
+    )
+
+    raw_routes = doc.get("routes")
+    if not isinstance(raw_routes, list) or not raw_routes:
+        raise SpecError("routes: expected a non-empty list of {name, path[, profile]}")
+    routes: list[RouteSpec] = []
+    names: set[str] = set()
+    paths: set[str] = set()
+    for i, raw in enumerate(raw_routes):
+        where = f"routes[{i}]"
+        r = _mapping(raw, where)
+        _only(r, f"{where}.", {"name", "path", "profile"})
+        if "path" not in r:
+            raise SpecError(f"{where}.path: missing")
+        name = _name(r.get("name"), f"{where}.name", ROUTE_NAME)
+        if name not in routes_known:
+            raise SpecError(f"{where}.name: {name!r} is not a route of the policy")
+        path = _path(r["path"], f"{where}.path")
+        profile = r.get("profile")
+        if profile is not None and profile not in profiles_known:
+            raise SpecError(f"{where}.profile: unknown profile {profile!r}")
+        if name in names:
+            raise SpecError(f"{where}.name: {name!r} appears twice")
+        if path in paths:
+            raise SpecError(f"{where}.path: {path!r} appears twice")
+        names.add(name)
+        paths.add(path)
+        routes.append(RouteSpec(name=name, path=path, profile=profile))
+
+    read_only = doc.get("read_only", list(MeshSpec(routes=()).read_only))
+    if not isinstance(read_only, list):
+        raise SpecError("read_only: expected a list of paths")
+    checked = tuple(_path(p, f"read_only[{i}]") for i, p in enumerate(read_only))
+    for i, p in enumerate(checked):
+        if p in paths:
+            raise SpecError(f"read_only[{i}]: {p!r} is also a judged route's path")
+    return MeshSpec(
+        routes=tuple(routes),
+        read_only=checked,
+        ice=ice,
+        backend=backend,
+        gateway=gateway,
+        policy=policy,
+    )
+
+
+def _policy_names_default() -> tuple[set[str], set[str]]:
+    from ext_proc.policy.load import load_policy
+
+    policy = load_policy(None)
+    return set(policy.routes), set(policy.profiles)
+
+
+def load_spec(path: Path) -> MeshSpec:
+    """Read and check the spec at ``path``."""
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise SpecError(f"{path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise SpecError(f"{path}: not YAML ({str(e).splitlines()[0]})") from None
+    return parse_spec(doc, path.parent)
