@@ -104,7 +104,11 @@ class Pipeline:
         policy: Policy,
         lookup: SnapshotLookup,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        carry: Pipeline | None = None,
     ) -> None:
+        """``carry``: the pipeline this one replaces after a policy reload; its embedding
+        client, its in-flight KV ledger (when the pools' endpoints are unchanged) and its
+        tokenizers (when their files and cache size are unchanged) are taken over."""
         self.router = Router(policy)
         self.lookup = lookup
         self.max_body_bytes = max_body_bytes
@@ -115,10 +119,23 @@ class Pipeline:
         # the server when a profile truncates; None: truncation falls back to recency.
         self.similarity: Any = None
         # what each pool's snapshot says, once per snapshot; where requests are placed
-        self.views = PoolViews({n: p.backend_endpoints for n, p in policy.pools.items()})
+        endpoints = {n: p.backend_endpoints for n, p in policy.pools.items()}
+        old = carry.policy if carry is not None else None
+        kept = old is not None and endpoints == {
+            n: p.backend_endpoints for n, p in old.pools.items()
+        }
+        self.views: PoolViews = carry.views if carry is not None and kept else PoolViews(endpoints)
         self.placer = Placer(self.views)
         self._pick = {n: p.endpoint_pick for n, p in policy.pools.items()}
-        if policy.tokenizers:  # loads every tokenizer now: a bad file stops start-up
+        if carry is not None:
+            self.similarity = carry.similarity
+        same_tokenizers = old is not None and (
+            old.tokenizers == policy.tokenizers
+            and old.token_count_cache_bytes == policy.token_count_cache_bytes
+        )
+        if carry is not None and same_tokenizers:
+            self.counters = carry.counters
+        elif policy.tokenizers:  # loads every tokenizer now: a bad file stops start-up
             from ext_proc.tokencount import CounterRegistry
 
             self.counters = CounterRegistry(dict(policy.tokenizers), policy.token_count_cache_bytes)

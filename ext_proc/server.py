@@ -6,8 +6,13 @@
 - gRPC message limits are raised to ``max_body_bytes`` + 1 MiB so buffered bodies up to the
   limit (8 MiB by default, Envoy's buffer is set to match) pass.
 - SIGTERM/SIGINT: health turns NOT_SERVING, new streams are refused, in-flight streams get
-  ``shutdown_grace_s`` to finish, then the process exits 0. SIGHUP never stops ICE: it logs
-  that policy reload is not supported and keeps serving.
+  ``shutdown_grace_s`` to finish, then the process exits 0.
+- Policy hot reload (``ext_proc.reload``): the policy file is watched (every 0.5 s; a
+  ConfigMap's ``..data`` swap too) and SIGHUP reloads it. A valid new policy replaces the old
+  one in every worker in one assignment (a stream keeps the policy it opened with); a bad one
+  is refused, logged with the field, counted, and the last good policy keeps serving. With
+  one worker it watches the file; with several the supervisor watches, updates its collector
+  (pools added or removed; unchanged pools keep their history) and sends each worker SIGHUP.
 - Semantic truncation: when a profile enables it, one embedding worker per host
   (``ext_proc.truncate.host``) is started and ready before the workers serve; every worker
   talks to it over a Unix socket.
@@ -27,7 +32,7 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 import grpc
@@ -43,6 +48,16 @@ from ext_proc.policy.load import load_policy
 from ext_proc.policy.model import Policy
 from ext_proc.policy.pressure import pressure_of
 from ext_proc.policy.scores import pool_cache_efficiency, tokenize_latency_risk
+from ext_proc.reload import (
+    POLL_S,
+    Candidate,
+    FileWatch,
+    candidate,
+    policy_sha256,
+    record_in_force,
+    refused,
+    reloaded,
+)
 from ext_proc.servicer import ExtProcServicer
 from ext_proc.signals.collector import Collector
 from ext_proc.signals.shm import SnapshotReader, SnapshotWriter
@@ -85,11 +100,12 @@ def _split_host_port(address: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
-def _observer(policy: Policy) -> Callable[[dict[str, PoolSnapshot]], None]:
+def _observer(current: Callable[[], Policy]) -> Callable[[dict[str, PoolSnapshot]], None]:
     """Export each published view's scores (default profile) as ICE's pool gauges."""
-    default = policy.profiles[policy.default_profile]
 
     def observe(views: dict[str, PoolSnapshot]) -> None:
+        policy = current()
+        default = policy.profiles[policy.default_profile]
         for snapshot in views.values():
             p = pressure_of(snapshot, default.pressure)
             if p is not None:
@@ -111,14 +127,70 @@ def _max_ages(policy: Policy) -> dict[str, float]:
     return {name: pool.max_age_s for name, pool in policy.pools.items()}
 
 
+class _InForce:
+    """A worker's policy in force and what was built from it; ``reload`` replaces them all
+    or nothing (``ext_proc.reload`` decides whether the file may be taken)."""
+
+    def __init__(self, opts: ServeOptions, policy: Policy) -> None:
+        self.opts = opts
+        self.policy = policy
+        self.sha = policy_sha256(opts.policy_path)
+        record_in_force(self.sha)
+        self.servicer: ExtProcServicer | None = None
+        self.collector: Collector | None = None
+        self.store: SnapshotStore | SharedSnapshotStore | None = None
+
+    async def reload(self) -> None:
+        got = candidate(self.opts.policy_path, self.policy, self.sha)
+        if got is None or self.servicer is None:
+            return
+        if isinstance(got, str):
+            refused(got, self.sha)
+            return
+        old = self.servicer.pipeline
+        try:
+            pipeline = Pipeline(got.policy, old.lookup, self.opts.max_body_bytes, carry=old)
+        except Exception as e:  # a tokenizer file that does not load, for one
+            refused(f"{self.opts.policy_path}: {e}", self.sha)
+            return
+        offload = Offload(
+            self.opts.policy_path, self.opts.max_body_bytes, self.opts.heavy_containers
+        )
+        await asyncio.get_running_loop().run_in_executor(None, offload.warm)
+        if self.store is not None:
+            self.store.set_max_ages(_max_ages(got.policy))
+        if self.collector is not None:
+            await self.collector.update(got.policy.pools)
+        previous, stale = self.sha, self.servicer.offload
+        self.policy, self.sha = got.policy, got.sha256
+        self.servicer.swap(pipeline, offload)  # the swap: one assignment, between two messages
+        if stale is not None:  # heavy bodies already in its helper finish there first
+            asyncio.get_running_loop().call_later(self.opts.shutdown_grace_s, stale.close)
+        reloaded(got.sha256, previous)
+
+
+async def _reload_on(event: asyncio.Event, in_force: _InForce, watch: FileWatch | None) -> None:
+    """Reload when ``event`` is set (SIGHUP) or, with ``watch``, when the file changes."""
+    while True:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), POLL_S)
+        if event.is_set() or (watch is not None and watch.changed()):
+            event.clear()
+            try:
+                await in_force.reload()
+            except Exception:  # a reload never stops the worker
+                log.exception("policy reload failed; still serving policy %s", in_force.sha[:12])
+
+
 async def _run_worker(opts: ServeOptions, address: str, shm_name: str | None = None) -> None:
     policy = load_policy(opts.policy_path)
+    in_force = _InForce(opts, policy)
     collector: Collector | None = None
     reader: SnapshotReader | None = None
     lookup: Callable[[str], PoolSnapshot | None]
     if shm_name is None:  # the only worker: collect in-process
         store = SnapshotStore(_max_ages(policy))
-        observe = _observer(policy)
+        observe = _observer(lambda: in_force.policy)
 
         def publish(views: dict[str, PoolSnapshot]) -> None:
             store.put_all(views)
@@ -126,9 +198,12 @@ async def _run_worker(opts: ServeOptions, address: str, shm_name: str | None = N
 
         collector = Collector(policy.pools, publish)
         lookup = store.get
+        in_force.store, in_force.collector = store, collector
     else:  # the supervisor collects; read its views from shared memory
         reader = SnapshotReader(shm_name)
-        lookup = SharedSnapshotStore(reader, _max_ages(policy)).get
+        shared = SharedSnapshotStore(reader, _max_ages(policy))
+        lookup = shared.get
+        in_force.store = shared
     pipeline = Pipeline(policy, lookup, max_body_bytes=opts.max_body_bytes)
     if opts.embedding_socket:
         from ext_proc.truncate.client import EmbeddingClient
@@ -147,6 +222,7 @@ async def _run_worker(opts: ServeOptions, address: str, shm_name: str | None = N
     memory.tune()
     backlog = Backlog(opts.max_inflight_bytes, opts.message_timeout_s)
     servicer = ExtProcServicer(pipeline, offload, backlog)
+    in_force.servicer = servicer
     pb_grpc.add_ExternalProcessorServicer_to_server(servicer, server)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
@@ -160,12 +236,17 @@ async def _run_worker(opts: ServeOptions, address: str, shm_name: str | None = N
     )
     print(f"ice worker {os.getpid()} serving ext_proc on {address}", flush=True)
 
-    stop = asyncio.Event()
+    stop, hangup = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    loop.add_signal_handler(signal.SIGHUP, _hangup)
+    loop.add_signal_handler(signal.SIGHUP, hangup.set)
+    # The only worker watches the file itself; with several, the supervisor does and sends
+    # each worker SIGHUP.
+    watch = FileWatch(opts.policy_path) if shm_name is None else None
+    reloading = asyncio.create_task(_reload_on(hangup, in_force, watch), name="policy-reload")
     await stop.wait()
+    reloading.cancel()
     log.info("shutting down: draining in-flight streams (grace %.1f s)", opts.shutdown_grace_s)
     await health.enter_graceful_shutdown()
     await server.stop(grace=opts.shutdown_grace_s)
@@ -175,13 +256,8 @@ async def _run_worker(opts: ServeOptions, address: str, shm_name: str | None = N
         reader.close()
     if pipeline.similarity is not None:
         await pipeline.similarity.close()
-    offload.close()
-
-
-def _hangup() -> None:
-    """SIGHUP (a process manager's "reload"): never a stop; policy reload is not supported yet,
-    so ICE says so and keeps serving."""
-    log.warning("SIGHUP: policy reload is not supported; still serving the policy loaded at start")
+    if servicer.offload is not None:
+        servicer.offload.close()
 
 
 def _worker_main(opts: ServeOptions, address: str, shm_name: str | None = None) -> None:
@@ -189,31 +265,42 @@ def _worker_main(opts: ServeOptions, address: str, shm_name: str | None = None) 
     asyncio.run(_run_worker(opts, address, shm_name))
 
 
-def _collector_thread(
-    policy: Policy, writer: SnapshotWriter
-) -> tuple[threading.Thread, Callable[[], None]]:
+@dataclass
+class _CollectorThread:
     """The supervisor's collector: an asyncio loop in a thread publishing to shared memory."""
-    loop = asyncio.new_event_loop()
-    observe = _observer(policy)
-    stopped = asyncio.Event()
 
-    def publish(views: dict[str, PoolSnapshot]) -> None:
-        writer.publish(views)
-        observe(views)
+    policy: Policy
+    writer: SnapshotWriter
 
-    async def run() -> None:
-        collector = Collector(policy.pools, publish)
-        await collector.start()
-        await stopped.wait()
-        await collector.stop()
+    def __post_init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.collector: Collector | None = None
+        self._stopped = asyncio.Event()
+        observe = _observer(lambda: self.policy)
 
-    thread = threading.Thread(target=loop.run_until_complete, args=(run(),), name="collector")
-    thread.daemon = True
+        def publish(views: dict[str, PoolSnapshot]) -> None:
+            self.writer.publish(views)
+            observe(views)
 
-    def stop() -> None:
-        loop.call_soon_threadsafe(stopped.set)
+        async def run() -> None:
+            self.collector = Collector(self.policy.pools, publish)
+            await self.collector.start()
+            await self._stopped.wait()
+            await self.collector.stop()
 
-    return thread, stop
+        self.thread = threading.Thread(
+            target=self.loop.run_until_complete, args=(run(),), name="collector", daemon=True
+        )
+
+    def update(self, policy: Policy) -> None:
+        """A reloaded policy: its pools from now on (unchanged ones keep their history)."""
+        self.policy = policy
+        if self.collector is not None:
+            done = asyncio.run_coroutine_threadsafe(self.collector.update(policy.pools), self.loop)
+            done.result(10)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self._stopped.set)
 
 
 def _start_metrics(address: str, registry: object | None = None) -> None:
@@ -261,13 +348,18 @@ def _supervise(opts: ServeOptions, addresses: list[str]) -> int:
         SnapshotWriter(None) as writer,
     ):
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
-        collector, stop_collector = _collector_thread(policy, writer)
-        collector.start()
+        collecting = _CollectorThread(policy, writer)
+        collecting.thread.start()
+        sha = policy_sha256(opts.policy_path)
+        watch = FileWatch(opts.policy_path)
+        hangups = 0
         if opts.metrics_address:
             from prometheus_client import CollectorRegistry, multiprocess
 
             registry = CollectorRegistry()
             multiprocess.MultiProcessCollector(registry, path=metrics_dir)  # type: ignore[no-untyped-call]
+            for metric in telemetry.collector_metrics():  # the supervisor collects the pools
+                registry.register(metric)
             _start_metrics(opts.metrics_address, registry)
         ctx = multiprocessing.get_context("spawn")
         procs: dict[str, multiprocessing.process.BaseProcess] = {}
@@ -283,7 +375,12 @@ def _supervise(opts: ServeOptions, addresses: list[str]) -> int:
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-        signal.signal(signal.SIGHUP, lambda _signum, _frame: _hangup())
+
+        def on_hangup(_signum: int, _frame: object) -> None:
+            nonlocal hangups
+            hangups += 1
+
+        signal.signal(signal.SIGHUP, on_hangup)
         for addr in addresses:
             procs[addr] = ctx.Process(
                 target=_worker_main, args=(opts, addr, writer.name), name=f"ice-{addr}"
@@ -291,6 +388,9 @@ def _supervise(opts: ServeOptions, addresses: list[str]) -> int:
             procs[addr].start()
         while not stopping:
             time.sleep(0.2)
+            if hangups or watch.changed():
+                hangups = 0
+                sha = _supervisor_reload(opts, collecting, sha, procs.values())
             for addr, p in list(procs.items()):
                 if not p.is_alive() and not stopping:
                     log.error("worker %s exited with %s; restarting", addr, p.exitcode)
@@ -305,6 +405,29 @@ def _supervise(opts: ServeOptions, addresses: list[str]) -> int:
             p.join(max(0.1, deadline - time.monotonic()))
             if p.is_alive():
                 p.kill()
-        stop_collector()
-        collector.join(5)
+        collecting.stop()
+        collecting.thread.join(5)
         return 0
+
+
+def _supervisor_reload(
+    opts: ServeOptions,
+    collecting: _CollectorThread,
+    sha: str,
+    workers: Iterable[multiprocessing.process.BaseProcess],
+) -> str:
+    """The file changed (or SIGHUP): the collector takes the new pools when the policy is
+    valid, and every worker is told (SIGHUP) to check and swap it itself: a refused file is
+    then refused, logged and counted by each worker. Returns the sha256 now in force here."""
+    got = candidate(opts.policy_path, collecting.policy, sha)
+    if isinstance(got, Candidate):
+        collecting.update(got.policy)
+        sha = got.sha256
+        log.info("policy %s: collector updated; telling the workers", sha[:12])
+    elif isinstance(got, str):
+        log.error("policy reload refused: %s", got)
+    for p in workers:
+        if p.pid is not None and p.is_alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGHUP)
+    return sha

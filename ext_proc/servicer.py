@@ -10,6 +10,7 @@ in ``pipeline.HeaderFacts``.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -48,7 +49,23 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self._gate = asyncio.Lock()  # long bodies judged in-process: one at a time
         self._logged: set[str] = set()
 
+    def swap(self, pipeline: Pipeline, offload: Offload | None) -> None:
+        """A reloaded policy: streams that start from now on use ``pipeline``; a stream
+        already open keeps the one it started with (never a mix of two policies)."""
+        self.pipeline, self.offload = pipeline, offload
+
     async def Process(
+        self,
+        request_iterator: AsyncIterator[pb.ProcessingRequest],
+        context: grpc.aio.ServicerContext[pb.ProcessingRequest, pb.ProcessingResponse],
+    ) -> AsyncIterator[pb.ProcessingResponse]:
+        # The stream's own view of the servicer: the pipeline and offload in force when it
+        # opened (``swap``), the shared backlog, gate and trimmer.
+        stream = copy.copy(self)
+        async for response in stream._process(request_iterator, context):
+            yield response
+
+    async def _process(
         self,
         request_iterator: AsyncIterator[pb.ProcessingRequest],
         context: grpc.aio.ServicerContext[pb.ProcessingRequest, pb.ProcessingResponse],

@@ -218,6 +218,18 @@ def count_truncation(route: str, mode: str, fallback: str, saved_tokens: int) ->
     TRUNCATION_SAVED_TOKENS.labels(route=route).inc(saved_tokens)
 
 
+POLICY_RELOADS = Counter(
+    "ice_policy_reloads",
+    "Policy reloads (SIGHUP or the file changed) by result: ok, refused (the last good policy "
+    "keeps serving).",
+    ["result"],
+)
+POLICY_INFO = Gauge(
+    "ice_policy_info",
+    "1 for the policy in force (sha256 of its file), 0 for one it replaced.",
+    ["sha256"],
+    multiprocess_mode="mostrecent",
+)
 POOL_STALE = Gauge(
     "ice_pool_stale",
     "1 while the pool's view holds or lacks stale sources (see the pool's `stale` policy).",
@@ -236,6 +248,20 @@ TOKENIZE_RISK = Gauge(
     ["pool"],
     multiprocess_mode="mostrecent",
 )
+
+
+# What the collector and its observer set: with several workers the supervisor collects, and
+# its own (in-process) values of these join the workers' on its /metrics page.
+def collector_metrics() -> tuple[Counter | Gauge, ...]:
+    return (
+        SCRAPE_ERRORS,
+        KV_USAGE,
+        SNAPSHOT_AGE,
+        PRESSURE,
+        POOL_STALE,
+        CACHE_EFFICIENCY,
+        TOKENIZE_RISK,
+    )
 
 
 def observe_pool(snapshot: PoolSnapshot) -> None:

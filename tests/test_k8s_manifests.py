@@ -8,8 +8,10 @@
   1.37 (the newest it ships).
 - Custom resources: tests/k8s/validate.mjs with the ``@kubernetes-models/*`` npm packages
   (Istio, KEDA, Gateway API, prometheus-operator; ``npm ci`` from tests/k8s/package-lock.json
-  once, into tests/k8s/node_modules) and, for Envoy Gateway's kinds, which no registry package
-  ships, the CRD schemas of its v1.9.0 release kept in tests/k8s/crds/.
+  once, into tests/k8s/node_modules) and, for Envoy Gateway's kinds (no registry package ships
+  its CRDs), ICE's own JSON Schema of the parts of Envoy Gateway v1.9's API that ICE uses,
+  tests/k8s/crds/envoy-gateway-ice.json, checked with Ajv; the Envoy Gateway objects of other
+  specs of the generator (two profiles, a backend in another namespace, split routes) too.
 - Every rendered object is judged by one of them; an object no validator knows fails.
 - Each validator is shown to reject a broken manifest.
 - Consistency: the policy against ext_proc/default_policy.yaml, ports, probes, the shutdown
@@ -42,6 +44,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "envoy" / "k8s"
 NODE_DIR = ROOT / "tests" / "k8s"
+EG_SCHEMA = NODE_DIR / "crds" / "envoy-gateway-ice.json"
 TOOLS = ROOT / ".scratch" / "k8s-tools"
 DOC = ROOT / "docs" / "deploy-kubernetes.md"
 
@@ -375,6 +378,8 @@ def test_node_validators_reject_broken_manifests(node_validator: Path) -> None:
     grant = one(eg, "ReferenceGrant")
     ext = one(eg, "EnvoyExtensionPolicy")
     directs = one(eg, "HTTPRouteFilter")
+    client = one(eg, "ClientTrafficPolicy")
+    patch = one(eg, "EnvoyPatchPolicy")
     cases: list[tuple[str, Obj, str]] = [
         (
             "EnvoyFilter with a bad applyTo",
@@ -403,9 +408,14 @@ def test_node_validators_reject_broken_manifests(node_validator: Path) -> None:
         ),
         ("ReferenceGrant without `to`", _break(grant, "spec.to", delete=True), "to"),
         (
-            "EnvoyExtensionPolicy with an unknown body mode",
-            _break(ext, "spec.extProc.0.processingMode.request.body", "Everything"),
-            "body",
+            "EnvoyExtensionPolicy with a misspelt body mode",
+            _break(ext, "spec.extProc.0.processingMode.request.body", "Bufferd"),
+            "body must be equal to one of the allowed values",
+        ),
+        (
+            "EnvoyExtensionPolicy with an unknown field in its spec",
+            _break(ext, "spec.extProcs", copy.deepcopy(ext["spec"]["extProc"])),
+            "must NOT have additional properties: extProcs",
         ),
         (
             "EnvoyExtensionPolicy with a misspelt field",
@@ -413,9 +423,99 @@ def test_node_validators_reject_broken_manifests(node_validator: Path) -> None:
             "failOpn",
         ),
         (
+            "EnvoyExtensionPolicy with a duration without a unit",
+            _break(ext, "spec.extProc.0.messageTimeout", "1"),
+            "messageTimeout must match pattern",
+        ),
+        (
+            "EnvoyExtensionPolicy with a text boolean",
+            _break(ext, "spec.extProc.0.failOpen", "true"),
+            "failOpen must be boolean",
+        ),
+        (
+            "EnvoyExtensionPolicy failing open with a FullDuplexStreamed body",
+            _break(ext, "spec.extProc.0.processingMode.request.body", "FullDuplexStreamed"),
+            "failOpen must be equal to constant",
+        ),
+        (
+            "EnvoyExtensionPolicy on a Service",
+            _break(ext, "spec.targetRefs.0.kind", "Service"),
+            "targetRefs/0/kind must be equal to one of the allowed values",
+        ),
+        (
+            "EnvoyExtensionPolicy with a Service backend without a port",
+            _break(ext, "spec.extProc.0.backendRefs.0.port", delete=True),
+            "must have required property 'port'",
+        ),
+        (
+            "EnvoyExtensionPolicy with grpc settings on a TCP health check",
+            _break(ext, "spec.extProc.0.backendSettings.healthCheck.active.type", "TCP"),
+            "type must be equal to constant",
+        ),
+        (
+            "ClientTrafficPolicy with a malformed buffer limit",
+            _break(client, "spec.connection.bufferLimit", "8MiB"),
+            "bufferLimit",
+        ),
+        (
+            "ClientTrafficPolicy with an unknown header match type",
+            _break(client, "spec.headers.earlyRequestHeaders.removeOnMatch.0.type", "Contains"),
+            "type must be equal to one of the allowed values",
+        ),
+        (
+            "ClientTrafficPolicy on an HTTPRoute",
+            _break(client, "spec.targetRefs.0.kind", "HTTPRoute"),
+            "kind must be equal to one of the allowed values",
+        ),
+        (
+            "EnvoyPatchPolicy without jsonPatches",
+            _break(patch, "spec.jsonPatches", delete=True),
+            "must have required property 'jsonPatches'",
+        ),
+        (
+            "EnvoyPatchPolicy of another patch type",
+            _break(patch, "spec.type", "StrategicMerge"),
+            "/spec/type must be equal to one of the allowed values",
+        ),
+        (
+            "EnvoyPatchPolicy with an unknown operation",
+            _break(patch, "spec.jsonPatches.0.operation.op", "append"),
+            "op must be equal to one of the allowed values",
+        ),
+        (
+            "EnvoyPatchPolicy adding without a value",
+            _break(patch, "spec.jsonPatches.0.operation.value", delete=True),
+            "must have required property 'value'",
+        ),
+        (
+            "EnvoyPatchPolicy with a path that is not a JSON pointer",
+            _break(patch, "spec.jsonPatches.0.operation.path", "typed_per_filter_config"),
+            "path must match pattern",
+        ),
+        (
+            "EnvoyPatchPolicy patching an unknown xDS type",
+            _break(patch, "spec.jsonPatches.0.type", "envoy.config.route.v3.RouteConfiguration"),
+            "type must be equal to one of the allowed values",
+        ),
+        (
             "HTTPRouteFilter with a text status code",
             _break(directs, "spec.directResponse.statusCode", "404"),
             "statusCode",
+        ),
+        (
+            "HTTPRouteFilter with an inline body type but no inline body",
+            _break(directs, "spec.directResponse.body.inline", delete=True),
+            "must have required property 'inline'",
+        ),
+        (
+            "an Envoy Gateway object with an unknown metadata field",
+            _break(directs, "metadata.label", {"a": "b"}),
+            "must NOT have additional properties: label",
+        ),
+        (
+            "an Envoy Gateway object of another API version",
+            {**copy.deepcopy(ext), "apiVersion": "gateway.envoyproxy.io/v1alpha2"},
+            "no schema",
         ),
         (
             "an unknown kind",
@@ -430,15 +530,118 @@ def test_node_validators_reject_broken_manifests(node_validator: Path) -> None:
         (
             "an unknown Envoy Gateway kind",
             {**copy.deepcopy(ext), "kind": "EnvoyExtensionPolicies"},
-            "no Envoy Gateway CRD schema",
+            "no schema",
+        ),
+        (
+            "an Envoy Gateway kind ICE does not use",
+            {**copy.deepcopy(ext), "kind": "BackendTrafficPolicy"},
+            "no schema",
         ),
     ]
-    originals = [envoy_filter, scaled, monitor, route, grant, ext, directs]
+    originals = [envoy_filter, scaled, monitor, route, grant, ext, directs, client, patch]
     results = node_validate(node_validator, originals + [c[1] for c in cases])
     assert all(r["ok"] for r in results[: len(originals)]), results[: len(originals)]
     for (what, _, needle), r in zip(cases, results[len(originals) :], strict=True):
         assert not r["ok"], f"{what} passed validation"
         assert needle in " ".join(r["errors"]), f"{what}: {r['errors']}"
+
+
+def test_envoy_gateway_schema_is_ices_own_and_closed() -> None:
+    """tests/k8s/crds/ holds ICE's own schema only (no copy of Envoy Gateway's CRDs): it says
+    so, describes exactly the Envoy Gateway kinds ICE's manifests use, and every object in it
+    that lists its fields allows no others."""
+    assert sorted(p.name for p in EG_SCHEMA.parent.iterdir()) == [EG_SCHEMA.name]
+    schema = json.loads(EG_SCHEMA.read_text())
+    note = schema["_note"]
+    assert "ICE's own" in note and "v1.9" in note and "not taken from Envoy Gateway's CRDs" in note
+    used = {
+        f"{o['apiVersion']}/{o['kind']}"
+        for t in TARGETS
+        for o in render(t)
+        if o["apiVersion"].startswith("gateway.envoyproxy.io/")
+    }
+    assert set(schema["kinds"]) == used, "the schema covers the EG kinds ICE uses, and no others"
+    for key, ref in schema["kinds"].items():
+        kind = schema["$defs"][ref.removeprefix("#/$defs/")]
+        assert kind["properties"]["apiVersion"] == {"const": key.rpartition("/")[0]}
+        assert kind["properties"]["kind"] == {"const": key.rpartition("/")[2]}
+    open_objects = []
+    for where, sub in _walk_schema(schema):
+        if sub.get("additionalProperties") is not False:
+            open_objects.append(where)
+    assert not open_objects, f"objects that allow unknown fields: {open_objects}"
+
+
+def _walk_schema(node: Any, where: str = "#") -> Iterator[tuple[str, Obj]]:
+    """(JSON pointer, subschema) of every subschema listing an object's fields, less the
+    conditions of if/then/else, which constrain fields listed beside them."""
+    if isinstance(node, dict):
+        if "properties" in node and not re.search(r"/(if|then|else)(/|$)", where):
+            yield where, node
+        for key, value in node.items():
+            if key in ("if", "then", "else"):
+                continue
+            if key == "properties":
+                for name, sub in value.items():
+                    yield from _walk_schema(sub, f"{where}/properties/{name}")
+            else:
+                yield from _walk_schema(value, f"{where}/{key}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _walk_schema(value, f"{where}/{i}")
+
+
+def _generator_variants(tmp: Path) -> dict[str, list[Obj]]:
+    """Envoy Gateway objects of specs other than envoy/mesh.yaml, as tests/
+    test_envoygen_gateway.py builds them: two profiles (and one route naming the default),
+    a backend in another namespace than the gateway, more judged routes than an HTTPRoute holds."""
+    from ext_proc.envoygen import gateway
+    from ext_proc.envoygen.spec import parse_spec
+
+    policy = yaml.safe_load((ROOT / "ext_proc" / "default_policy.yaml").read_text())
+    policy["profiles"]["batch"] = {
+        **policy["profiles"]["default"],
+        "shed": {"sheddable": "medium", "standard": "high"},
+    }
+    many = [f"r{i}" for i in range(gateway.MAX_RULES + 1)]
+    policy["routes"].update({n: {"profile": "default", "pool": "default"} for n in many})
+    (tmp / "policy.yaml").write_text(yaml.safe_dump(policy))
+    profiled = {
+        "policy": "policy.yaml",
+        "routes": [
+            {"name": "chat", "path": "/v1/chat/completions"},
+            {"name": "completions", "path": "/v1/completions", "profile": "batch"},
+            {"name": "messages", "path": "/v1/messages", "profile": "default"},
+            {"name": "chat_batch", "path": "/v1/chat/completions/batch", "profile": "batch"},
+        ],
+    }
+    elsewhere = {
+        "routes": [{"name": "chat", "path": "/v1/chat/completions"}],
+        "backend": {"namespace": "models"},
+        "gateway": {"namespace": "gw"},
+    }
+    split = {"policy": "policy.yaml", "routes": [{"name": n, "path": f"/{n}"} for n in many]}
+    return {
+        name: gateway.objects(parse_spec(doc, tmp))
+        for name, doc in (("profiled", profiled), ("elsewhere", elsewhere), ("split", split))
+    }
+
+
+def test_other_specs_envoy_gateway_objects_are_schema_valid(
+    node_validator: Path, tmp_path: Path
+) -> None:
+    variants = _generator_variants(tmp_path)
+    kinds = [o["kind"] for o in variants["profiled"]]
+    assert kinds.count("EnvoyExtensionPolicy") == 3, "one per profile"
+    assert "ReferenceGrant" in [o["kind"] for o in variants["elsewhere"]]
+    assert "llm-inference-2" in [o["metadata"]["name"] for o in variants["split"]]
+    batch = [o for objs in variants.values() for o in objs]
+    failures = [
+        f"{r['kind']}/{r['name']} ({r['validator'] or 'no validator'}): {'; '.join(r['errors'])}"
+        for r in node_validate(node_validator, batch)
+        if not r["ok"]
+    ]
+    assert not failures, "\n".join(failures)
 
 
 # ---- the policy ------------------------------------------------------------------------------

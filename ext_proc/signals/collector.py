@@ -110,7 +110,7 @@ class Collector:
         self._sources: dict[tuple[str, str], _Source] = {}
         self._dns: dict[str, tuple[float, list[str]]] = {}
         self._views: dict[str, PoolSnapshot] = {}
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: dict[str, asyncio.Task[None]] = {}  # pool name → its scrape loop
         self._logged: dict[tuple[str, ...], str] = {}
         self._prom_backends: dict[str, set[str]] = {}
         self._inflight: dict[tuple[str, str], asyncio.Task[None]] = {}
@@ -125,15 +125,48 @@ class Collector:
             self._http = HttpGetter()
             self._fetch = self._http.get
         for pool in self._pools.values():
-            if pool.metrics_urls or pool.dns_name or pool.prometheus_url:
-                self._tasks.append(
-                    asyncio.create_task(self._run(pool), name=f"collect-{pool.name}")
-                )
+            self._start_pool(pool)
+
+    def _start_pool(self, pool: Pool) -> None:
+        if pool.metrics_urls or pool.dns_name or pool.prometheus_url:
+            task = asyncio.create_task(self._run(pool), name=f"collect-{pool.name}")
+            self._tasks[pool.name] = task
+
+    async def update(self, pools: Mapping[str, Pool]) -> None:
+        """A reloaded policy's pools: an unchanged pool keeps its scrape loop and history; a
+        removed one stops and leaves the published views; a new or changed one starts afresh
+        (its history from its old settings is dropped)."""
+        old = self._pools
+        self._pools = pools
+        for name, pool in old.items():
+            if pools.get(name) == pool:
+                continue
+            task = self._tasks.pop(name, None)
+            doomed = [t for (n, _), t in self._inflight.items() if n == name]
+            for t in [*([task] if task else []), *doomed]:
+                t.cancel()
+            await asyncio.gather(*([task] if task else []), *doomed, return_exceptions=True)
+            for key in [k for k in self._inflight if k[0] == name]:
+                del self._inflight[key]
+            for key in [k for k in self._sources if k[0] == name]:
+                del self._sources[key]
+            self._dns.pop(name, None)
+            self._prom_backends.pop(name, None)
+            self._pods.pop(name, None)
+            reader = self._local_gpus.pop(name, None)
+            if reader is not None:
+                reader.close()
+            self._views.pop(name, None)
+        for name, pool in pools.items():
+            if name not in self._tasks:
+                self._start_pool(pool)
+        self._publish(dict(self._views))
 
     async def stop(self) -> None:
-        for task in [*self._tasks, *self._inflight.values()]:
+        tasks = list(self._tasks.values())
+        for task in [*tasks, *self._inflight.values()]:
             task.cancel()
-        await asyncio.gather(*self._tasks, *self._inflight.values(), return_exceptions=True)
+        await asyncio.gather(*tasks, *self._inflight.values(), return_exceptions=True)
         self._tasks.clear()
         self._inflight.clear()
         for reader in self._local_gpus.values():

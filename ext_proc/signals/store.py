@@ -27,6 +27,10 @@ class SnapshotStore:
         self._views: dict[str, PoolSnapshot] = {}
         self._max_age_s = dict(max_age_s)
 
+    def set_max_ages(self, max_age_s: Mapping[str, float]) -> None:
+        """A reloaded policy's ``max_age_s`` per pool."""
+        self._max_age_s = dict(max_age_s)
+
     def put(self, snapshot: PoolSnapshot) -> None:
         self._views = {**self._views, snapshot.pool: snapshot}
 
@@ -49,6 +53,9 @@ class SharedSnapshotStore:
 
     def __init__(self, reader: SnapshotReader, max_age_s: Mapping[str, float]) -> None:
         self._reader = reader
+        self._max_age_s = dict(max_age_s)
+
+    def set_max_ages(self, max_age_s: Mapping[str, float]) -> None:
         self._max_age_s = dict(max_age_s)
 
     def get(self, pool: str, now_s: float | None = None) -> PoolSnapshot | None:

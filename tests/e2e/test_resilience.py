@@ -174,11 +174,9 @@ def test_sighup_never_stops_ice_and_sigint_drains_like_sigterm(tmp_path: Path) -
     with running_stack(tmp_path, workers=2) as e2e:
         ice = e2e.stack.procs["ice"]
         os.killpg(ice.pid, signal.SIGHUP)  # the supervisor and both workers get it
-        deadline = time.monotonic() + 10
-        while ice_log(e2e).count("SIGHUP: policy reload is not supported") < 3:
-            assert time.monotonic() < deadline, ice_log(e2e)
-            time.sleep(0.1)
+        time.sleep(1.0)  # a reload of an unchanged file: nothing to do (test_reload.py)
         assert ice.poll() is None
+        assert "refused" not in ice_log(e2e)
         for address in e2e.ice_addresses:
             wait_grpc_health(address, timeout_s=5)
         for _ in range(4):

@@ -10,15 +10,16 @@
 //
 // - Istio, KEDA, Gateway API, prometheus-operator: the @kubernetes-models/* classes, whose
 //   validate() checks the object against the project's published CRD (or Go-type) schema.
-// - Envoy Gateway (gateway.envoyproxy.io): no registry package ships its CRDs, so their
-//   openAPIV3Schema is kept in crds/envoy-gateway.json (see crds/extract.py) and checked with
-//   Ajv. Unknown fields are errors there, as the API server's strict field validation (what
-//   kubectl apply asks for by default) makes them; CEL rules (x-kubernetes-validations) are
-//   not evaluated.
+// - Envoy Gateway (gateway.envoyproxy.io): no registry package ships its CRDs, so ICE keeps its
+//   own JSON Schema of the parts of Envoy Gateway v1.9's API that ICE's manifests use,
+//   crds/envoy-gateway-ice.json (written from EG's API reference, not taken from its CRDs), and
+//   checks with Ajv against it. An EG kind it does not describe has no schema (ok false). Every
+//   object there lists its fields and allows no others, so an unknown or misspelt field is an
+//   error (stricter than the kubernetes-models validators, and than EG for fields ICE does not
+//   use); some of EG's CEL rules are restated there, the others are not checked.
 import { readFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import Ajv from "ajv";
-import addFormats from "ajv-formats";
 
 const require = createRequire(import.meta.url);
 const here = new URL(".", import.meta.url);
@@ -40,63 +41,35 @@ function packageVersion(name) {
   return JSON.parse(readFileSync(require.resolve(`${name}/package.json`), "utf8")).version;
 }
 
-// ---- Envoy Gateway: vendored CRD schemas, strict on unknown fields ----
+// ---- Envoy Gateway: ICE's own schema ----
 
-const egFile = JSON.parse(readFileSync(new URL("crds/envoy-gateway.json", here), "utf8"));
-const egSource = egFile._source.split(",")[0]; // "github.com/envoyproxy/gateway vX.Y.Z (...)"
-
-// An object schema that lists its properties and neither allows extra ones nor preserves
-// unknown fields rejects the fields it does not list (the API server's strict decoding).
-// Branches of allOf/anyOf/oneOf only constrain fields declared beside them: left as they are.
-function strictify(schema) {
-  if (schema === null || typeof schema !== "object") return schema;
-  const out = { ...schema };
-  if (out.properties) {
-    out.properties = Object.fromEntries(
-      Object.entries(out.properties).map(([k, v]) => [k, strictify(v)]),
-    );
-    if (out.additionalProperties === undefined && !out["x-kubernetes-preserve-unknown-fields"]) {
-      out.additionalProperties = false;
-    }
-  }
-  if (out.items) out.items = strictify(out.items);
-  if (out.additionalProperties && typeof out.additionalProperties === "object") {
-    out.additionalProperties = strictify(out.additionalProperties);
-  }
-  return out;
-}
-
-const DNS_SUBDOMAIN = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
-const DNS_LABEL = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
-// CRD schemas say only `metadata: {type: object}`; the API server checks these itself.
-const METADATA = {
-  type: "object",
-  required: ["name"],
-  properties: {
-    name: { type: "string", maxLength: 253, pattern: DNS_SUBDOMAIN },
-    namespace: { type: "string", maxLength: 63, pattern: DNS_LABEL },
-    labels: { type: "object", additionalProperties: { type: "string" } },
-    annotations: { type: "object", additionalProperties: { type: "string" } },
-  },
-};
-
-const ajv = new Ajv({ strict: false, allErrors: true });
-addFormats(ajv);
-ajv.addFormat("int32", { type: "number", validate: (n) => Number.isInteger(n) && Math.abs(n) <= 2 ** 31 });
-ajv.addFormat("int64", { type: "number", validate: (n) => Number.isInteger(n) });
-ajv.addFormat("byte", /^[A-Za-z0-9+/]*={0,2}$/);
+const EG_FILE = "crds/envoy-gateway-ice.json";
+const egSchema = JSON.parse(readFileSync(new URL(EG_FILE, here), "utf8"));
+// Strict: a keyword Ajv does not know, or one without the type it applies to, is an error in
+// the schema itself (a misspelt `additionalProperties` would otherwise allow every field).
+// Not strictRequired: `required` in if/then names fields declared beside it, or on purpose
+// fields the schema does not describe (EG's `http` of an HTTP health check).
+const egAjv = new Ajv({ strict: true, strictRequired: false, allErrors: true });
+egAjv.addKeyword("_note").addKeyword("kinds");
+egAjv.addSchema(egSchema);
 const egValidators = new Map();
 function egValidator(apiVersion, kind) {
   const key = `${apiVersion}/${kind}`;
-  if (!egValidators.has(key)) {
-    const schema = egFile.schemas[key];
-    if (!schema) return null;
-    const strict = strictify(schema);
-    strict.properties = { ...strict.properties, metadata: METADATA };
-    strict.required = [...new Set([...(strict.required || []), "apiVersion", "kind", "metadata"])];
-    egValidators.set(key, ajv.compile(strict));
-  }
+  const ref = Object.hasOwn(egSchema.kinds, key) ? egSchema.kinds[key] : undefined;
+  if (!ref) return null;
+  if (!egValidators.has(key)) egValidators.set(key, egAjv.compile({ $ref: egSchema.$id + ref }));
   return egValidators.get(key);
+}
+
+function ajvMessage(e) {
+  const extra = e.params?.additionalProperty
+    ? `: ${e.params.additionalProperty}`
+    : e.params?.allowedValues
+      ? ` ${JSON.stringify(e.params.allowedValues)}`
+      : e.params?.allowedValue !== undefined
+        ? ` ${JSON.stringify(e.params.allowedValue)}`
+        : "";
+  return `${e.instancePath || "/"} ${e.message}${extra}`;
 }
 
 // ---- one object ----
@@ -109,12 +82,15 @@ async function validateOne(obj, index) {
   if (group === "gateway.envoyproxy.io") {
     const validate = egValidator(apiVersion, kind);
     if (!validate) {
-      res.errors.push(`no Envoy Gateway CRD schema for ${apiVersion} ${kind} in crds/envoy-gateway.json`);
+      res.errors.push(
+        `no schema for ${apiVersion} ${kind} in ${EG_FILE} ` +
+          "(ICE's schema of Envoy Gateway describes only the kinds ICE uses)",
+      );
       return res;
     }
-    res.validator = `ajv ${packageVersion("ajv")} + CRD schema ${egSource}`;
+    res.validator = `ajv ${packageVersion("ajv")} + ICE's Envoy Gateway schema ${EG_FILE}`;
     res.ok = validate(obj);
-    if (!res.ok) res.errors = validate.errors.map((e) => `${e.instancePath || "/"} ${e.message}${e.params?.additionalProperty ? `: ${e.params.additionalProperty}` : ""}${e.params?.allowedValues ? ` ${JSON.stringify(e.params.allowedValues)}` : ""}`);
+    if (!res.ok) res.errors = validate.errors.map(ajvMessage);
     return res;
   }
   const pkg = MODEL_PACKAGES[group];

@@ -1,0 +1,399 @@
+"""Checks of one inference HCM's filter chain and ICE's cluster (what holds on every route).
+
+Job: given an ``HcmView`` (a listener's HTTP connection manager that serves judged paths)
+and ``Expected``, say whether ext_proc is there and before the router, how it fails, its
+processing mode and timeouts, the body limit, the spoofed-header stripping ahead of it,
+path normalisation, and ICE's cluster (HTTP/2, health-checked).
+
+Invariants: pure; one ``Check`` per item per HCM, its detail prefixed with the listener's
+name; the expected values come from ``expect`` (``ext_proc.envoygen.pieces``), never typed
+here.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ext_proc.doctor import expect as X
+from ext_proc.doctor.dump import EXT_PROC_TYPE, FilterView, HcmView, as_dict, as_list, unwrap
+from ext_proc.doctor.model import Check, fail
+
+__all__ = ["duration_s", "ext_proc_filters", "filter_checks", "ice_cluster_checks"]
+
+ROUTER_TYPE = "envoy.extensions.filters.http.router.v3.Router"
+HEADER_MUTATION_TYPE = "envoy.extensions.filters.http.header_mutation.v3.HeaderMutation"
+H2_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+REGEN = "regenerate the config with `ice envoy-config` (ext_proc/envoygen/pieces.py)"
+GOOD_ESCAPED_SLASHES = ("UNESCAPE_AND_FORWARD", "UNESCAPE_AND_REDIRECT", "REJECT_REQUEST")
+
+
+def duration_s(value: Any, default: float) -> float:
+    """A protobuf Duration as JSON (``"1.5s"``) or YAML (``{seconds, nanos}``), in seconds."""
+    if value is None:
+        return default
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*(-?\d+(?:\.\d+)?)s\s*", value)
+        return float(m.group(1)) if m else default
+    d = as_dict(value)
+    if d:
+        return float(d.get("seconds", 0)) + float(d.get("nanos", 0)) / 1e9
+    return float(value) if isinstance(value, int | float) else default
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1000:g} ms"
+
+
+def ext_proc_filters(hcm: HcmView) -> list[tuple[int, FilterView]]:
+    """ICE's ext_proc filters (by type, or by name when the type is unknown), with their
+    positions in the chain."""
+    return [
+        (i, f)
+        for i, f in enumerate(hcm.filters)
+        if f.type == EXT_PROC_TYPE or (not f.type and f.name.startswith(X.EXT_PROC))
+    ]
+
+
+def _is_router(f: FilterView) -> bool:
+    return f.type == ROUTER_TYPE or (not f.type and f.name == X.ROUTER)
+
+
+def _mutation_removals(items: list[Any]) -> list[dict[str, Any]]:
+    out = []
+    for m in items:
+        m = as_dict(m)
+        if "remove" in m:
+            out.append({"exact": str(m["remove"])})
+        elif "remove_on_match" in m:
+            out.append(as_dict(as_dict(m["remove_on_match"]).get("key_matcher")))
+    return out
+
+
+def _covers(matcher: dict[str, Any], header: str, prefix: bool) -> bool:
+    """Whether a removal matcher removes ``header`` (every header starting with it when
+    ``prefix``)."""
+    h = header.lower()
+    if "prefix" in matcher:
+        return h.startswith(str(matcher["prefix"]).lower())
+    if "exact" in matcher:
+        return not prefix and h == str(matcher["exact"]).lower()
+    if "safe_regex" in matcher:
+        regex = str(as_dict(matcher["safe_regex"]).get("regex", ""))
+        probe = h + "doctor-probe" if prefix else h
+        return re.fullmatch(regex, probe) is not None
+    return False
+
+
+def _strip_check(hcm: HcmView, first_ext_proc: int, where: str) -> Check:
+    removals: list[dict[str, Any]] = []
+    used = []
+    for ext in as_list(hcm.hcm.get("early_header_mutation_extensions")):
+        _, config = unwrap(as_dict(ext).get("typed_config"))
+        removals += _mutation_removals(as_list(config.get("mutations")))
+        used.append("early_header_mutation_extensions")
+    for i, f in enumerate(hcm.filters):
+        if f.type != HEADER_MUTATION_TYPE and not (not f.type and f.name == X.HEADER_MUTATION):
+            continue
+        if i > first_ext_proc or f.disabled:
+            continue
+        requests = as_dict(f.config.get("mutations")).get("request_mutations")
+        removals += _mutation_removals(as_list(requests))
+        used.append(f"filter {f.name}")
+    wanted = [(p, True) for p in X.SPOOF_PREFIXES] + [(n, False) for n in X.SPOOF_NAMES]
+    missing = [
+        f"{h}*" if prefix else h
+        for h, prefix in wanted
+        if not any(_covers(m, h, prefix) for m in removals)
+    ]
+    if missing:
+        seen = ", ".join(used) or "no header_mutation filter before ext_proc"
+        return fail(
+            "envoy.strip_spoofed_headers",
+            f"{where}: a client's {', '.join(missing)} reach ICE and the backend ({seen})",
+            "put pieces.strip_spoofed_headers() (header_mutation removing "
+            f"{', '.join(f'{p}*' for p in X.SPOOF_PREFIXES)}, {', '.join(X.SPOOF_NAMES)}) "
+            "before ext_proc",
+        )
+    return Check("PASS", "envoy.strip_spoofed_headers", f"{where}: removed by {', '.join(used)}")
+
+
+def _mode_check(config: dict[str, Any], where: str) -> Check:
+    want = X.ice_mode()
+    got = X.normal_mode(as_dict(config.get("processing_mode")))
+    wrong = {k: got[k] for k in want if got[k] != want[k]}
+    spelled = ", ".join(f"{k} {v} (ICE needs {want[k]})" for k, v in wrong.items())
+    severe = [k for k in wrong if k.startswith("request_") or k == "response_body_mode"]
+    severe = [k for k in severe if k != "request_trailer_mode"]
+    fix = "processing_mode as pieces.ext_proc_config: " + ", ".join(f"{k} {v}" for k, v in want.items())
+    if severe:
+        return fail("envoy.processing_mode", f"{where}: {spelled}", fix)
+    if wrong:
+        return Check(
+            "WARN",
+            "envoy.processing_mode",
+            f"{where}: {spelled}: a round trip to ICE that only continues",
+            fix,
+        )
+    if config.get("allow_mode_override") is not True:
+        return Check(
+            "WARN",
+            "envoy.processing_mode",
+            f"{where}: allow_mode_override is off: ICE cannot skip the body of requests it "
+            "lets through at the headers phase (read-only, passthrough)",
+            "allow_mode_override: true",
+        )
+    modes = ", ".join(f"{k.replace('_mode', '')} {v}" for k, v in want.items())
+    return Check("PASS", "envoy.processing_mode", f"{where}: {modes}, allow_mode_override")
+
+
+def _failure_mode_check(config: dict[str, Any], ex: X.Expected, where: str) -> Check:
+    closed = ex.fail_closed_profiles()
+    if config.get("failure_mode_allow") is True:
+        if closed:
+            return Check(
+                "WARN",
+                "envoy.failure_mode_allow",
+                f"{where}: Envoy fails open while ICE is down, but profiles {', '.join(closed)} "
+                "say fail_mode: closed",
+                "failure_mode_allow: false if those routes must never pass unjudged (then "
+                "ICE down = 500s), or fail_mode: open",
+            )
+        return Check("PASS", "envoy.failure_mode_allow", f"{where}: fails open while ICE is down")
+    if closed and len(closed) == len(ex.policy.profiles):
+        return Check(
+            "PASS",
+            "envoy.failure_mode_allow",
+            f"{where}: fails closed while ICE is down, as every profile (fail_mode: closed)",
+        )
+    return fail(
+        "envoy.failure_mode_allow",
+        f"{where}: failure_mode_allow is false: while ICE is down every judged request fails",
+        "failure_mode_allow: true (the policy's profiles fail open)",
+    )
+
+
+def _timeout_checks(config: dict[str, Any], ex: X.Expected, where: str) -> list[Check]:
+    out = []
+    mt = duration_s(config.get("message_timeout"), 0.2)  # Envoy's default: 200 ms
+    budget_s = ex.policy.exact_count_budget_ms / 1000
+    if mt <= budget_s:
+        out.append(
+            fail(
+                "envoy.message_timeout",
+                f"{where}: message_timeout {_ms(mt)} is not above the policy's "
+                f"exact_count_budget_ms ({_ms(budget_s)}): verdicts arrive after Envoy gave up",
+                f"message_timeout: {X.MESSAGE_TIMEOUT_S:g}s (= ice serve --message-timeout-ms)",
+            )
+        )
+    elif mt != X.MESSAGE_TIMEOUT_S:
+        out.append(
+            Check(
+                "WARN",
+                "envoy.message_timeout",
+                f"{where}: message_timeout {_ms(mt)}, ICE's default --message-timeout-ms is "
+                f"{_ms(X.MESSAGE_TIMEOUT_S)}",
+                f"run ice serve --message-timeout-ms {mt * 1000:g} (they must be equal)",
+            )
+        )
+    else:
+        out.append(Check("PASS", "envoy.message_timeout", f"{where}: {_ms(mt)}"))
+    mmt = duration_s(config.get("max_message_timeout"), 0.0)
+    deadline_ms = ex.truncation_deadline_ms()
+    if deadline_ms is None:
+        out.append(
+            Check(
+                "PASS",
+                "envoy.max_message_timeout",
+                f"{where}: {_ms(mmt)}; no profile truncates, so ICE never extends a timeout",
+            )
+        )
+    elif mmt < deadline_ms / 1000 + 1:
+        out.append(
+            fail(
+                "envoy.max_message_timeout",
+                f"{where}: max_message_timeout {_ms(mmt)} is below the longest truncation "
+                f"deadline_ms + 1 s ({deadline_ms + 1000} ms): truncated requests time out",
+                f"max_message_timeout: at least {deadline_ms / 1000 + 1:g}s (the shipped "
+                f"configs: {X.MAX_MESSAGE_TIMEOUT_S:g}s)",
+            )
+        )
+    else:
+        out.append(
+            Check(
+                "PASS",
+                "envoy.max_message_timeout",
+                f"{where}: {_ms(mmt)} ≥ truncation deadline_ms {deadline_ms} + 1 s",
+            )
+        )
+    return out
+
+
+def _buffer_check(hcm: HcmView, where: str) -> Check:
+    limit, want = hcm.buffer_limit_bytes, X.MAX_BODY_BYTES
+    said = "" if hcm.buffer_limit_set else " (not set: Envoy's default)"
+    if limit < want:
+        return fail(
+            "envoy.buffer_limit",
+            f"{where}: per_connection_buffer_limit_bytes {limit}{said} < ICE's --max-body-bytes "
+            f"{want}: larger bodies get Envoy's 413 before ICE sees them",
+            f"per_connection_buffer_limit_bytes: {want} on the listener",
+        )
+    return Check("PASS", "envoy.buffer_limit", f"{where}: {limit} bytes ≥ {want}")
+
+
+def _normalise_check(hcm: HcmView, where: str) -> Check:
+    h = hcm.hcm
+    problems = []
+    if h.get("normalize_path") is not True:
+        problems.append("normalize_path off")
+    if h.get("merge_slashes") is not True:
+        problems.append("merge_slashes off")
+    action = str(h.get("path_with_escaped_slashes_action", "KEEP_UNCHANGED"))
+    if action not in GOOD_ESCAPED_SLASHES:
+        problems.append(f"path_with_escaped_slashes_action {action}")
+    if problems:
+        return fail(
+            "envoy.path_normalisation",
+            f"{where}: {', '.join(problems)}: /v1/chat/%63ompletions, //v1/chat/completions or "
+            "/v1/chat%2Fcompletions are routed as written, not as the backend reads them",
+            "normalize_path: true, merge_slashes: true, path_with_escaped_slashes_action: "
+            "UNESCAPE_AND_FORWARD",
+        )
+    return Check("PASS", "envoy.path_normalisation", f"{where}: normalize_path, merge_slashes, {action}")
+
+
+def filter_checks(hcm: HcmView, ex: X.Expected) -> list[Check]:
+    """Every filter-chain check of one inference HCM."""
+    where = hcm.listener
+    found = ext_proc_filters(hcm)
+    out: list[Check] = []
+    if not found:
+        out.append(
+            fail(
+                "envoy.ext_proc",
+                f"{where}: no ext_proc filter: judged paths reach the backend unjudged",
+                f"add pieces.ext_proc_filter() before the router; {REGEN}",
+            )
+        )
+    routers = [i for i, f in enumerate(hcm.filters) if _is_router(f)]
+    for i, f in found:
+        config = f.config
+        grpc = as_dict(config.get("grpc_service"))
+        target = as_dict(grpc.get("envoy_grpc")).get("cluster_name") or (
+            "google_grpc " + str(as_dict(grpc.get("google_grpc")).get("target_uri", ""))
+        )
+        rules = as_dict(config.get("mutation_rules"))
+        if rules.get("disallow_all") is True:
+            out.append(
+                fail(
+                    "envoy.ext_proc",
+                    f"{where}: {f.name}: mutation_rules.disallow_all: ICE cannot set its headers",
+                    "remove mutation_rules",
+                )
+            )
+        elif rules:
+            out.append(
+                Check(
+                    "WARN",
+                    "envoy.ext_proc",
+                    f"{where}: {f.name} → {target}; mutation_rules set: check they let ICE set "
+                    "x-ice-*, x-mem-pressure*, x-downgraded, content-length and the body",
+                    "remove mutation_rules",
+                )
+            )
+        else:
+            out.append(Check("PASS", "envoy.ext_proc", f"{where}: {f.name} → {target}"))
+        if not routers or i > routers[-1]:
+            out.append(
+                fail(
+                    "envoy.filter_order",
+                    f"{where}: {f.name} is after the router (position {i + 1} of "
+                    f"{len(hcm.filters)}): it never runs",
+                    "move ext_proc before envoy.filters.http.router (the router is last)",
+                )
+            )
+        else:
+            out.append(
+                Check(
+                    "PASS",
+                    "envoy.filter_order",
+                    f"{where}: {f.name} at position {i + 1}, router at {routers[-1] + 1}",
+                )
+            )
+        out.append(_failure_mode_check(config, ex, where))
+        out.append(_mode_check(config, where))
+        out += _timeout_checks(config, ex, where)
+    out.append(_buffer_check(hcm, where))
+    out.append(_strip_check(hcm, found[0][0] if found else len(hcm.filters), where))
+    out.append(_normalise_check(hcm, where))
+    return out
+
+
+def _is_h2(cluster: dict[str, Any]) -> str | None:
+    """"h2", "auto" or None (HTTP/1.1)."""
+    if "http2_protocol_options" in cluster:
+        return "h2"
+    opts = as_dict(cluster.get("typed_extension_protocol_options")).get(H2_OPTIONS)
+    _, fields = unwrap(opts)
+    if "http2_protocol_options" in as_dict(fields.get("explicit_http_config")):
+        return "h2"
+    if "auto_config" in fields or "use_downstream_protocol_config" in fields:
+        return "auto"
+    return None
+
+
+def ice_cluster_checks(hcm: HcmView, clusters: dict[str, dict[str, Any]]) -> list[Check]:
+    """ICE's cluster of each ext_proc filter: there, HTTP/2, health-checked."""
+    out = []
+    for _, f in ext_proc_filters(hcm):
+        grpc = as_dict(f.config.get("grpc_service"))
+        if "google_grpc" in grpc:
+            out.append(Check("PASS", "envoy.ice_cluster", f"{f.name}: google_grpc (HTTP/2)"))
+            continue
+        name = str(as_dict(grpc.get("envoy_grpc")).get("cluster_name", ""))
+        cluster = clusters.get(name)
+        if cluster is None:
+            out.append(
+                fail(
+                    "envoy.ice_cluster",
+                    f"{f.name}: its cluster {name!r} is not defined: every request fails open",
+                    "define the cluster (pieces.ice_cluster)",
+                )
+            )
+            continue
+        proto = _is_h2(cluster)
+        if proto is None:
+            out.append(
+                fail(
+                    "envoy.ice_cluster",
+                    f"cluster {name}: HTTP/1.1: gRPC needs HTTP/2",
+                    "explicit_http_config.http2_protocol_options (pieces.ice_cluster)",
+                )
+            )
+        elif proto == "auto":
+            out.append(
+                Check(
+                    "WARN",
+                    "envoy.ice_cluster",
+                    f"cluster {name}: HTTP version negotiated (auto_config): plaintext ICE "
+                    "gets HTTP/1.1",
+                    "explicit_http_config.http2_protocol_options (pieces.ice_cluster)",
+                )
+            )
+        else:
+            out.append(Check("PASS", "envoy.ice_cluster", f"cluster {name}: HTTP/2"))
+        checks = [as_dict(h) for h in as_list(cluster.get("health_checks"))]
+        if any("grpc_health_check" in h for h in checks):
+            out.append(Check("PASS", "envoy.ice_health_checks", f"cluster {name}: gRPC health"))
+        else:
+            out.append(
+                Check(
+                    "WARN",
+                    "envoy.ice_health_checks",
+                    f"cluster {name}: no gRPC health check: a stuck ICE worker is found only "
+                    "by requests timing out on it",
+                    "health_checks with grpc_health_check (pieces.ice_cluster)",
+                )
+            )
+    return out
