@@ -6,7 +6,7 @@ change survives exactly; an untouched body is never re-serialised (``Continue.bo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ext_proc import rawjson
 from ext_proc.decision import H_SEQUENCES, Decision, Downgrade, Reject, Truncated, verdict_headers
@@ -37,6 +37,8 @@ class Continue:
     # ICE picked this endpoint (ip:port): Envoy routes there (envoy.lb dynamic metadata and
     # the endpoint-picker header, with the route cache cleared)
     lb_endpoint: str | None = None
+    # for Envoy's access log only (dynamic metadata ``ice``, never a header): ``log_fields``
+    log: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +48,7 @@ class Respond:
     status: int
     headers: list[tuple[str, str]]
     body: bytes
+    log: tuple[tuple[str, str], ...] = ()
 
 
 Outcome = Continue | Respond
@@ -68,6 +71,21 @@ def reject_outcome(
     return Respond(status, headers, adapter.error_body(status, code, message, param))
 
 
+def log_fields(decision: Decision, features: RequestFeatures) -> tuple[tuple[str, str], ...]:
+    """What the access log gets beside the verdict headers: the input tokens judged, the
+    output limit the client asked for (absent: none) and the one the request goes on with."""
+    fields = [("input_tokens", str(features.input_tokens))]
+    requested = features.max_tokens
+    if requested is not None:
+        fields.append(("max_tokens_requested", str(requested)))
+    then = decision.then if isinstance(decision, Truncated) else decision
+    if isinstance(then, Downgrade):
+        fields.append(("max_tokens_granted", str(then.max_tokens)))
+    elif requested is not None and not isinstance(decision, Reject):
+        fields.append(("max_tokens_granted", str(requested)))
+    return tuple(fields)
+
+
 def plan(
     decision: Decision, adapter: SchemaAdapter, body: bytes, features: RequestFeatures
 ) -> Outcome:
@@ -76,6 +94,13 @@ def plan(
     For ``Truncated``, ``body`` is the already shortened body (always sent), with the
     output limit lowered too when the shorter request was downgraded. A request of more
     than one sequence says how many ICE judged (``x-ice-sequences``)."""
+    outcome = _plan(decision, adapter, body, features)
+    return replace(outcome, log=log_fields(decision, features))
+
+
+def _plan(
+    decision: Decision, adapter: SchemaAdapter, body: bytes, features: RequestFeatures
+) -> Outcome:
     headers = verdict_headers(decision)
     if features.sequences > 1:
         headers.append((H_SEQUENCES, str(features.sequences)))

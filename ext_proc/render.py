@@ -98,14 +98,14 @@ def render_immediate(respond: Respond) -> pb.ProcessingResponse:
         )
     )
     if verdict:
-        resp.dynamic_metadata.CopyFrom(_metadata(verdict))
+        resp.dynamic_metadata.CopyFrom(_metadata([*verdict, *respond.log]))
     return resp
 
 
 # Rendered replies for untouched bodies, by their verdict headers. Verdicts repeat (the score
 # changes at most once per scrape), so most requests reuse a prebuilt message. The messages
 # are never mutated after caching: gRPC only serialises them.
-_CONTINUE_CACHE: dict[tuple[tuple[str, str], ...], pb.ProcessingResponse] = {}
+_CONTINUE_CACHE: dict[tuple[tuple[str, str], ...], pb.ProcessingResponse] = {}  # + log
 _CONTINUE_CACHE_MAX = 512
 
 
@@ -114,7 +114,7 @@ def render_body_outcome(outcome: Outcome) -> pb.ProcessingResponse:
     if isinstance(outcome, Respond):
         return render_immediate(outcome)
     if outcome.body is None:
-        key = tuple(outcome.headers)
+        key = (*outcome.headers, *outcome.log)
         cached = _CONTINUE_CACHE.get(key)
         if cached is None:
             if len(_CONTINUE_CACHE) >= _CONTINUE_CACHE_MAX:
@@ -138,7 +138,7 @@ def _render_continue(outcome: Continue) -> pb.ProcessingResponse:
 
 def _set_metadata(resp: pb.ProcessingResponse, outcome: Continue) -> None:
     """The verdict headers (namespace ``ice``) and ICE's pick (``envoy.lb``) on a reply."""
-    resp.dynamic_metadata.CopyFrom(_metadata(outcome.headers))
+    resp.dynamic_metadata.CopyFrom(_metadata([*outcome.headers, *outcome.log]))
     if outcome.lb_endpoint is not None:
         # the endpoint-picker protocol: the pick in envoy.lb, where the backend cluster's
         # override_host policy reads it (the route stays; the header is informational)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -25,12 +26,17 @@ from ext_proc.backlog import SMALL_BODY_BYTES, Backlog, Lane
 from ext_proc.memory import Trimmer
 from ext_proc.offload import Offload
 from ext_proc.pipeline import BodyVerdict, HeaderFacts, Pipeline, Route
-from ext_proc.plan import Continue, reject_outcome
+from ext_proc.plan import Continue, Outcome, reject_outcome
 from ext_proc.schemas import OPENAI_CHAT_FALLBACK
 
 __all__ = ["ExtProcServicer"]
 
 log = logging.getLogger("ice.servicer")
+
+
+def _with_profile(outcome: Outcome, route: Route) -> Outcome:
+    """The access log's ``profile`` field: the profile the request was judged under."""
+    return dataclasses.replace(outcome, log=(*outcome.log, ("profile", route.profile.name)))
 
 
 class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
@@ -142,7 +148,8 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                 verdict = self.pipeline.on_size(route, facts, promised)
                 self.pipeline.record(route, verdict)
                 telemetry.COARSE_VERDICTS.labels(route=route.name, why=admitted).inc()
-                return facts, render.headers_outcome(verdict.outcome, facts.strip)
+                outcome = _with_profile(verdict.outcome, route)
+                return facts, render.headers_outcome(outcome, facts.strip)
             facts.ticket = admitted
             telemetry.BACKLOG_BYTES.set(self.backlog.inflight_bytes)
         return facts, render.headers_continue(facts.strip)
@@ -223,7 +230,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         if verdict is None or verdict is _GONE:
             return render.body_continue()
         self.pipeline.record(route, verdict)
-        return render.render_body_outcome(verdict.outcome)
+        return render.render_body_outcome(_with_profile(verdict.outcome, route))
 
     def _fault(
         self, route: Route, facts: HeaderFacts, phase: str | None, error: Exception

@@ -130,3 +130,31 @@ def test_untouched_replies_are_reused_and_equal_to_a_fresh_render() -> None:
     again = render.render_body_outcome(Continue(list(outcome.headers), None))
     assert again is first
     assert first == render._render_continue(outcome)
+
+
+ACCESS_BODY = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4096}'
+
+
+def test_the_access_log_fields_ride_in_metadata_never_as_headers() -> None:
+    """``input_tokens`` is the adapter's count; requested and granted are the client's limit
+    and the one the request goes on with (none on a rejection)."""
+    features = OPENAI_CHAT.features(rawjson.decode_object(ACCESS_BODY))
+    tokens = str(features.input_tokens)
+    passed = _plan(ACCESS_BODY, Pass(HIGH))
+    assert passed.log == (
+        ("input_tokens", tokens),
+        ("max_tokens_requested", "4096"),
+        ("max_tokens_granted", "4096"),
+    )
+    down = _plan(ACCESS_BODY, Downgrade(HIGH, 1024, 4096, "pressure_cap"))
+    assert dict(down.log)["max_tokens_granted"] == "1024"
+    shed = _plan(ACCESS_BODY, Reject(HIGH, 429, "memory_pressure", "busy", retry_after_s=3))
+    assert "max_tokens_granted" not in dict(shed.log)
+    for out in (passed, down, shed):
+        assert not any(k in dict(out.log) for k, _ in out.headers)
+    md = render.render_body_outcome(down).dynamic_metadata.fields["ice"].struct_value.fields
+    assert md["input_tokens"].string_value == tokens
+    assert md["max_tokens_granted"].string_value == "1024"
+    assert md["x-ice-decision"].string_value == "downgrade"
+    immediate = render.render_body_outcome(shed).dynamic_metadata.fields["ice"].struct_value
+    assert immediate.fields["input_tokens"].string_value == tokens

@@ -84,6 +84,7 @@ def _normalising_hcm(local_reply: bool = True) -> dict[str, Any]:
     )
     if local_reply:
         hcm.local_reply_config = pieces.too_large_reply()
+    hcm.access_log = [pieces.access_log()]  # beside Istio's own, with ICE's verdict
     return {"name": HCM, "typed_config": as_dict(PbAny.pack(hcm))}
 
 

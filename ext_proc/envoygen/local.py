@@ -143,12 +143,15 @@ def _hcm(
     *,
     normalise: bool = True,
     local_reply: bool = False,
+    log: bool = False,
 ) -> Filter:
     hcm = HttpConnectionManager(
         stat_prefix=stat_prefix,
         route_config=route_config,
         http_filters=filters,
     )
+    if log:  # one JSON line per request with ICE's verdict, on Envoy's stdout
+        hcm.access_log = [pieces.access_log()]
     if normalise:
         # Route on the path the backend will act on: /v1/chat/%63ompletions,
         # /v1/chat%2Fcompletions and //v1//chat/completions are judged as chat.
@@ -179,7 +182,7 @@ def _retry_once() -> RetryPolicy:
 
 
 def _ingress(
-    port: int, name: str, routes: list[Route], *, retry: bool, local_reply: bool
+    port: int, name: str, routes: list[Route], *, retry: bool, local_reply: bool, log: bool
 ) -> Listener:
     vhost = VirtualHost(name=name, domains=["*"], routes=routes)
     if retry:
@@ -195,7 +198,9 @@ def _ingress(
         # Buffered request bodies up to 8 MiB (ICE's --max-body-bytes matches); larger → 413.
         per_connection_buffer_limit_bytes=pieces.MAX_BODY_BYTES,
         filter_chains=[
-            FilterChain(filters=[_hcm("ingress", config, http_filters(), local_reply=local_reply)])
+            FilterChain(
+                filters=[_hcm("ingress", config, http_filters(), local_reply=local_reply, log=log)]
+            )
         ],
     )
 
@@ -203,7 +208,7 @@ def _ingress(
 def local_bootstrap(spec: MeshSpec) -> dict[str, Any]:
     """``envoy/envoy.yaml``."""
     listener = _ingress(
-        10000, "llm", inference_routes(spec, "backend"), retry=True, local_reply=True
+        10000, "llm", inference_routes(spec, "backend"), retry=True, local_reply=True, log=True
     )
     bootstrap = Bootstrap(
         admin=Admin(address=_address(9901)),
@@ -311,7 +316,8 @@ def bench_bootstrap(spec: MeshSpec) -> dict[str, Any]:
         overload_manager=overload_manager(),
         static_resources=BootstrapStaticResources(
             listeners=[
-                _ingress(10100, "bench", routes, retry=False, local_reply=False),
+                # no access log: the benchmark measures ICE, not Envoy's log writing
+                _ingress(10100, "bench", routes, retry=False, local_reply=False, log=False),
                 _fast_upstream(10101),
             ],
             clusters=[

@@ -25,6 +25,7 @@ import datetime
 from collections.abc import Iterable, Sequence
 
 from envoy_data_plane.envoy.config.accesslog.v3 import (
+    AccessLog,
     AccessLogFilter,
     AndFilter,
     ComparisonFilter,
@@ -72,6 +73,7 @@ from envoy_data_plane.envoy.config.route.v3 import (
     RouteAction,
     RouteMatch,
 )
+from envoy_data_plane.envoy.extensions.access_loggers.file.v3 import FileAccessLog
 from envoy_data_plane.envoy.extensions.filters.http.buffer.v3 import Buffer, BufferPerRoute
 from envoy_data_plane.envoy.extensions.filters.http.ext_proc.v3 import (
     ExternalProcessor,
@@ -108,12 +110,14 @@ from envoy_data_plane.envoy.type.metadata.v3 import MetadataKeyPathSegment as Se
 from envoy_data_plane.google.protobuf import Any, Struct
 
 __all__ = [
+    "ACCESS_LOG_FIELDS",
     "BUFFER",
     "ECHOED_HEADERS",
     "EXT_PROC",
     "HEADER_MUTATION",
     "MAX_BODY_BYTES",
     "ROUTER",
+    "access_log",
     "backend_cluster",
     "buffer_filter",
     "buffer_on",
@@ -363,6 +367,42 @@ def too_large_reply() -> LocalReplyConfig:
             ),
         ]
     )
+
+
+# The access log's fields (docs/operations.md "Access log"): Envoy's view of the request, then
+# ICE's verdict from its dynamic metadata (empty: ICE did not judge it), then the ext_proc
+# filter's own record of its calls (a failed call is a fail-open).
+ACCESS_LOG_FIELDS: tuple[tuple[str, str], ...] = (
+    ("time", "%START_TIME%"),
+    ("method", "%REQ(:METHOD)%"),
+    ("path", "%REQ(:PATH)%"),
+    ("route", "%ROUTE_NAME%"),
+    ("status", "%RESPONSE_CODE%"),
+    ("flags", "%RESPONSE_FLAGS%"),
+    ("details", "%RESPONSE_CODE_DETAILS%"),
+    ("duration_ms", "%DURATION%"),
+    ("upstream", "%UPSTREAM_HOST%"),
+    ("decision", f"%DYNAMIC_METADATA({VERDICT_NAMESPACE}:x-ice-decision)%"),
+    ("reason", f"%DYNAMIC_METADATA({VERDICT_NAMESPACE}:x-ice-reason)%"),
+    ("pressure", f"%DYNAMIC_METADATA({VERDICT_NAMESPACE}:x-mem-pressure)%"),
+    ("score", f"%DYNAMIC_METADATA({VERDICT_NAMESPACE}:x-mem-pressure-score)%"),
+    ("profile", f"%DYNAMIC_METADATA({VERDICT_NAMESPACE}:profile)%"),
+    ("input_tokens", f"%DYNAMIC_METADATA({VERDICT_NAMESPACE}:input_tokens)%"),
+    ("max_tokens_requested", f"%DYNAMIC_METADATA({VERDICT_NAMESPACE}:max_tokens_requested)%"),
+    ("max_tokens_granted", f"%DYNAMIC_METADATA({VERDICT_NAMESPACE}:max_tokens_granted)%"),
+    ("truncated", f"%DYNAMIC_METADATA({VERDICT_NAMESPACE}:x-ice-truncated)%"),
+    ("judged", f"%DYNAMIC_METADATA({VERDICT_NAMESPACE}:x-ice-judged)%"),
+    ("endpoint", f"%DYNAMIC_METADATA({VERDICT_NAMESPACE}:x-ice-endpoint)%"),
+    ("ext_proc_headers_status", f"%FILTER_STATE({EXT_PROC}:FIELD:request_header_call_status)%"),
+    ("ext_proc_body_status", f"%FILTER_STATE({EXT_PROC}:FIELD:request_body_last_call_status)%"),
+)
+
+
+def access_log(path: str = "/dev/stdout") -> AccessLog:
+    """One JSON line per request with ICE's verdict (``ACCESS_LOG_FIELDS``)."""
+    fields = Struct.from_dict(dict(ACCESS_LOG_FIELDS))
+    config = FileAccessLog(path=path, log_format=SubstitutionFormatString(json_format=fields))
+    return AccessLog(name="envoy.access_loggers.file", typed_config=_any(config))
 
 
 def endpoint(address: str) -> LbEndpoint:
