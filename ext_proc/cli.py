@@ -1,4 +1,5 @@
-"""The ``ice`` command: serve, evaluate, plan, signals, truncate, envoy-config, demo, dev-backend.
+"""The ``ice`` command: serve, evaluate, plan, signals, truncate, envoy-config, doctor, demo,
+dev-backend.
 
 Exit status 2 with a one-line message for bad arguments or a bad policy file.
 """
@@ -75,6 +76,11 @@ def _parser() -> argparse.ArgumentParser:
         "plan", help="KV-cache capacity of one vLLM rank (ice plan --help)", add_help=False
     )
     sub.add_parser(
+        "doctor",
+        help="check a running deployment (Envoy, ICE, backends) against the production checklist",
+        add_help=False,
+    )
+    sub.add_parser(
         "envoy-config",
         help="write the Envoy, Istio and Envoy Gateway configs from envoy/mesh.yaml",
         add_help=False,
@@ -106,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
         from ext_proc.signals.cli import main as signals_main
 
         return signals_main(argv[1:])
+    if argv[:1] == ["doctor"]:
+        from ext_proc.doctor import main as doctor_main
+
+        return doctor_main(argv[1:])
     if argv[:1] == ["envoy-config"]:
         from ext_proc.envoygen.cli import main as envoy_config_main
 

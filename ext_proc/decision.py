@@ -43,6 +43,8 @@ H_REASON = "x-ice-reason"
 H_STALE = "x-ice-stale"
 H_TRUNCATED = "x-ice-truncated"
 H_SEQUENCES = "x-ice-sequences"
+H_SHADOW_DECISION = "x-ice-shadow-decision"  # mode: shadow — what enforce would have done
+H_SHADOW_REASON = "x-ice-shadow-reason"
 VERDICT_HEADERS = (
     H_SEQUENCES,
     H_TRUNCATED,

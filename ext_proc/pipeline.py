@@ -66,6 +66,8 @@ from ext_proc.verdict import (
     HeaderFacts,
     PendingTruncation,
     make_verdict,
+    shadow_answer_headers,
+    shadowed,
     with_header,
 )
 
@@ -202,13 +204,15 @@ class Pipeline:
                 "unsupported_media_type",
                 f"This endpoint takes a JSON body (content-type: application/json), not "
                 f"{content_type.split(';', 1)[0].strip()!r}.",
-                count=True,
+                count=route.profile.mode != "shadow",
             )
-            return facts
+            return self._shadow_headers_phase(route, facts, "unsupported_media_type")
+        shadow = route.profile.mode == "shadow"
         if end_of_stream:
             facts.answer = self._bad(
-                route, adapter, 400, "empty_body", "The request body is empty.", count=True
+                route, adapter, 400, "empty_body", "The request body is empty.", count=not shadow
             )
+            code = "empty_body"
         elif content_length.isdigit() and int(content_length) > self.max_body_bytes:
             facts.answer = self._bad(
                 route,
@@ -217,8 +221,22 @@ class Pipeline:
                 "request_too_large",
                 f"The request body is {content_length} bytes; the limit is "
                 f"{self.max_body_bytes} bytes.",
-                count=True,
+                count=not shadow,
             )
+            code = "request_too_large"
+        else:
+            code = ""
+        return self._shadow_headers_phase(route, facts, code)
+
+    def _shadow_headers_phase(self, route: Route, facts: HeaderFacts, code: str) -> HeaderFacts:
+        """A shadow profile gives no answer at the headers: the request goes on, unjudged by
+        its body, saying what the answer would have been."""
+        if facts.answer is None or route.profile.mode != "shadow":
+            return facts
+        pressure = self.views.pressure(route.profile, self.lookup(route.pool))
+        facts.shadow_headers = shadow_answer_headers(code, pressure)
+        telemetry.count_decision(route.name, "reject", code, mode="shadow")
+        facts.answer, facts.skip_body = None, True
         return facts
 
     def needs_helper(self, body: bytes) -> bool:
@@ -235,7 +253,11 @@ class Pipeline:
         adapter = facts.adapter or OPENAI_CHAT_FALLBACK
         features = coarse_features(adapter, nbytes, route.profile.max_model_len)
         decision, placement = self._evaluate(route, facts, features, COARSE_LADDER)
-        verdict = make_verdict(decision, features, adapter, b"", placement)
+        if route.profile.mode == "shadow":
+            would = (decision.decision, decision.reason)
+            verdict = shadowed(would, features, adapter, b"", placement, decision.pressure)
+        else:
+            verdict = make_verdict(decision, features, adapter, b"", placement)
         judged = [*verdict.outcome.headers, (H_JUDGED, "headers")]
         return replace(verdict, outcome=replace(verdict.outcome, headers=judged))
 
@@ -302,10 +324,29 @@ class Pipeline:
             adapter, status, code, message, param, extra_headers=verdict_headers(verdict)
         )
 
+    def _bad_body(
+        self,
+        route: Route,
+        adapter: SchemaAdapter,
+        status: int,
+        code: str,
+        message: str,
+        param: str | None = None,
+    ) -> BodyVerdict:
+        """A body that breaks the API: the 400 in its format (a shadow profile: the request
+        goes on, saying so)."""
+        if route.profile.mode == "shadow":
+            pressure = self.views.pressure(route.profile, self.lookup(route.pool))
+            return shadowed(("reject", code), None, adapter, b"", None, pressure)
+        outcome = self._bad(route, adapter, status, code, message, param)
+        return BodyVerdict(None, None, outcome, bad=code)
+
     def record(self, route: Route, verdict: BodyVerdict) -> None:
         """Count a body verdict in ICE's metrics (kept apart from ``on_body``, which may run
         in the offload process)."""
-        if verdict.bad is not None:
+        if verdict.shadow is not None:
+            telemetry.count_decision(route.name, *verdict.shadow, mode="shadow")
+        elif verdict.bad is not None:
             telemetry.BAD_REQUESTS.labels(route=route.name, reason=verdict.bad).inc()
         elif verdict.decision is not None:
             telemetry.count_decision(route.name, verdict.decision.decision, verdict.decision.reason)
@@ -334,19 +375,15 @@ class Pipeline:
             return None
         try:
             values = rawjson.decode_object(body)
+            features = adapter.features(values, media_cost(route.profile.media))
         except rawjson.InvalidJSON as e:
             message = f"The request body is not valid JSON: {e}."
-            outcome = self._bad(route, adapter, 400, "invalid_json", message)
-            return BodyVerdict(None, None, outcome, bad="invalid_json")
-        try:
-            features = adapter.features(values, media_cost(route.profile.media))
+            return self._bad_body(route, adapter, 400, "invalid_json", message)
         except BadRequest as e:
-            outcome = self._bad(route, adapter, 400, e.code, e.message, e.param)
-            return BodyVerdict(None, None, outcome, bad=e.code)
+            return self._bad_body(route, adapter, 400, e.code, e.message, e.param)
         except RecursionError:
             message = "The request body is not valid JSON: the JSON is nested too deeply."
-            outcome = self._bad(route, adapter, 400, "invalid_json", message)
-            return BodyVerdict(None, None, outcome, bad="invalid_json")
+            return self._bad_body(route, adapter, 400, "invalid_json", message)
         picks = self._pick.get(route.pool) == "ice"
         prefix = prefix_key(features.schema, values) if picks else None
         counted = self.counters is not None and self.counters.counter_for(features.model)
@@ -360,6 +397,9 @@ class Pipeline:
         if decided is None and self.counters is not None:
             features = self._exact_count(adapter, features, values, len(body))
         decision, placement = decided or self._evaluate(route, facts, features, LADDER, prefix)
+        if route.profile.mode == "shadow":
+            would = (decision.decision, decision.reason)
+            return shadowed(would, features, adapter, body, placement, decision.pressure)
         spec = route.profile.truncation
         if isinstance(decision, Truncate) and spec is not None:
             from ext_proc.truncate.runner import conversation_for

@@ -59,11 +59,18 @@ def headers_continue(remove: list[str] | None = None) -> pb.ProcessingResponse:
     return resp
 
 
-def skip_body(remove: list[str] | None = None) -> pb.ProcessingResponse:
-    """Continue without sending the body to ICE (mode override: request body NONE)."""
+def skip_body(
+    remove: list[str] | None = None, headers: list[tuple[str, str]] | None = None
+) -> pb.ProcessingResponse:
+    """Continue without sending the body to ICE (mode override: request body NONE), setting
+    ``headers`` (a shadow profile's would-be answer) for the backend and the client."""
     resp = pb.ProcessingResponse(request_headers=pb.HeadersResponse())
     if remove:
         resp.request_headers.response.header_mutation.remove_headers.extend(remove)
+    if headers:
+        sets = resp.request_headers.response.header_mutation.set_headers
+        sets.extend(_header(k, v) for k, v in headers)
+        resp.dynamic_metadata.CopyFrom(_metadata(headers))
     resp.mode_override.request_body_mode = _BODY_MODE_NONE
     return resp
 

@@ -137,7 +137,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         if facts.answer is not None:
             return facts, render.render_immediate(facts.answer)
         if facts.skip_body:
-            return facts, render.skip_body(facts.strip)
+            return facts, render.skip_body(facts.strip, facts.shadow_headers)
         if facts.adapter is not None:
             promised = facts.content_length
             if promised is None:  # chunked: the body may be as large as the limit

@@ -43,8 +43,9 @@ __all__ = [
 
 DECISIONS = Counter(
     "ice_decisions",
-    "Evaluated requests by route, decision and reason.",
-    ["route", "decision", "reason"],
+    "Evaluated requests by route, decision and reason; mode shadow: the verdict a shadow "
+    "profile would have given (the request went on unchanged).",
+    ["route", "decision", "reason", "mode"],
 )
 BAD_REQUESTS = Counter(
     "ice_bad_requests",
@@ -183,13 +184,13 @@ def count_input_tokens(source: str) -> None:
 
 
 @functools.lru_cache(maxsize=1024)
-def _decision_child(route: str, decision: str, reason: str) -> Counter:
-    return DECISIONS.labels(route=route, decision=decision, reason=reason)
+def _decision_child(route: str, decision: str, reason: str, mode: str) -> Counter:
+    return DECISIONS.labels(route=route, decision=decision, reason=reason, mode=mode)
 
 
-def count_decision(route: str, decision: str, reason: str) -> None:
+def count_decision(route: str, decision: str, reason: str, mode: str = "enforce") -> None:
     """Count one evaluated request (label lookups cached: this is on the request path)."""
-    _decision_child(route, decision, reason).inc()
+    _decision_child(route, decision, reason, mode).inc()
 
 
 TRUNCATIONS = Counter(

@@ -12,10 +12,17 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from ext_proc.backlog import Ticket
-from ext_proc.decision import Decision
+from ext_proc.decision import (
+    H_SHADOW_DECISION,
+    H_SHADOW_REASON,
+    Decision,
+    Pass,
+    verdict_headers,
+)
 from ext_proc.placement import H_ENDPOINT, Placement
 from ext_proc.plan import Continue, Outcome, Respond, plan
 from ext_proc.policy.model import Priority
+from ext_proc.policy.pressure import Pressure
 from ext_proc.schemas import RequestFeatures, SchemaAdapter
 
 if TYPE_CHECKING:
@@ -37,6 +44,8 @@ class HeaderFacts:
     subset: frozenset[str] | None = None  # the picker protocol's subset hint (envoy.lb)
     content_length: int | None = None  # the request's content-length, when it declares one
     ticket: Ticket | None = None  # its place in the worker's body backlog (ext_proc.backlog)
+    # mode: shadow — an answer at the headers that was not given: its headers for the request
+    shadow_headers: list[tuple[str, str]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +69,9 @@ class BodyVerdict:
     bad: str | None = None
     pending: PendingTruncation | None = None
     placement: Placement | None = None  # where it was judged (and, when ICE picks, sent)
+    # mode: shadow — (decision, reason) enforce would have given; ``decision`` is then the
+    # pass the request went on with
+    shadow: tuple[str, str] | None = None
 
 
 def make_verdict(
@@ -82,6 +94,37 @@ def make_verdict(
         if extra:
             outcome = replace(outcome, headers=outcome.headers + extra)
     return BodyVerdict(decision, features, outcome, placement=placement)
+
+
+def shadowed(
+    would: tuple[str, str],
+    features: RequestFeatures | None,
+    adapter: SchemaAdapter,
+    body: bytes,
+    placement: Placement | None,
+    pressure: Pressure | None,
+) -> BodyVerdict:
+    """A shadow profile's verdict: the request goes on unchanged (a pass), carrying what the
+    enforcing verdict ``would`` have been (``x-ice-shadow-decision``, ``-reason``)."""
+    passed = Pass(pressure)
+    if features is None or placement is None:
+        headers = [*verdict_headers(passed), *_shadow_headers(would)]
+        return BodyVerdict(passed, None, Continue(headers, None), shadow=would)
+    verdict = make_verdict(passed, features, adapter, body, placement)
+    outcome = verdict.outcome
+    assert isinstance(outcome, Continue)
+    headers = [*outcome.headers, *_shadow_headers(would)]
+    return replace(verdict, outcome=replace(outcome, headers=headers), shadow=would)
+
+
+def _shadow_headers(would: tuple[str, str]) -> list[tuple[str, str]]:
+    return [(H_SHADOW_DECISION, would[0]), (H_SHADOW_REASON, would[1])]
+
+
+def shadow_answer_headers(code: str, pressure: Pressure | None) -> list[tuple[str, str]]:
+    """The headers a shadow profile's request carries instead of an answer at its headers
+    (a 415, 413 or empty-body 400 with reason ``code``)."""
+    return [*verdict_headers(Pass(pressure)), *_shadow_headers(("reject", code))]
 
 
 def with_header(verdict: BodyVerdict, key: str, value: str) -> BodyVerdict:

@@ -182,9 +182,11 @@ def from_config_dump(dump: dict[str, Any]) -> EnvoyView:
     notes: list[str] = []
     listeners: list[dict[str, Any]] = []
     for c in _configs(dump, "ListenersConfigDump"):
-        listeners += [as_dict(as_dict(x).get("listener")) for x in as_list(c.get("static_listeners"))]
-        for d in as_list(c.get("dynamic_listeners")):
-            d = as_dict(d)
+        listeners += [
+            as_dict(as_dict(x).get("listener")) for x in as_list(c.get("static_listeners"))
+        ]
+        for raw in as_list(c.get("dynamic_listeners")):
+            d = as_dict(raw)
             active = as_dict(d.get("active_state")).get("listener")
             if active:
                 listeners.append(as_dict(active))

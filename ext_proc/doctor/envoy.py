@@ -21,7 +21,8 @@ from typing import Any
 
 from ext_proc.doctor import expect as X
 from ext_proc.doctor.dump import EnvoyView, HcmView, as_dict, as_list, from_config_dump
-from ext_proc.doctor.envoy_filters import ext_proc_filters, filter_checks, ice_cluster_checks
+from ext_proc.doctor.envoy_cluster import ice_cluster_checks
+from ext_proc.doctor.envoy_filters import ext_proc_filters, filter_checks
 from ext_proc.doctor.envoy_routes import route_checks
 from ext_proc.doctor.fetch import Fetch, FetchError
 from ext_proc.doctor.model import Check, fail
@@ -89,16 +90,22 @@ def _address(host: dict[str, Any]) -> str:
     return f"unix:{pipe.get('path')}" if pipe else "?"
 
 
-def _host_checks(statuses: dict[str, Any], view: EnvoyView, ex: X.Expected) -> list[Check]:
+def _host_checks(
+    statuses: dict[str, Any], view: EnvoyView, ex: X.Expected, host: str | None
+) -> list[Check]:
     names = sorted(
         {
-            str(as_dict(as_dict(f.config.get("grpc_service")).get("envoy_grpc")).get("cluster_name"))
-            for h in inference_hcms(view, ex)
+            str(
+                as_dict(as_dict(f.config.get("grpc_service")).get("envoy_grpc")).get("cluster_name")
+            )
+            for h in inference_hcms(view, ex, host)
             for _, f in ext_proc_filters(h)
             if "envoy_grpc" in as_dict(f.config.get("grpc_service"))
         }
     )
-    by_name = {str(as_dict(c).get("name")): as_dict(c) for c in as_list(statuses.get("cluster_statuses"))}
+    by_name = {
+        str(as_dict(c).get("name")): as_dict(c) for c in as_list(statuses.get("cluster_statuses"))
+    }
     out = []
     for name in names:
         hosts = [as_dict(h) for h in as_list(by_name.get(name, {}).get("host_statuses"))]
@@ -176,5 +183,5 @@ def envoy_checks(
     except FetchError as e:
         out.append(Check("WARN", "envoy.ice_hosts", f"cannot read /clusters: {e}", ""))
     else:
-        out += _host_checks(statuses, view, ex)
+        out += _host_checks(statuses, view, ex, host)
     return out

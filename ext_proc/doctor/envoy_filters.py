@@ -1,13 +1,14 @@
-"""Checks of one inference HCM's filter chain and ICE's cluster (what holds on every route).
+"""Checks of one inference HCM's filter chain (what holds on every route of it).
 
 Job: given an ``HcmView`` (a listener's HTTP connection manager that serves judged paths)
-and ``Expected``, say whether ext_proc is there and before the router, how it fails, its
-processing mode and timeouts, the body limit, the spoofed-header stripping ahead of it,
-path normalisation, and ICE's cluster (HTTP/2, health-checked).
+and ``Expected``, say whether ext_proc is there and before the router, how it fails
+(``failure_mode_allow`` against the profiles' ``fail_mode``), its processing mode, its
+``message_timeout`` / ``max_message_timeout``; then the request guards ahead of ICE
+(``envoy_guards``: stripping, normalisation, body limit).
 
-Invariants: pure; one ``Check`` per item per HCM, its detail prefixed with the listener's
-name; the expected values come from ``expect`` (``ext_proc.envoygen.pieces``), never typed
-here.
+Invariants: pure; one ``Check`` per item per ext_proc filter (or HCM), its detail prefixed
+with the listener's name; the expected values come from ``expect``
+(``ext_proc.envoygen.pieces``), never typed here.
 """
 
 from __future__ import annotations
@@ -16,16 +17,14 @@ import re
 from typing import Any
 
 from ext_proc.doctor import expect as X
-from ext_proc.doctor.dump import EXT_PROC_TYPE, FilterView, HcmView, as_dict, as_list, unwrap
+from ext_proc.doctor.dump import EXT_PROC_TYPE, FilterView, HcmView, as_dict
+from ext_proc.doctor.envoy_guards import buffer_check, normalise_check, strip_check
 from ext_proc.doctor.model import Check, fail
 
-__all__ = ["duration_s", "ext_proc_filters", "filter_checks", "ice_cluster_checks"]
+__all__ = ["duration_s", "ext_proc_filters", "filter_checks"]
 
 ROUTER_TYPE = "envoy.extensions.filters.http.router.v3.Router"
-HEADER_MUTATION_TYPE = "envoy.extensions.filters.http.header_mutation.v3.HeaderMutation"
-H2_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 REGEN = "regenerate the config with `ice envoy-config` (ext_proc/envoygen/pieces.py)"
-GOOD_ESCAPED_SLASHES = ("UNESCAPE_AND_FORWARD", "UNESCAPE_AND_REDIRECT", "REJECT_REQUEST")
 
 
 def duration_s(value: Any, default: float) -> float:
@@ -59,65 +58,6 @@ def _is_router(f: FilterView) -> bool:
     return f.type == ROUTER_TYPE or (not f.type and f.name == X.ROUTER)
 
 
-def _mutation_removals(items: list[Any]) -> list[dict[str, Any]]:
-    out = []
-    for m in items:
-        m = as_dict(m)
-        if "remove" in m:
-            out.append({"exact": str(m["remove"])})
-        elif "remove_on_match" in m:
-            out.append(as_dict(as_dict(m["remove_on_match"]).get("key_matcher")))
-    return out
-
-
-def _covers(matcher: dict[str, Any], header: str, prefix: bool) -> bool:
-    """Whether a removal matcher removes ``header`` (every header starting with it when
-    ``prefix``)."""
-    h = header.lower()
-    if "prefix" in matcher:
-        return h.startswith(str(matcher["prefix"]).lower())
-    if "exact" in matcher:
-        return not prefix and h == str(matcher["exact"]).lower()
-    if "safe_regex" in matcher:
-        regex = str(as_dict(matcher["safe_regex"]).get("regex", ""))
-        probe = h + "doctor-probe" if prefix else h
-        return re.fullmatch(regex, probe) is not None
-    return False
-
-
-def _strip_check(hcm: HcmView, first_ext_proc: int, where: str) -> Check:
-    removals: list[dict[str, Any]] = []
-    used = []
-    for ext in as_list(hcm.hcm.get("early_header_mutation_extensions")):
-        _, config = unwrap(as_dict(ext).get("typed_config"))
-        removals += _mutation_removals(as_list(config.get("mutations")))
-        used.append("early_header_mutation_extensions")
-    for i, f in enumerate(hcm.filters):
-        if f.type != HEADER_MUTATION_TYPE and not (not f.type and f.name == X.HEADER_MUTATION):
-            continue
-        if i > first_ext_proc or f.disabled:
-            continue
-        requests = as_dict(f.config.get("mutations")).get("request_mutations")
-        removals += _mutation_removals(as_list(requests))
-        used.append(f"filter {f.name}")
-    wanted = [(p, True) for p in X.SPOOF_PREFIXES] + [(n, False) for n in X.SPOOF_NAMES]
-    missing = [
-        f"{h}*" if prefix else h
-        for h, prefix in wanted
-        if not any(_covers(m, h, prefix) for m in removals)
-    ]
-    if missing:
-        seen = ", ".join(used) or "no header_mutation filter before ext_proc"
-        return fail(
-            "envoy.strip_spoofed_headers",
-            f"{where}: a client's {', '.join(missing)} reach ICE and the backend ({seen})",
-            "put pieces.strip_spoofed_headers() (header_mutation removing "
-            f"{', '.join(f'{p}*' for p in X.SPOOF_PREFIXES)}, {', '.join(X.SPOOF_NAMES)}) "
-            "before ext_proc",
-        )
-    return Check("PASS", "envoy.strip_spoofed_headers", f"{where}: removed by {', '.join(used)}")
-
-
 def _mode_check(config: dict[str, Any], where: str) -> Check:
     want = X.ice_mode()
     got = X.normal_mode(as_dict(config.get("processing_mode")))
@@ -125,7 +65,9 @@ def _mode_check(config: dict[str, Any], where: str) -> Check:
     spelled = ", ".join(f"{k} {v} (ICE needs {want[k]})" for k, v in wrong.items())
     severe = [k for k in wrong if k.startswith("request_") or k == "response_body_mode"]
     severe = [k for k in severe if k != "request_trailer_mode"]
-    fix = "processing_mode as pieces.ext_proc_config: " + ", ".join(f"{k} {v}" for k, v in want.items())
+    fix = "processing_mode as pieces.ext_proc_config: " + ", ".join(
+        f"{k} {v}" for k, v in want.items()
+    )
     if severe:
         return fail("envoy.processing_mode", f"{where}: {spelled}", fix)
     if wrong:
@@ -229,40 +171,6 @@ def _timeout_checks(config: dict[str, Any], ex: X.Expected, where: str) -> list[
     return out
 
 
-def _buffer_check(hcm: HcmView, where: str) -> Check:
-    limit, want = hcm.buffer_limit_bytes, X.MAX_BODY_BYTES
-    said = "" if hcm.buffer_limit_set else " (not set: Envoy's default)"
-    if limit < want:
-        return fail(
-            "envoy.buffer_limit",
-            f"{where}: per_connection_buffer_limit_bytes {limit}{said} < ICE's --max-body-bytes "
-            f"{want}: larger bodies get Envoy's 413 before ICE sees them",
-            f"per_connection_buffer_limit_bytes: {want} on the listener",
-        )
-    return Check("PASS", "envoy.buffer_limit", f"{where}: {limit} bytes ≥ {want}")
-
-
-def _normalise_check(hcm: HcmView, where: str) -> Check:
-    h = hcm.hcm
-    problems = []
-    if h.get("normalize_path") is not True:
-        problems.append("normalize_path off")
-    if h.get("merge_slashes") is not True:
-        problems.append("merge_slashes off")
-    action = str(h.get("path_with_escaped_slashes_action", "KEEP_UNCHANGED"))
-    if action not in GOOD_ESCAPED_SLASHES:
-        problems.append(f"path_with_escaped_slashes_action {action}")
-    if problems:
-        return fail(
-            "envoy.path_normalisation",
-            f"{where}: {', '.join(problems)}: /v1/chat/%63ompletions, //v1/chat/completions or "
-            "/v1/chat%2Fcompletions are routed as written, not as the backend reads them",
-            "normalize_path: true, merge_slashes: true, path_with_escaped_slashes_action: "
-            "UNESCAPE_AND_FORWARD",
-        )
-    return Check("PASS", "envoy.path_normalisation", f"{where}: normalize_path, merge_slashes, {action}")
-
-
 def filter_checks(hcm: HcmView, ex: X.Expected) -> list[Check]:
     """Every filter-chain check of one inference HCM."""
     where = hcm.listener
@@ -324,76 +232,7 @@ def filter_checks(hcm: HcmView, ex: X.Expected) -> list[Check]:
         out.append(_failure_mode_check(config, ex, where))
         out.append(_mode_check(config, where))
         out += _timeout_checks(config, ex, where)
-    out.append(_buffer_check(hcm, where))
-    out.append(_strip_check(hcm, found[0][0] if found else len(hcm.filters), where))
-    out.append(_normalise_check(hcm, where))
-    return out
-
-
-def _is_h2(cluster: dict[str, Any]) -> str | None:
-    """"h2", "auto" or None (HTTP/1.1)."""
-    if "http2_protocol_options" in cluster:
-        return "h2"
-    opts = as_dict(cluster.get("typed_extension_protocol_options")).get(H2_OPTIONS)
-    _, fields = unwrap(opts)
-    if "http2_protocol_options" in as_dict(fields.get("explicit_http_config")):
-        return "h2"
-    if "auto_config" in fields or "use_downstream_protocol_config" in fields:
-        return "auto"
-    return None
-
-
-def ice_cluster_checks(hcm: HcmView, clusters: dict[str, dict[str, Any]]) -> list[Check]:
-    """ICE's cluster of each ext_proc filter: there, HTTP/2, health-checked."""
-    out = []
-    for _, f in ext_proc_filters(hcm):
-        grpc = as_dict(f.config.get("grpc_service"))
-        if "google_grpc" in grpc:
-            out.append(Check("PASS", "envoy.ice_cluster", f"{f.name}: google_grpc (HTTP/2)"))
-            continue
-        name = str(as_dict(grpc.get("envoy_grpc")).get("cluster_name", ""))
-        cluster = clusters.get(name)
-        if cluster is None:
-            out.append(
-                fail(
-                    "envoy.ice_cluster",
-                    f"{f.name}: its cluster {name!r} is not defined: every request fails open",
-                    "define the cluster (pieces.ice_cluster)",
-                )
-            )
-            continue
-        proto = _is_h2(cluster)
-        if proto is None:
-            out.append(
-                fail(
-                    "envoy.ice_cluster",
-                    f"cluster {name}: HTTP/1.1: gRPC needs HTTP/2",
-                    "explicit_http_config.http2_protocol_options (pieces.ice_cluster)",
-                )
-            )
-        elif proto == "auto":
-            out.append(
-                Check(
-                    "WARN",
-                    "envoy.ice_cluster",
-                    f"cluster {name}: HTTP version negotiated (auto_config): plaintext ICE "
-                    "gets HTTP/1.1",
-                    "explicit_http_config.http2_protocol_options (pieces.ice_cluster)",
-                )
-            )
-        else:
-            out.append(Check("PASS", "envoy.ice_cluster", f"cluster {name}: HTTP/2"))
-        checks = [as_dict(h) for h in as_list(cluster.get("health_checks"))]
-        if any("grpc_health_check" in h for h in checks):
-            out.append(Check("PASS", "envoy.ice_health_checks", f"cluster {name}: gRPC health"))
-        else:
-            out.append(
-                Check(
-                    "WARN",
-                    "envoy.ice_health_checks",
-                    f"cluster {name}: no gRPC health check: a stuck ICE worker is found only "
-                    "by requests timing out on it",
-                    "health_checks with grpc_health_check (pieces.ice_cluster)",
-                )
-            )
+    out.append(buffer_check(hcm, where))
+    out.append(strip_check(hcm, found[0][0] if found else len(hcm.filters), where))
+    out.append(normalise_check(hcm, where))
     return out

@@ -102,7 +102,11 @@ def route_checks(
     out: list[Check] = []
 
     # Judged paths: through ICE, named.
-    bad, warn, closed, named = [], [], [], []
+    unjudged: list[str] = []
+    unnamed: list[str] = []
+    warn: list[str] = []
+    closed: list[str] = []
+    named: list[str] = []
     echo_missing: set[str] = set()
     backends: set[str] = set()
     for path, want in ex.judged.items():
@@ -113,12 +117,12 @@ def route_checks(
         backends.update(_clusters_of(hit.route))
         on = _on(filters, hit.route, vhost, table)
         if not on:
-            bad.append(f"{path} reaches the backend unjudged (route {hit.name or '?'}: ICE off)")
+            unjudged.append(f"{path} (route {hit.name or '?'})")
             continue
         meta = _metadata(on[0][1])
         name = meta.get(X.ROUTE_KEY)
         if not name:
-            bad.append(f"{path} (route {hit.name or '?'}) has no {X.ROUTE_KEY}")
+            unnamed.append(f"{path} (route {hit.name or '?'})")
             continue
         named.append(f"{path}={name}")
         if want is not None and name != want:
@@ -127,6 +131,9 @@ def route_checks(
             warn.append(f"{path}: route {name} is not in the policy (its defaults apply)")
         echo_missing |= set(X.ECHOED_HEADERS) - _echoed(hit.route, vhost, table)
     tail = f"; closed by Envoy: {', '.join(closed)}" if closed else ""
+    bad = [f"reach the backend unjudged (ICE off): {', '.join(unjudged)}"] if unjudged else []
+    if unnamed:
+        bad.append(f"judged without {X.ROUTE_KEY} (as an unnamed route): {', '.join(unnamed)}")
     if not named and not bad:
         out.append(
             fail(
@@ -155,7 +162,11 @@ def route_checks(
         )
     else:
         out.append(
-            Check("PASS", "envoy.judged_routes", f"{where}: through ICE: {', '.join(named)}{tail}")
+            Check(
+                "PASS",
+                "envoy.judged_routes",
+                f"{where}: {len(named)} through ICE with {X.ROUTE_KEY}: {', '.join(named)}{tail}",
+            )
         )
 
     # Read-only paths: ICE off.
@@ -184,7 +195,8 @@ def route_checks(
 
     # The policy's passthrough paths: open, ICE off.
     if ex.passthrough:
-        shut, judged_pt = [], []
+        shut: list[str] = []
+        judged_pt: list[str] = []
         for path in ex.passthrough:
             hit = route_to(vhost, "POST", path)
             if not hit.upstream or hit.route is None:
@@ -211,11 +223,14 @@ def route_checks(
             )
         else:
             out.append(
-                Check("PASS", "envoy.passthrough_routes", f"{where}: open, ICE off: {ex.passthrough}")
+                Check(
+                    "PASS", "envoy.passthrough_routes", f"{where}: open, ICE off: {ex.passthrough}"
+                )
             )
 
     # Everything else: closed.
-    leaks, judged_probe = [], []
+    leaks: list[str] = []
+    judged_probe: list[str] = []
     for path in PROBE_PATHS:
         if path in ex.passthrough:
             continue
@@ -285,7 +300,9 @@ def route_checks(
     # Endpoint picks.
     pickers = sorted(n for n, p in ex.policy.pools.items() if p.endpoint_pick == "ice")
     if not pickers:
-        out.append(Check("PASS", "envoy.endpoint_pick", f"{where}: no pool uses endpoint_pick: ice"))
+        out.append(
+            Check("PASS", "envoy.endpoint_pick", f"{where}: no pool uses endpoint_pick: ice")
+        )
     else:
         problems = [
             f"{f.name} does not receive namespace {X.LB_NAMESPACE}"
@@ -313,7 +330,5 @@ def route_checks(
                 )
             )
         else:
-            out.append(
-                Check("PASS", "envoy.endpoint_pick", f"{where}: Envoy follows ICE's picks")
-            )
+            out.append(Check("PASS", "envoy.endpoint_pick", f"{where}: Envoy follows ICE's picks"))
     return out

@@ -94,7 +94,9 @@ class Expected:
 
     def truncation_deadline_ms(self) -> int | None:
         """The longest ``truncation.deadline_ms`` of the profiles that truncate (None: none)."""
-        deadlines = [p.truncation.deadline_ms for p in self.policy.profiles.values() if p.truncation]
+        deadlines = [
+            p.truncation.deadline_ms for p in self.policy.profiles.values() if p.truncation
+        ]
         return max(deadlines) if deadlines else None
 
     def fail_closed_profiles(self) -> list[str]:

@@ -31,7 +31,7 @@ UNEVALUATED = ("grpc", "dynamic_metadata", "filter_state", "tls_context", "cel_e
 
 def _domain_matches(pattern: str, host: str) -> bool:
     p, h = pattern.lower(), host.lower()
-    if p == "*" or p == h:
+    if p in ("*", h):
         return True
     if p.startswith("*"):
         return h.endswith(p[1:]) and len(h) > len(p) - 1
@@ -51,8 +51,8 @@ def select_vhost(table: dict[str, Any], host: str | None) -> dict[str, Any] | No
         return star[0] if star else vhosts[0]
     for kind in ("exact", "suffix", "prefix", "any"):
         for v in vhosts:
-            for d in as_list(v.get("domains")):
-                d = str(d)
+            for raw in as_list(v.get("domains")):
+                d = str(raw)
                 is_kind = {
                     "exact": "*" not in d,
                     "suffix": d.startswith("*") and d != "*",

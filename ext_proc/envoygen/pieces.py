@@ -161,6 +161,8 @@ ECHOED_HEADERS = (
     "x-ice-judged",
     "x-ice-tokens",
     "x-ice-endpoint",
+    "x-ice-shadow-decision",
+    "x-ice-shadow-reason",
 )
 # What a client may not send: ICE's own headers (prefixes and names) and the endpoint pick.
 SPOOF_PREFIXES = ("x-ice-", "x-mem-pressure", DESTINATION)

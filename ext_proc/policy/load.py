@@ -190,6 +190,9 @@ def _profile(name: str, msg: policy_pb2.Profile, base_dir: Path) -> Profile:
         raise PolicyError(
             f"{where}.content_types: must be 'strict' or 'pass', got {content_types!r}"
         )
+    mode = msg.mode or d.mode
+    if mode not in ("enforce", "shadow"):
+        raise PolicyError(f"{where}.mode: must be 'enforce' or 'shadow', got {mode!r}")
     caps_per_request = {}
     for cap in ("max_sequences", "max_media_parts", "max_embedding_inputs"):
         caps_per_request[cap] = _opt(msg, cap, getattr(d, cap))
@@ -220,6 +223,7 @@ def _profile(name: str, msg: policy_pb2.Profile, base_dir: Path) -> Profile:
         media=_media(msg.media, f"{where}.media", base_dir),
         stored_context="reject" if stored == "reject" else "full_window",
         content_types="pass" if content_types == "pass" else "strict",
+        mode="shadow" if mode == "shadow" else "enforce",
     )
 
 

@@ -124,6 +124,7 @@ class Profile:
     stored_context: StoredContext = "full_window"
     max_embedding_inputs: int = 2048
     content_types: Literal["strict", "pass"] = "strict"
+    mode: Literal["enforce", "shadow"] = "enforce"  # shadow: judge and record, change nothing
 
 
 StoredContext = Literal["full_window", "reject"]

@@ -59,3 +59,10 @@ _TURNS = (
     ("What is a Roth IRA?", "A retirement account funded after tax; withdrawals are tax-free."),
 )
 _QUESTION = "Does that inn near the shrine serve vegetarian dinners?"
+
+
+# Day two, printed with the "Try:" lines of both walkthroughs.
+DAY_TWO = """\
+  .venv/bin/ice doctor --envoy-admin http://127.0.0.1:9901 --ice 127.0.0.1:50051   # the checklist
+  # shadow rollout: add `mode: shadow` to a profile of the policy ICE serves (a hot reload);
+  # requests then go on unchanged with the verdict in x-ice-shadow-decision / -reason"""

@@ -13,7 +13,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ext_proc.lab.demo.common import _QUESTION, _TURNS, BACKEND_URL, ENVOY_URL, SHOWN, _http
+from ext_proc.lab.demo.common import (
+    _QUESTION,
+    _TURNS,
+    BACKEND_URL,
+    DAY_TWO,
+    ENVOY_URL,
+    SHOWN,
+    _http,
+)
 from ext_proc.lab.stack import ENVOY_DIR, Stack, policy_passthrough_paths, render_envoy_config
 
 _TRY = """\
@@ -214,7 +222,7 @@ def _run_dev(wait: bool) -> int:
         _walkthrough()
         if not wait:
             return 0
-        print(f"\nServing on {ENVOY_URL} until Ctrl-C. Try:\n{_TRY}")
+        print(f"\nServing on {ENVOY_URL} until Ctrl-C. Try:\n{_TRY}\n{DAY_TWO}")
         try:
             while all(p.poll() is None for p in stack.procs.values()):
                 time.sleep(0.5)

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ext_proc.lab.demo.common import BACKEND_URL, ENVOY_URL, SHOWN, _http
+from ext_proc.lab.demo.common import BACKEND_URL, DAY_TWO, ENVOY_URL, SHOWN, _http
 from ext_proc.lab.demo.dev_walkthrough import _run_dev
 from ext_proc.lab.demo.vllm_steps import (
     BUSY_REQUESTS,
@@ -221,7 +221,7 @@ def _run_vllm(wait: bool, fall_back: bool) -> int:
         _vllm_walkthrough(setup)
         if not wait:
             return 0
-        _say(f'\nServing on {ENVOY_URL} (model "tiny") until Ctrl-C. Try:\n{_TRY_VLLM}')
+        _say(f'\nServing on {ENVOY_URL} (model "tiny") until Ctrl-C. Try:\n{_TRY_VLLM}\n{DAY_TWO}')
         try:
             while setup.vllm.proc.poll() is None and all(
                 p.poll() is None for p in setup.stack.procs.values()
