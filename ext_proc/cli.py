@@ -1,5 +1,5 @@
-"""The ``ice`` command: serve, evaluate, plan, signals, truncate, envoy-config, doctor, demo,
-dev-backend.
+"""The ``ice`` command: serve, evaluate, plan, signals, truncate, envoy-config, doctor,
+calibrate, prefix-report, demo, dev-backend.
 
 Exit status 2 with a one-line message for bad arguments or a bad policy file.
 """
@@ -76,6 +76,16 @@ def _parser() -> argparse.ArgumentParser:
         "plan", help="KV-cache capacity of one vLLM rank (ice plan --help)", add_help=False
     )
     sub.add_parser(
+        "prefix-report",
+        help="where recorded requests' prompts diverge and break prefix caching",
+        add_help=False,
+    )
+    sub.add_parser(
+        "calibrate",
+        help="propose pressure weights/thresholds from a pool's history (ice calibrate --help)",
+        add_help=False,
+    )
+    sub.add_parser(
         "doctor",
         help="check a running deployment (Envoy, ICE, backends) against the production checklist",
         add_help=False,
@@ -112,6 +122,14 @@ def main(argv: list[str] | None = None) -> int:
         from ext_proc.signals.cli import main as signals_main
 
         return signals_main(argv[1:])
+    if argv[:1] == ["prefix-report"]:
+        from ext_proc.prefix.cli import main as prefix_report_main
+
+        return prefix_report_main(argv[1:])
+    if argv[:1] == ["calibrate"]:
+        from ext_proc.calibrate.cli import main as calibrate_main
+
+        return calibrate_main(argv[1:])
     if argv[:1] == ["doctor"]:
         from ext_proc.doctor import main as doctor_main
 

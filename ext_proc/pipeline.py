@@ -135,6 +135,24 @@ class Pipeline:
             old.tokenizers == policy.tokenizers
             and old.token_count_cache_bytes == policy.token_count_cache_bytes
         )
+        # the live prefix_stability_score: sampled requests' prompts (ext_proc/prefix)
+        self.prefix: Any = None
+        self._prefix_seen = 0
+        spec = policy.prefix_tracking
+        if spec is not None:
+            if (
+                carry is not None
+                and carry.prefix is not None
+                and old is not None
+                and (old.prefix_tracking == spec)
+            ):
+                self.prefix = carry.prefix
+            else:
+                from ext_proc.prefix import PrefixTracker
+
+                self.prefix = PrefixTracker(
+                    spec.capacity_blocks, spec.window, block_size=spec.block_size
+                )
         if carry is not None and same_tokenizers:
             self.counters = carry.counters
         elif policy.tokenizers:  # loads every tokenizer now: a bad file stops start-up
@@ -324,6 +342,22 @@ class Pipeline:
             adapter, status, code, message, param, extra_headers=verdict_headers(verdict)
         )
 
+    def _observe_prefix(self, route: Route, values: Any) -> None:
+        """One request in ``sample_every``: its prompt's leading blocks against the route's
+        recent ones (``ice_prefix_stability_score``)."""
+        spec = self.policy.prefix_tracking
+        assert spec is not None
+        self._prefix_seen += 1
+        if self._prefix_seen % spec.sample_every:
+            return
+        from ext_proc.prefix import pseudo_tokens, render_body
+
+        tokens = pseudo_tokens(render_body(values).text, max_tokens=spec.max_tokens)
+        self.prefix.observe(route.name, tokens)
+        score = self.prefix.scores().get(route.name)
+        if score is not None:
+            telemetry.PREFIX_STABILITY.labels(route=route.name).set(score)
+
     def _bad_body(
         self,
         route: Route,
@@ -370,9 +404,26 @@ class Pipeline:
                 telemetry.count_pick(route.pool, endpoint)
 
     def on_body(self, route: Route, facts: HeaderFacts, body: bytes) -> BodyVerdict | None:
+        """The body's verdict (None: not an inference body); a profile with
+        ``compact_system_json`` judges and forwards the compacted body."""
         adapter = facts.adapter
         if adapter is None:
             return None
+        compacted: list[tuple[str, str]] = []
+        if route.profile.compact_system_json and route.profile.mode != "shadow":
+            from ext_proc.sysprompt import maybe_compact
+
+            got = maybe_compact(True, body, adapter.name)
+            if got is not None:  # judged, and sent on, as compacted
+                body, compacted = got
+        verdict = self._judge_body(route, facts, adapter, body)
+        if compacted and verdict is not None:
+            verdict = _with_body(verdict, body, compacted)
+        return verdict
+
+    def _judge_body(
+        self, route: Route, facts: HeaderFacts, adapter: SchemaAdapter, body: bytes
+    ) -> BodyVerdict | None:
         try:
             values = rawjson.decode_object(body)
             features = adapter.features(values, media_cost(route.profile.media))
@@ -384,6 +435,8 @@ class Pipeline:
         except RecursionError:
             message = "The request body is not valid JSON: the JSON is nested too deeply."
             return self._bad_body(route, adapter, 400, "invalid_json", message)
+        if self.prefix is not None:
+            self._observe_prefix(route, values)
         picks = self._pick.get(route.pool) == "ice"
         prefix = prefix_key(features.schema, values) if picks else None
         counted = self.counters is not None and self.counters.counter_for(features.model)
@@ -450,3 +503,12 @@ class Pipeline:
         from ext_proc.truncating import finish_truncation
 
         return await finish_truncation(self, route, facts, verdict)
+
+
+def _with_body(verdict: BodyVerdict, body: bytes, headers: list[tuple[str, str]]) -> BodyVerdict:
+    """A verdict on a compacted body: the body goes on (also on a pass), with the headers."""
+    outcome = verdict.outcome
+    if isinstance(outcome, Continue):
+        sent = outcome.body if outcome.body is not None else body
+        outcome = replace(outcome, body=sent, headers=[*outcome.headers, *headers])
+    return replace(verdict, outcome=outcome)

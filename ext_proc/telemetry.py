@@ -219,6 +219,13 @@ def count_truncation(route: str, mode: str, fallback: str, saved_tokens: int) ->
     TRUNCATION_SAVED_TOKENS.labels(route=route).inc(saved_tokens)
 
 
+PREFIX_STABILITY = Gauge(
+    "ice_prefix_stability_score",
+    "Prefix stability of the route's prompts (0-1): shared leading KV blocks / prompt blocks "
+    "over the route's last window of sampled requests, per worker (ext_proc/prefix).",
+    ["route"],
+    multiprocess_mode="mostrecent",
+)
 POLICY_RELOADS = Counter(
     "ice_policy_reloads",
     "Policy reloads (SIGHUP or the file changed) by result: ok, refused (the last good policy "

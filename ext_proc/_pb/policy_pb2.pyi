@@ -124,6 +124,7 @@ class Policy(_message.Message):
     EXACT_COUNT_BUDGET_MS_FIELD_NUMBER: _builtins.int
     TOKEN_COUNT_CACHE_BYTES_FIELD_NUMBER: _builtins.int
     EXACT_COUNT_FIELD_NUMBER: _builtins.int
+    PREFIX_TRACKING_FIELD_NUMBER: _builtins.int
     default_profile: _builtins.str
     """Profile used by routes that name none (gRPC metadata x-ice-profile). Default "default"."""
     default_pool: _builtins.str
@@ -176,6 +177,12 @@ class Policy(_message.Message):
         Envoy config; ICE itself answers 404 to an unknown path that still reaches it).
         """
 
+    @_builtins.property
+    def prefix_tracking(self) -> Global___PrefixTracking:
+        """The live prefix_stability_score (ice_prefix_stability_score{route}, ext_proc/prefix):
+        off by default (its pseudo-tokenising costs ~0.6 µs a token on the request path).
+        """
+
     def __init__(
         self,
         *,
@@ -192,10 +199,11 @@ class Policy(_message.Message):
         exact_count_budget_ms: _builtins.int | None = ...,
         token_count_cache_bytes: _builtins.int | None = ...,
         exact_count: _builtins.str = ...,
+        prefix_tracking: Global___PrefixTracking | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_exact_count_budget_ms", b"_exact_count_budget_ms", "_exact_count_inline_bytes", b"_exact_count_inline_bytes", "_token_count_cache_bytes", b"_token_count_cache_bytes", "embedding", b"embedding", "exact_count_budget_ms", b"exact_count_budget_ms", "exact_count_inline_bytes", b"exact_count_inline_bytes", "token_count_cache_bytes", b"token_count_cache_bytes"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_exact_count_budget_ms", b"_exact_count_budget_ms", "_exact_count_inline_bytes", b"_exact_count_inline_bytes", "_token_count_cache_bytes", b"_token_count_cache_bytes", "embedding", b"embedding", "exact_count_budget_ms", b"exact_count_budget_ms", "exact_count_inline_bytes", b"exact_count_inline_bytes", "prefix_tracking", b"prefix_tracking", "token_count_cache_bytes", b"token_count_cache_bytes"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exact_count_budget_ms", b"_exact_count_budget_ms", "_exact_count_inline_bytes", b"_exact_count_inline_bytes", "_token_count_cache_bytes", b"_token_count_cache_bytes", "default_pool", b"default_pool", "default_profile", b"default_profile", "embedding", b"embedding", "exact_count", b"exact_count", "exact_count_budget_ms", b"exact_count_budget_ms", "exact_count_inline_bytes", b"exact_count_inline_bytes", "passthrough_paths", b"passthrough_paths", "pools", b"pools", "priority_header", b"priority_header", "profiles", b"profiles", "routes", b"routes", "token_count_cache_bytes", b"token_count_cache_bytes", "tokenizers", b"tokenizers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exact_count_budget_ms", b"_exact_count_budget_ms", "_exact_count_inline_bytes", b"_exact_count_inline_bytes", "_token_count_cache_bytes", b"_token_count_cache_bytes", "default_pool", b"default_pool", "default_profile", b"default_profile", "embedding", b"embedding", "exact_count", b"exact_count", "exact_count_budget_ms", b"exact_count_budget_ms", "exact_count_inline_bytes", b"exact_count_inline_bytes", "passthrough_paths", b"passthrough_paths", "pools", b"pools", "prefix_tracking", b"prefix_tracking", "priority_header", b"priority_header", "profiles", b"profiles", "routes", b"routes", "token_count_cache_bytes", b"token_count_cache_bytes", "tokenizers", b"tokenizers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__exact_count_budget_ms: _TypeAlias = _typing.Literal["exact_count_budget_ms"]  # noqa: Y015
     _WhichOneofArgType__exact_count_budget_ms: _TypeAlias = _typing.Literal["_exact_count_budget_ms", b"_exact_count_budget_ms"]  # noqa: Y015
@@ -499,6 +507,7 @@ class Profile(_message.Message):
     MAX_EMBEDDING_INPUTS_FIELD_NUMBER: _builtins.int
     CONTENT_TYPES_FIELD_NUMBER: _builtins.int
     MODE_FIELD_NUMBER: _builtins.int
+    COMPACT_SYSTEM_JSON_FIELD_NUMBER: _builtins.int
     max_model_len: _builtins.int
     """The model's context length in tokens. Unset: no context checks."""
     output_buffer_tokens: _builtins.int
@@ -553,6 +562,10 @@ class Profile(_message.Message):
     (x-ice-shadow-decision, x-ice-shadow-reason; ice_decisions_total{mode="shadow"}), but
     the request goes on unchanged.
     """
+    compact_system_json: _builtins.bool
+    """Compact the JSON embedded in system prompts and tool definitions (whitespace only,
+    lossless); marked x-ice-compacted: tokens=<n>. Default false.
+    """
     @_builtins.property
     def pressure(self) -> Global___Pressure: ...
     @_builtins.property
@@ -605,10 +618,11 @@ class Profile(_message.Message):
         max_embedding_inputs: _builtins.int | None = ...,
         content_types: _builtins.str = ...,
         mode: _builtins.str = ...,
+        compact_system_json: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_max_embedding_inputs", b"_max_embedding_inputs", "_max_media_parts", b"_max_media_parts", "_max_model_len", b"_max_model_len", "_max_sequences", b"_max_sequences", "_min_output_tokens", b"_min_output_tokens", "_output_buffer_tokens", b"_output_buffer_tokens", "_retry_after_max_s", b"_retry_after_max_s", "_retry_after_min_s", b"_retry_after_min_s", "_retry_after_s", b"_retry_after_s", "_ttft_target_s", b"_ttft_target_s", "kv_model", b"kv_model", "max_embedding_inputs", b"max_embedding_inputs", "max_media_parts", b"max_media_parts", "max_model_len", b"max_model_len", "max_sequences", b"max_sequences", "max_tokens_cap", b"max_tokens_cap", "media", b"media", "min_output_tokens", b"min_output_tokens", "output_buffer_tokens", b"output_buffer_tokens", "pressure", b"pressure", "retry_after_max_s", b"retry_after_max_s", "retry_after_min_s", b"retry_after_min_s", "retry_after_s", b"retry_after_s", "shed", b"shed", "truncation", b"truncation", "ttft_target_s", b"ttft_target_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_embedding_inputs", b"_max_embedding_inputs", "_max_media_parts", b"_max_media_parts", "_max_model_len", b"_max_model_len", "_max_sequences", b"_max_sequences", "_min_output_tokens", b"_min_output_tokens", "_output_buffer_tokens", b"_output_buffer_tokens", "_retry_after_max_s", b"_retry_after_max_s", "_retry_after_min_s", b"_retry_after_min_s", "_retry_after_s", b"_retry_after_s", "_ttft_target_s", b"_ttft_target_s", "content_types", b"content_types", "default_priority", b"default_priority", "fail_mode", b"fail_mode", "kv_model", b"kv_model", "max_embedding_inputs", b"max_embedding_inputs", "max_media_parts", b"max_media_parts", "max_model_len", b"max_model_len", "max_sequences", b"max_sequences", "max_tokens_cap", b"max_tokens_cap", "media", b"media", "min_output_tokens", b"min_output_tokens", "mode", b"mode", "on_kv_shortfall", b"on_kv_shortfall", "output_buffer_tokens", b"output_buffer_tokens", "pressure", b"pressure", "retry_after_max_s", b"retry_after_max_s", "retry_after_min_s", b"retry_after_min_s", "retry_after_s", b"retry_after_s", "shed", b"shed", "stored_context", b"stored_context", "truncation", b"truncation", "ttft_target_s", b"ttft_target_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_embedding_inputs", b"_max_embedding_inputs", "_max_media_parts", b"_max_media_parts", "_max_model_len", b"_max_model_len", "_max_sequences", b"_max_sequences", "_min_output_tokens", b"_min_output_tokens", "_output_buffer_tokens", b"_output_buffer_tokens", "_retry_after_max_s", b"_retry_after_max_s", "_retry_after_min_s", b"_retry_after_min_s", "_retry_after_s", b"_retry_after_s", "_ttft_target_s", b"_ttft_target_s", "compact_system_json", b"compact_system_json", "content_types", b"content_types", "default_priority", b"default_priority", "fail_mode", b"fail_mode", "kv_model", b"kv_model", "max_embedding_inputs", b"max_embedding_inputs", "max_media_parts", b"max_media_parts", "max_model_len", b"max_model_len", "max_sequences", b"max_sequences", "max_tokens_cap", b"max_tokens_cap", "media", b"media", "min_output_tokens", b"min_output_tokens", "mode", b"mode", "on_kv_shortfall", b"on_kv_shortfall", "output_buffer_tokens", b"output_buffer_tokens", "pressure", b"pressure", "retry_after_max_s", b"retry_after_max_s", "retry_after_min_s", b"retry_after_min_s", "retry_after_s", b"retry_after_s", "shed", b"shed", "stored_context", b"stored_context", "truncation", b"truncation", "ttft_target_s", b"ttft_target_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_embedding_inputs: _TypeAlias = _typing.Literal["max_embedding_inputs"]  # noqa: Y015
     _WhichOneofArgType__max_embedding_inputs: _TypeAlias = _typing.Literal["_max_embedding_inputs", b"_max_embedding_inputs"]  # noqa: Y015
@@ -1156,3 +1170,61 @@ class DnsSource(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__refresh_s) -> _WhichOneofReturnType__refresh_s | None: ...
 
 Global___DnsSource: _TypeAlias = DnsSource  # noqa: Y015
+
+@_typing.final
+class PrefixTracking(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENABLED_FIELD_NUMBER: _builtins.int
+    SAMPLE_EVERY_FIELD_NUMBER: _builtins.int
+    MAX_TOKENS_FIELD_NUMBER: _builtins.int
+    BLOCK_SIZE_FIELD_NUMBER: _builtins.int
+    CAPACITY_BLOCKS_FIELD_NUMBER: _builtins.int
+    WINDOW_FIELD_NUMBER: _builtins.int
+    enabled: _builtins.bool
+    sample_every: _builtins.int
+    """One request in this many is observed. Default 8."""
+    max_tokens: _builtins.int
+    """Pseudo-tokens of a prompt looked at, from its start. Default 2048."""
+    block_size: _builtins.int
+    """The backend's KV block size (vllm serve --block-size). Default 16."""
+    capacity_blocks: _builtins.int
+    """Block hashes kept per route (LRU; 124 bytes each). Default 65536."""
+    window: _builtins.int
+    """Requests the score is taken over, per route. Default 1000."""
+    def __init__(
+        self,
+        *,
+        enabled: _builtins.bool = ...,
+        sample_every: _builtins.int | None = ...,
+        max_tokens: _builtins.int | None = ...,
+        block_size: _builtins.int | None = ...,
+        capacity_blocks: _builtins.int | None = ...,
+        window: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_block_size", b"_block_size", "_capacity_blocks", b"_capacity_blocks", "_max_tokens", b"_max_tokens", "_sample_every", b"_sample_every", "_window", b"_window", "block_size", b"block_size", "capacity_blocks", b"capacity_blocks", "max_tokens", b"max_tokens", "sample_every", b"sample_every", "window", b"window"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_block_size", b"_block_size", "_capacity_blocks", b"_capacity_blocks", "_max_tokens", b"_max_tokens", "_sample_every", b"_sample_every", "_window", b"_window", "block_size", b"block_size", "capacity_blocks", b"capacity_blocks", "enabled", b"enabled", "max_tokens", b"max_tokens", "sample_every", b"sample_every", "window", b"window"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__block_size: _TypeAlias = _typing.Literal["block_size"]  # noqa: Y015
+    _WhichOneofArgType__block_size: _TypeAlias = _typing.Literal["_block_size", b"_block_size"]  # noqa: Y015
+    _WhichOneofReturnType__capacity_blocks: _TypeAlias = _typing.Literal["capacity_blocks"]  # noqa: Y015
+    _WhichOneofArgType__capacity_blocks: _TypeAlias = _typing.Literal["_capacity_blocks", b"_capacity_blocks"]  # noqa: Y015
+    _WhichOneofReturnType__max_tokens: _TypeAlias = _typing.Literal["max_tokens"]  # noqa: Y015
+    _WhichOneofArgType__max_tokens: _TypeAlias = _typing.Literal["_max_tokens", b"_max_tokens"]  # noqa: Y015
+    _WhichOneofReturnType__sample_every: _TypeAlias = _typing.Literal["sample_every"]  # noqa: Y015
+    _WhichOneofArgType__sample_every: _TypeAlias = _typing.Literal["_sample_every", b"_sample_every"]  # noqa: Y015
+    _WhichOneofReturnType__window: _TypeAlias = _typing.Literal["window"]  # noqa: Y015
+    _WhichOneofArgType__window: _TypeAlias = _typing.Literal["_window", b"_window"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__block_size) -> _WhichOneofReturnType__block_size | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__capacity_blocks) -> _WhichOneofReturnType__capacity_blocks | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_tokens) -> _WhichOneofReturnType__max_tokens | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__sample_every) -> _WhichOneofReturnType__sample_every | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__window) -> _WhichOneofReturnType__window | None: ...
+
+Global___PrefixTracking: _TypeAlias = PrefixTracking  # noqa: Y015

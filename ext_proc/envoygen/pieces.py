@@ -163,6 +163,7 @@ ECHOED_HEADERS = (
     "x-ice-endpoint",
     "x-ice-shadow-decision",
     "x-ice-shadow-reason",
+    "x-ice-compacted",
 )
 # What a client may not send: ICE's own headers (prefixes and names) and the endpoint pick.
 SPOOF_PREFIXES = ("x-ice-", "x-mem-pressure", DESTINATION)

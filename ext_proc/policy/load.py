@@ -31,6 +31,7 @@ from ext_proc.policy.model import (
     MediaSpec,
     Policy,
     Pool,
+    PrefixTrackingSpec,
     PressureModel,
     Priority,
     Profile,
@@ -224,6 +225,7 @@ def _profile(name: str, msg: policy_pb2.Profile, base_dir: Path) -> Profile:
         stored_context="reject" if stored == "reject" else "full_window",
         content_types="pass" if content_types == "pass" else "strict",
         mode="shadow" if mode == "shadow" else "enforce",
+        compact_system_json=msg.compact_system_json,
     )
 
 
@@ -392,7 +394,22 @@ def _build(msg: policy_pb2.Policy, base_dir: Path) -> Policy:
         exact_count=_exact_count_mode(msg.exact_count),
         embedding=embedding_spec(msg.embedding, base_dir),
         passthrough_paths=frozenset(passthrough),
+        prefix_tracking=_prefix_tracking(msg),
     )
+
+
+def _prefix_tracking(msg: policy_pb2.Policy) -> PrefixTrackingSpec | None:
+    if not msg.HasField("prefix_tracking") or not msg.prefix_tracking.enabled:
+        return None
+    pt, d = msg.prefix_tracking, PrefixTrackingSpec()
+    values = {
+        name: _opt(pt, name, getattr(d, name))
+        for name in ("sample_every", "max_tokens", "block_size", "capacity_blocks", "window")
+    }
+    for name, value in values.items():
+        if value < 1:
+            raise PolicyError(f"prefix_tracking.{name}: must be ≥ 1, got {value}")
+    return PrefixTrackingSpec(**values)
 
 
 def _exact_count_mode(text: str) -> Literal["needed", "always"]:

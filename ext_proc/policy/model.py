@@ -91,6 +91,17 @@ class MediaSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class PrefixTrackingSpec:
+    """The live prefix_stability_score (``ext_proc.prefix``): sampled, bounded."""
+
+    sample_every: int = 8
+    max_tokens: int = 2048
+    block_size: int = 16
+    capacity_blocks: int = 65536
+    window: int = 1000
+
+
+@dataclass(frozen=True, slots=True)
 class Profile:
     """What one class of routes allows. Token figures are in tokens; times in seconds."""
 
@@ -125,6 +136,7 @@ class Profile:
     max_embedding_inputs: int = 2048
     content_types: Literal["strict", "pass"] = "strict"
     mode: Literal["enforce", "shadow"] = "enforce"  # shadow: judge and record, change nothing
+    compact_system_json: bool = False  # lossless whitespace compaction of system-prompt JSON
 
 
 StoredContext = Literal["full_window", "reject"]
@@ -239,6 +251,7 @@ class Policy:
     embedding: EmbeddingSpec = field(default_factory=EmbeddingSpec)
     # exact paths forwarded unjudged (Envoy renders them; ICE passes them without a body)
     passthrough_paths: frozenset[str] = frozenset()
+    prefix_tracking: PrefixTrackingSpec | None = None  # None: no live prefix score
 
     @property
     def truncation_enabled(self) -> bool:

@@ -1,0 +1,51 @@
+"""The live prefix_stability_score: a policy with ``prefix_tracking`` observes sampled requests'
+prompts in the pipeline and exports ``ice_prefix_stability_score{route}``; off by default."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from prometheus_client import REGISTRY
+
+from ext_proc.pipeline import HeaderFacts, Pipeline
+from ext_proc.policy.load import default_policy_text, parse_policy
+from ext_proc.schemas import OPENAI_CHAT
+from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
+
+SHARED = "You are a careful assistant for a travel agency. " * 12
+
+
+def _pipeline(extra: str) -> Pipeline:
+    backend = BackendSignals(url="u", kv_cache_usage=0.1, num_requests_waiting=0)
+    calm = PoolSnapshot(pool="default", backends=(backend,), taken_at_s=time.monotonic())
+    return Pipeline(parse_policy(default_policy_text() + extra), lambda _pool: calm)
+
+
+def _send(pipeline: Pipeline, system: str) -> None:
+    body = {"model": "m", "messages": [{"role": "system", "content": system}]}
+    body["messages"].append({"role": "user", "content": "hi"})
+    route = pipeline.router.resolve([("x-ice-route", "chat")])
+    pipeline.on_body(route, HeaderFacts(adapter=OPENAI_CHAT), json.dumps(body).encode())
+
+
+def test_identical_prompts_score_high_and_a_leading_timestamp_scores_low() -> None:
+    stable = _pipeline("prefix_tracking: {enabled: true, sample_every: 1}\n")
+    for _ in range(10):
+        _send(stable, SHARED)
+    high = REGISTRY.get_sample_value("ice_prefix_stability_score", {"route": "chat"})
+    assert high is not None and high > 0.8  # 9 of 10 prompts reuse all but their last block
+    broken = _pipeline("prefix_tracking: {enabled: true, sample_every: 1}\n")
+    for i in range(10):
+        _send(broken, f"Now: 2026-12-02T06:{i:02d}:00Z. " + SHARED)
+    low = REGISTRY.get_sample_value("ice_prefix_stability_score", {"route": "chat"})
+    assert low is not None and low < 0.1
+
+
+def test_off_by_default_and_sampled_when_on() -> None:
+    assert _pipeline("").prefix is None
+    sampled = _pipeline("prefix_tracking: {enabled: true, sample_every: 4}\n")
+    for _ in range(8):
+        _send(sampled, SHARED)
+    assert sampled.prefix.scores()  # 2 of 8 observed
+    assert sampled._prefix_seen == 8
