@@ -342,9 +342,10 @@ class Pipeline:
             adapter, status, code, message, param, extra_headers=verdict_headers(verdict)
         )
 
-    def _observe_prefix(self, route: Route, values: Any) -> None:
+    def _observe_prefix(self, route: Route, values: Any, features: RequestFeatures) -> None:
         """One request in ``sample_every``: its prompt's leading blocks against the route's
-        recent ones (``ice_prefix_stability_score``)."""
+        recent ones (``ice_prefix_stability_score``), and its system prompt's weight
+        (``ice_system_prompt_complexity_score``)."""
         spec = self.policy.prefix_tracking
         assert spec is not None
         self._prefix_seen += 1
@@ -357,6 +358,10 @@ class Pipeline:
         score = self.prefix.scores().get(route.name)
         if score is not None:
             telemetry.PREFIX_STABILITY.labels(route=route.name).set(score)
+        from ext_proc.sysprompt import system_prompt_complexity
+
+        weight = system_prompt_complexity(values, features.schema, features)
+        telemetry.SYSTEM_PROMPT_COMPLEXITY.labels(route=route.name).set(weight.score)
 
     def _bad_body(
         self,
@@ -436,7 +441,7 @@ class Pipeline:
             message = "The request body is not valid JSON: the JSON is nested too deeply."
             return self._bad_body(route, adapter, 400, "invalid_json", message)
         if self.prefix is not None:
-            self._observe_prefix(route, values)
+            self._observe_prefix(route, values, features)
         picks = self._pick.get(route.pool) == "ice"
         prefix = prefix_key(features.schema, values) if picks else None
         counted = self.counters is not None and self.counters.counter_for(features.model)

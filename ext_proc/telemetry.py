@@ -226,6 +226,13 @@ PREFIX_STABILITY = Gauge(
     ["route"],
     multiprocess_mode="mostrecent",
 )
+SYSTEM_PROMPT_COMPLEXITY = Gauge(
+    "ice_system_prompt_complexity_score",
+    "system_prompt_complexity_score (0-1) of the route's last sampled request: system share "
+    "of the input x (0.5 + 0.5 x its structured share); with prefix_tracking (ext_proc/sysprompt).",
+    ["route"],
+    multiprocess_mode="mostrecent",
+)
 POLICY_RELOADS = Counter(
     "ice_policy_reloads",
     "Policy reloads (SIGHUP or the file changed) by result: ok, refused (the last good policy "

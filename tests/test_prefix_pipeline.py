@@ -49,3 +49,17 @@ def test_off_by_default_and_sampled_when_on() -> None:
         _send(sampled, SHARED)
     assert sampled.prefix.scores()  # 2 of 8 observed
     assert sampled._prefix_seen == 8
+
+
+def test_the_sampled_request_also_gives_the_routes_system_prompt_weight() -> None:
+    from ext_proc.sysprompt import system_prompt_complexity
+
+    pipeline = _pipeline("prefix_tracking: {enabled: true, sample_every: 1}\n")
+    _send(pipeline, SHARED)
+    got = REGISTRY.get_sample_value("ice_system_prompt_complexity_score", {"route": "chat"})
+    body = {"model": "m", "messages": [{"role": "system", "content": SHARED}]}
+    body["messages"].append({"role": "user", "content": "hi"})
+    features = OPENAI_CHAT.features(body)
+    want = system_prompt_complexity(body, OPENAI_CHAT, features).score
+    assert got == want
+    assert 0.45 < want <= 0.5  # almost all system prompt, none of it JSON: × 0.5

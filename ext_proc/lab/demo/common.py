@@ -66,3 +66,18 @@ DAY_TWO = """\
   .venv/bin/ice doctor --envoy-admin http://127.0.0.1:9901 --ice 127.0.0.1:50051   # the checklist
   # shadow rollout: add `mode: shadow` to a profile of the policy ICE serves (a hot reload);
   # requests then go on unchanged with the verdict in x-ice-shadow-decision / -reason"""
+
+
+def prefix_report_demo(requests: int = 40) -> str:
+    """``ice prefix-report`` on requests whose system prompt starts with a timestamp: what
+    the demo prints to show why such a route defeats vLLM's prefix cache."""
+    from ext_proc.prefix.report import build_report, format_text
+
+    shared = "You are the support assistant of a travel agency. Answer briefly. " * 6
+    records = []
+    for i in range(requests):
+        system = f"Current time: 2026-12-02T07:{i // 60:02d}:{i % 60:02d}Z. {shared}"
+        body = {"model": "m", "messages": [{"role": "system", "content": system}]}
+        body["messages"].append({"role": "user", "content": f"Question {i}?"})
+        records.append(("chat", body))
+    return format_text(build_report(records), 16, "pseudo-tokens")

@@ -21,6 +21,7 @@ from ext_proc.lab.demo.common import (
     ENVOY_URL,
     SHOWN,
     _http,
+    prefix_report_demo,
 )
 from ext_proc.lab.stack import ENVOY_DIR, Stack, policy_passthrough_paths, render_envoy_config
 
@@ -220,6 +221,8 @@ def _run_dev(wait: bool) -> int:
         print(f"ICE demo: Envoy {ENVOY_URL} → ICE 127.0.0.1:50051 → backend {BACKEND_URL}")
         print(f"logs in {workdir}")
         _walkthrough()
+        print("\n▶ prefix report: 40 chats whose system prompt starts with the time")
+        print(prefix_report_demo())
         if not wait:
             return 0
         print(f"\nServing on {ENVOY_URL} until Ctrl-C. Try:\n{_TRY}\n{DAY_TWO}")
