@@ -74,10 +74,12 @@ def prefix_report_demo(requests: int = 40) -> str:
     from ext_proc.prefix.report import build_report, format_text
 
     shared = "You are the support assistant of a travel agency. Answer briefly. " * 6
-    records = []
+    records: list[tuple[str, dict[str, Any]]] = []
     for i in range(requests):
         system = f"Current time: 2026-12-02T07:{i // 60:02d}:{i % 60:02d}Z. {shared}"
-        body = {"model": "m", "messages": [{"role": "system", "content": system}]}
-        body["messages"].append({"role": "user", "content": f"Question {i}?"})
-        records.append(("chat", body))
+        messages = [
+            {"role": "system", "content": system},
+            {"role": "user", "content": f"Question {i}?"},
+        ]
+        records.append(("chat", {"model": "m", "messages": messages}))
     return format_text(build_report(records), 16, "pseudo-tokens")
