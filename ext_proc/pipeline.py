@@ -135,9 +135,8 @@ class Pipeline:
             old.tokenizers == policy.tokenizers
             and old.token_count_cache_bytes == policy.token_count_cache_bytes
         )
-        # the live prefix_stability_score: sampled requests' prompts (ext_proc/prefix)
+        # the live prefix_stability_score: sampled requests' prompts (ext_proc/prefix/live.py)
         self.prefix: Any = None
-        self._prefix_seen = 0
         spec = policy.prefix_tracking
         if spec is not None:
             if (
@@ -149,10 +148,12 @@ class Pipeline:
                 self.prefix = carry.prefix
             else:
                 from ext_proc.prefix import PrefixTracker
+                from ext_proc.prefix.live import LivePrefix
 
-                self.prefix = PrefixTracker(
+                tracker = PrefixTracker(
                     spec.capacity_blocks, spec.window, block_size=spec.block_size
                 )
+                self.prefix = LivePrefix(tracker, spec.sample_every, spec.max_tokens)
         if carry is not None and same_tokenizers:
             self.counters = carry.counters
         elif policy.tokenizers:  # loads every tokenizer now: a bad file stops start-up
@@ -342,26 +343,18 @@ class Pipeline:
             adapter, status, code, message, param, extra_headers=verdict_headers(verdict)
         )
 
-    def _observe_prefix(self, route: Route, values: Any, features: RequestFeatures) -> None:
-        """One request in ``sample_every``: its prompt's leading blocks against the route's
-        recent ones (``ice_prefix_stability_score``), and its system prompt's weight
-        (``ice_system_prompt_complexity_score``)."""
-        spec = self.policy.prefix_tracking
-        assert spec is not None
-        self._prefix_seen += 1
-        if self._prefix_seen % spec.sample_every:
-            return
-        from ext_proc.prefix import pseudo_tokens, render_body
-
-        tokens = pseudo_tokens(render_body(values).text, max_tokens=spec.max_tokens)
-        self.prefix.observe(route.name, tokens)
-        score = self.prefix.scores().get(route.name)
-        if score is not None:
-            telemetry.PREFIX_STABILITY.labels(route=route.name).set(score)
+    def _observe_prefix(
+        self, route: Route, values: Any, features: RequestFeatures, nbytes: int
+    ) -> None:
+        """One request in ``sample_every``: its prompt against the route's recent ones, and
+        its system prompt's weight (``ext_proc.prefix.live``)."""
         from ext_proc.sysprompt import system_prompt_complexity
 
-        weight = system_prompt_complexity(values, features.schema, features)
-        telemetry.SYSTEM_PROMPT_COMPLEXITY.labels(route=route.name).set(weight.score)
+        if (self.prefix.seen + 1) % self.prefix.sample_every:
+            self.prefix.seen += 1  # not sampled: no work
+            return
+        weight = system_prompt_complexity(values, features.schema, features).score
+        self.prefix.observe(route.name, values, nbytes, weight)
 
     def _bad_body(
         self,
@@ -441,7 +434,7 @@ class Pipeline:
             message = "The request body is not valid JSON: the JSON is nested too deeply."
             return self._bad_body(route, adapter, 400, "invalid_json", message)
         if self.prefix is not None:
-            self._observe_prefix(route, values, features)
+            self._observe_prefix(route, values, features, len(body))
         picks = self._pick.get(route.pool) == "ice"
         prefix = prefix_key(features.schema, values) if picks else None
         counted = self.counters is not None and self.counters.counter_for(features.model)

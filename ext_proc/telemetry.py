@@ -226,6 +226,13 @@ PREFIX_STABILITY = Gauge(
     ["route"],
     multiprocess_mode="mostrecent",
 )
+PREFIX_DIVERGENCE = Gauge(
+    "ice_prefix_divergence_character",
+    "Where the route's recent sampled prompts first differ: the character offset in the "
+    "section (-1: that place no longer seen); kinds as ice prefix-report's.",
+    ["route", "section", "kind"],
+    multiprocess_mode="mostrecent",
+)
 SYSTEM_PROMPT_COMPLEXITY = Gauge(
     "ice_system_prompt_complexity_score",
     "system_prompt_complexity_score (0-1) of the route's last sampled request: system share "

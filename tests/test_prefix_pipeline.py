@@ -47,8 +47,8 @@ def test_off_by_default_and_sampled_when_on() -> None:
     sampled = _pipeline("prefix_tracking: {enabled: true, sample_every: 4}\n")
     for _ in range(8):
         _send(sampled, SHARED)
-    assert sampled.prefix.scores()  # 2 of 8 observed
-    assert sampled._prefix_seen == 8
+    assert sampled.prefix.tracker.scores()  # 2 of 8 observed
+    assert sampled.prefix.seen == 8
 
 
 def test_the_sampled_request_also_gives_the_routes_system_prompt_weight() -> None:
@@ -63,3 +63,25 @@ def test_the_sampled_request_also_gives_the_routes_system_prompt_weight() -> Non
     want = system_prompt_complexity(body, OPENAI_CHAT, features).score
     assert got == want
     assert 0.45 < want <= 0.5  # almost all system prompt, none of it JSON: × 0.5
+
+
+def test_a_running_ice_says_where_the_prompts_of_a_route_diverge() -> None:
+    """The live report: the timestamp's place and kind as a gauge, never the prompt."""
+    pipeline = _pipeline("prefix_tracking: {enabled: true, sample_every: 1}\n")
+    for i in range(16):
+        _send(pipeline, f"Now: 2026-12-02T06:{i:02d}:00Z. " + SHARED)
+    labels = {"route": "chat", "section": "system prompt", "kind": "timestamp"}
+    assert REGISTRY.get_sample_value("ice_prefix_divergence_character", labels) == 5
+    # once the prompts stop changing there, the place is reported gone (-1)
+    for _ in range(16):
+        _send(pipeline, SHARED)
+    assert REGISTRY.get_sample_value("ice_prefix_divergence_character", labels) == -1
+
+
+def test_section_labels_are_bounded() -> None:
+    from ext_proc.prefix.live import metric_section
+
+    assert metric_section("system prompt") == "system prompt"
+    assert metric_section("message 3 (user)") == "message 3"
+    assert metric_section("message 12 (assistant)") == "message 9+"
+    assert metric_section("last message (user)") == "other"
