@@ -354,7 +354,24 @@ class Pipeline:
             self.prefix.seen += 1  # not sampled: no work
             return
         weight = system_prompt_complexity(values, features.schema, features).score
-        self.prefix.observe(route.name, values, nbytes, weight)
+        self.prefix.observe(route.name, values, nbytes, weight, self._prompt_ids(values, features))
+
+    def _prompt_ids(self, values: Any, features: RequestFeatures) -> list[int] | None:
+        """A chat prompt's exact token ids when its model has a tokenizer with a template
+        (as vLLM renders and tokenizes it); None otherwise (pseudo-tokens then)."""
+        counter = self.counters.counter_for(features.model) if self.counters else None
+        messages = values.get("messages") if isinstance(values, dict) else None
+        if counter is None or not counter.has_chat_template or features.schema != "openai.chat":
+            return None
+        if not isinstance(messages, list):
+            return None
+        try:
+            ids: list[int] = counter.token_ids(
+                counter.render_chat(messages, tools=values.get("tools"))
+            )
+        except Exception:  # a template that refuses the body: the estimate's way
+            return None
+        return ids
 
     def _bad_body(
         self,

@@ -85,3 +85,29 @@ def test_section_labels_are_bounded() -> None:
     assert metric_section("message 3 (user)") == "message 3"
     assert metric_section("message 12 (assistant)") == "message 9+"
     assert metric_section("last message (user)") == "other"
+
+
+def test_with_a_tokenizer_the_live_score_counts_exact_tokens() -> None:
+    """A model with a tokenizer and a chat template: blocks of its exact prompt ids, as
+    vLLM renders and tokenizes the chat."""
+    from pathlib import Path
+
+    data = Path(__file__).resolve().parent / "data"
+    text = default_policy_text() + (
+        "tokenizers:\n  tiny: {model_dir: vllm_cpu/tokenizer}\n"
+        "prefix_tracking: {enabled: true, sample_every: 1}\n"
+    )
+    backend = BackendSignals(url="u", kv_cache_usage=0.1, num_requests_waiting=0)
+    calm = PoolSnapshot(pool="default", backends=(backend,), taken_at_s=time.monotonic())
+    pipeline = Pipeline(parse_policy(text, base_dir=data), lambda _pool: calm)
+    messages = [{"role": "system", "content": SHARED}, {"role": "user", "content": "hi"}]
+    counter = pipeline.counters.counter_for("tiny")
+    exact = len(counter.token_ids(counter.render_chat(messages)))
+    route = pipeline.router.resolve([("x-ice-route", "chat")])
+    body = json.dumps({"model": "tiny", "messages": messages}).encode()
+    for _ in range(2):
+        pipeline.on_body(route, HeaderFacts(adapter=OPENAI_CHAT), body)
+    stats = pipeline.prefix.tracker.stats("chat")
+    assert stats is not None
+    assert stats.total_blocks == 2 * (exact // 16)  # each prompt's full blocks of exact ids
+    assert stats.shared_blocks == (exact - 1) // 16  # the second reuses all vLLM would

@@ -60,12 +60,23 @@ class LivePrefix:
         self._since_report: dict[str, int] = {}
         self._exported: dict[str, set[tuple[str, str]]] = {}
 
-    def observe(self, route: str, values: Any, nbytes: int, weight: float | None) -> bool:
-        """Count one request; True when it was sampled (and observed)."""
+    def observe(
+        self,
+        route: str,
+        values: Any,
+        nbytes: int,
+        weight: float | None,
+        tokens: list[int] | None = None,
+    ) -> bool:
+        """Count one request; True when it was sampled (and observed). ``tokens``: the
+        prompt's exact ids (a configured tokenizer); None: pseudo-tokens of its text."""
         self.seen += 1
         if self.seen % self.sample_every:
             return False
-        tokens = pseudo_tokens(render_body(values).text, max_tokens=self.max_tokens)
+        if tokens is None:
+            tokens = pseudo_tokens(render_body(values).text, max_tokens=self.max_tokens)
+        else:
+            tokens = tokens[: self.max_tokens]
         self.tracker.observe(route, tokens)
         score = self.tracker.scores().get(route)
         if score is not None:

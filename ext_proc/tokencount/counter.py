@@ -167,6 +167,13 @@ class ExactCounter:
         except Exception as e:  # e.g. a lone surrogate ("\ud800" in JSON) is no valid str
             raise TokenCountError(f"cannot tokenize the text: {e}") from None
 
+    def token_ids(self, text: str) -> list[int]:
+        """The ids of a rendered prompt (``render_chat``'s text: no special tokens added)."""
+        try:
+            return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
+        except Exception as e:
+            raise TokenCountError(f"cannot tokenize the text: {e}") from None
+
     def count_chat(
         self,
         messages: Sequence[Any],
