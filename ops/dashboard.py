@@ -391,6 +391,18 @@ def ice_row(d: dash_b.Dashboard) -> dash_b.Dashboard:
             ),
         )
     )
+    d = d.with_panel(
+        _series(
+            "Prefix stability of the prompts",
+            "ice_prefix_stability_score (prefix_tracking on): the share of sampled prompts' KV "
+            "blocks a prefix cache could reuse. Read it beside the pool's cache hit ratio "
+            "(ice_cache_efficiency_ratio, when the engine reports prefix-cache hits): stable "
+            "prompts with a low hit ratio mean the cache is too small; unstable prompts, see "
+            "ice_prefix_divergence_character and ice prefix-report.",
+            "percentunit",
+            _query("max by (route) (ice_prefix_stability_score)", "{{route}}"),
+        )
+    )
     return d.with_panel(
         _series(
             "Truncations per second, and fallbacks to recency",

@@ -293,7 +293,8 @@ def test_dashboard_queries_and_alert_rules_on_a_real_prometheus(tmp_path: Path) 
         running_stack(
             tmp_path / "stack",
             profile_extra=PROFILE_EXTRA,
-            policy_extra=f"embedding:\n  model: {tmp_path / 'no-model'}\n",
+            policy_extra=f"embedding:\n  model: {tmp_path / 'no-model'}\n"
+            "prefix_tracking: {enabled: true, sample_every: 1}\n",
             ice_extra=ICE_EXTRA,
         ) as e2e,
         running_prometheus(tmp_path / "prometheus", e2e, ops.RULES) as prom,
