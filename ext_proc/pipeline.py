@@ -115,6 +115,8 @@ class Pipeline:
         self.lookup = lookup
         self.max_body_bytes = max_body_bytes
         self._priority_header = policy.priority_header
+        pt = policy.prefix_tracking
+        self._tenant_header = pt.tenant_header if pt is not None and pt.tenant_header else None
         self.policy = policy
         self.counters: Any = None
         # The embedding worker's client (ext_proc.truncate.client.EmbeddingClient), set by
@@ -153,7 +155,9 @@ class Pipeline:
                 tracker = PrefixTracker(
                     spec.capacity_blocks, spec.window, block_size=spec.block_size
                 )
-                self.prefix = LivePrefix(tracker, spec.sample_every, spec.max_tokens)
+                self.prefix = LivePrefix(
+                    tracker, spec.sample_every, spec.max_tokens, spec.max_tenants
+                )
         if carry is not None and same_tokenizers:
             self.counters = carry.counters
         elif policy.tokenizers:  # loads every tokenizer now: a bad file stops start-up
@@ -178,6 +182,8 @@ class Pipeline:
                 content_length = raw.decode("latin-1")
                 if content_length.isdigit():
                     facts.content_length = int(content_length)
+            elif key == self._tenant_header:
+                facts.tenant = raw.decode("latin-1").strip()
             elif key == self._priority_header:
                 wanted = raw.decode("latin-1").strip().lower()
                 for candidate in PRIORITIES:
@@ -344,7 +350,7 @@ class Pipeline:
         )
 
     def _observe_prefix(
-        self, route: Route, values: Any, features: RequestFeatures, nbytes: int
+        self, route: Route, values: Any, features: RequestFeatures, nbytes: int, tenant: str
     ) -> None:
         """One request in ``sample_every``: its prompt against the route's recent ones, and
         its system prompt's weight (``ext_proc.prefix.live``)."""
@@ -354,7 +360,8 @@ class Pipeline:
             self.prefix.seen += 1  # not sampled: no work
             return
         weight = system_prompt_complexity(values, features.schema, features).score
-        self.prefix.observe(route.name, values, nbytes, weight, self._prompt_ids(values, features))
+        ids = self._prompt_ids(values, features)
+        self.prefix.observe(route.name, values, nbytes, weight, ids, tenant)
 
     def _prompt_ids(self, values: Any, features: RequestFeatures) -> list[int] | None:
         """A chat prompt's exact token ids when its model has a tokenizer with a template
@@ -451,7 +458,7 @@ class Pipeline:
             message = "The request body is not valid JSON: the JSON is nested too deeply."
             return self._bad_body(route, adapter, 400, "invalid_json", message)
         if self.prefix is not None:
-            self._observe_prefix(route, values, features, len(body))
+            self._observe_prefix(route, values, features, len(body), facts.tenant)
         picks = self._pick.get(route.pool) == "ice"
         prefix = prefix_key(features.schema, values) if picks else None
         counted = self.counters is not None and self.counters.counter_for(features.model)

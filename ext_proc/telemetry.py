@@ -222,8 +222,8 @@ def count_truncation(route: str, mode: str, fallback: str, saved_tokens: int) ->
 PREFIX_STABILITY = Gauge(
     "ice_prefix_stability_score",
     "Prefix stability of the route's prompts (0-1): shared leading KV blocks / prompt blocks "
-    "over the route's last window of sampled requests, per worker (ext_proc/prefix).",
-    ["route"],
+    "over the route's last window of sampled requests, per worker and tenant (ext_proc/prefix).",
+    ["route", "tenant"],
     multiprocess_mode="mostrecent",
 )
 PREFIX_DIVERGENCE = Gauge(

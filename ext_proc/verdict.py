@@ -44,6 +44,7 @@ class HeaderFacts:
     subset: frozenset[str] | None = None  # the picker protocol's subset hint (envoy.lb)
     content_length: int | None = None  # the request's content-length, when it declares one
     ticket: Ticket | None = None  # its place in the worker's body backlog (ext_proc.backlog)
+    tenant: str = ""  # prefix_tracking.tenant_header's value
     # mode: shadow — an answer at the headers that was not given: its headers for the request
     shadow_headers: list[tuple[str, str]] = field(default_factory=list)
 

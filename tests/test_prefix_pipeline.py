@@ -33,12 +33,12 @@ def test_identical_prompts_score_high_and_a_leading_timestamp_scores_low() -> No
     stable = _pipeline("prefix_tracking: {enabled: true, sample_every: 1}\n")
     for _ in range(10):
         _send(stable, SHARED)
-    high = REGISTRY.get_sample_value("ice_prefix_stability_score", {"route": "chat"})
+    high = REGISTRY.get_sample_value("ice_prefix_stability_score", {"route": "chat", "tenant": ""})
     assert high is not None and high > 0.8  # 9 of 10 prompts reuse all but their last block
     broken = _pipeline("prefix_tracking: {enabled: true, sample_every: 1}\n")
     for i in range(10):
         _send(broken, f"Now: 2026-12-02T06:{i:02d}:00Z. " + SHARED)
-    low = REGISTRY.get_sample_value("ice_prefix_stability_score", {"route": "chat"})
+    low = REGISTRY.get_sample_value("ice_prefix_stability_score", {"route": "chat", "tenant": ""})
     assert low is not None and low < 0.1
 
 
@@ -107,7 +107,43 @@ def test_with_a_tokenizer_the_live_score_counts_exact_tokens() -> None:
     body = json.dumps({"model": "tiny", "messages": messages}).encode()
     for _ in range(2):
         pipeline.on_body(route, HeaderFacts(adapter=OPENAI_CHAT), body)
-    stats = pipeline.prefix.tracker.stats("chat")
+    stats = pipeline.prefix.tracker.stats("chat\x00")  # route "chat", no tenant
     assert stats is not None
     assert stats.total_blocks == 2 * (exact // 16)  # each prompt's full blocks of exact ids
     assert stats.shared_blocks == (exact - 1) // 16  # the second reuses all vLLM would
+
+
+def test_a_tenant_header_keeps_the_score_per_tenant_with_bounded_labels() -> None:
+    text = (
+        "prefix_tracking: {enabled: true, sample_every: 1, tenant_header: x-tenant,"
+        " max_tenants: 2}\n"
+    )
+    pipeline = _pipeline(text)
+    route = pipeline.router.resolve([("x-ice-route", "chat")])
+    for tenant, prompt in (
+        ("a", SHARED),
+        ("a", SHARED),
+        ("b", "Other words. " * 40),
+        ("c", SHARED),
+    ):
+        facts = pipeline.on_headers(
+            route,
+            [
+                ("x-tenant", tenant.encode()),
+                (":path", b"/v1/chat/completions"),
+                ("content-type", b"application/json"),
+            ],
+            False,
+        )
+        body = {
+            "model": "m",
+            "messages": [{"role": "system", "content": prompt}, {"role": "user", "content": "hi"}],
+        }
+        pipeline.on_body(route, facts, json.dumps(body).encode())
+    got = {
+        t: REGISTRY.get_sample_value("ice_prefix_stability_score", {"route": "chat", "tenant": t})
+        for t in ("a", "b", "other")
+    }
+    assert got["a"] is not None and got["a"] > 0.4  # its second prompt reused the first's blocks
+    assert got["b"] == 0.0  # one prompt: nothing seen before
+    assert got["other"] == 0.0  # a third tenant past max_tenants: "other", its own table

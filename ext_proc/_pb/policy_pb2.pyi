@@ -1181,6 +1181,8 @@ class PrefixTracking(_message.Message):
     BLOCK_SIZE_FIELD_NUMBER: _builtins.int
     CAPACITY_BLOCKS_FIELD_NUMBER: _builtins.int
     WINDOW_FIELD_NUMBER: _builtins.int
+    TENANT_HEADER_FIELD_NUMBER: _builtins.int
+    MAX_TENANTS_FIELD_NUMBER: _builtins.int
     enabled: _builtins.bool
     sample_every: _builtins.int
     """One request in this many is observed. Default 8."""
@@ -1192,6 +1194,12 @@ class PrefixTracking(_message.Message):
     """Block hashes kept per route (LRU; 124 bytes each). Default 65536."""
     window: _builtins.int
     """Requests the score is taken over, per route. Default 1000."""
+    tenant_header: _builtins.str
+    """A request header naming the tenant: the score is then kept per route and tenant (the
+    first max_tenants tenants seen by a worker get their own label, the rest "other").
+    """
+    max_tenants: _builtins.int
+    """Default 16."""
     def __init__(
         self,
         *,
@@ -1201,15 +1209,19 @@ class PrefixTracking(_message.Message):
         block_size: _builtins.int | None = ...,
         capacity_blocks: _builtins.int | None = ...,
         window: _builtins.int | None = ...,
+        tenant_header: _builtins.str = ...,
+        max_tenants: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_block_size", b"_block_size", "_capacity_blocks", b"_capacity_blocks", "_max_tokens", b"_max_tokens", "_sample_every", b"_sample_every", "_window", b"_window", "block_size", b"block_size", "capacity_blocks", b"capacity_blocks", "max_tokens", b"max_tokens", "sample_every", b"sample_every", "window", b"window"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_block_size", b"_block_size", "_capacity_blocks", b"_capacity_blocks", "_max_tenants", b"_max_tenants", "_max_tokens", b"_max_tokens", "_sample_every", b"_sample_every", "_window", b"_window", "block_size", b"block_size", "capacity_blocks", b"capacity_blocks", "max_tenants", b"max_tenants", "max_tokens", b"max_tokens", "sample_every", b"sample_every", "window", b"window"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_block_size", b"_block_size", "_capacity_blocks", b"_capacity_blocks", "_max_tokens", b"_max_tokens", "_sample_every", b"_sample_every", "_window", b"_window", "block_size", b"block_size", "capacity_blocks", b"capacity_blocks", "enabled", b"enabled", "max_tokens", b"max_tokens", "sample_every", b"sample_every", "window", b"window"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_block_size", b"_block_size", "_capacity_blocks", b"_capacity_blocks", "_max_tenants", b"_max_tenants", "_max_tokens", b"_max_tokens", "_sample_every", b"_sample_every", "_window", b"_window", "block_size", b"block_size", "capacity_blocks", b"capacity_blocks", "enabled", b"enabled", "max_tenants", b"max_tenants", "max_tokens", b"max_tokens", "sample_every", b"sample_every", "tenant_header", b"tenant_header", "window", b"window"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__block_size: _TypeAlias = _typing.Literal["block_size"]  # noqa: Y015
     _WhichOneofArgType__block_size: _TypeAlias = _typing.Literal["_block_size", b"_block_size"]  # noqa: Y015
     _WhichOneofReturnType__capacity_blocks: _TypeAlias = _typing.Literal["capacity_blocks"]  # noqa: Y015
     _WhichOneofArgType__capacity_blocks: _TypeAlias = _typing.Literal["_capacity_blocks", b"_capacity_blocks"]  # noqa: Y015
+    _WhichOneofReturnType__max_tenants: _TypeAlias = _typing.Literal["max_tenants"]  # noqa: Y015
+    _WhichOneofArgType__max_tenants: _TypeAlias = _typing.Literal["_max_tenants", b"_max_tenants"]  # noqa: Y015
     _WhichOneofReturnType__max_tokens: _TypeAlias = _typing.Literal["max_tokens"]  # noqa: Y015
     _WhichOneofArgType__max_tokens: _TypeAlias = _typing.Literal["_max_tokens", b"_max_tokens"]  # noqa: Y015
     _WhichOneofReturnType__sample_every: _TypeAlias = _typing.Literal["sample_every"]  # noqa: Y015
@@ -1220,6 +1232,8 @@ class PrefixTracking(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__block_size) -> _WhichOneofReturnType__block_size | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__capacity_blocks) -> _WhichOneofReturnType__capacity_blocks | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_tenants) -> _WhichOneofReturnType__max_tenants | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_tokens) -> _WhichOneofReturnType__max_tokens | None: ...
     @_typing.overload

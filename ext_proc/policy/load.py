@@ -404,12 +404,22 @@ def _prefix_tracking(msg: policy_pb2.Policy) -> PrefixTrackingSpec | None:
     pt, d = msg.prefix_tracking, PrefixTrackingSpec()
     values = {
         name: _opt(pt, name, getattr(d, name))
-        for name in ("sample_every", "max_tokens", "block_size", "capacity_blocks", "window")
+        for name in (
+            "sample_every",
+            "max_tokens",
+            "block_size",
+            "capacity_blocks",
+            "window",
+            "max_tenants",
+        )
     }
     for name, value in values.items():
         if value < 1:
             raise PolicyError(f"prefix_tracking.{name}: must be ≥ 1, got {value}")
-    return PrefixTrackingSpec(**values)
+    tenant = pt.tenant_header.strip().lower()
+    if tenant.startswith(("x-ice-", "x-mem-pressure", ":")):
+        raise PolicyError(f"prefix_tracking.tenant_header: {tenant!r} is reserved")
+    return PrefixTrackingSpec(**values, tenant_header=tenant)
 
 
 def _exact_count_mode(text: str) -> Literal["needed", "always"]:

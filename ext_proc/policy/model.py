@@ -99,6 +99,8 @@ class PrefixTrackingSpec:
     block_size: int = 16
     capacity_blocks: int = 65536
     window: int = 1000
+    tenant_header: str = ""  # "": per route only
+    max_tenants: int = 16
 
 
 @dataclass(frozen=True, slots=True)

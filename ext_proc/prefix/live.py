@@ -1,6 +1,8 @@
 """The live side of prefix tracking, as a running ICE exports it (``prefix_tracking`` on).
 
-- ``ice_prefix_stability_score{route}``: ``PrefixTracker``'s score of the sampled requests.
+- ``ice_prefix_stability_score{route, tenant}``: ``PrefixTracker``'s score of the sampled
+  requests, per route and (``prefix_tracking.tenant_header``) tenant: the first
+  ``max_tenants`` tenants a worker sees get their own label, later ones ``other``, none "".
 - ``ice_system_prompt_complexity_score{route}``: the last sampled request's
   ``ext_proc.sysprompt.system_prompt_complexity``.
 - ``ice_prefix_divergence_character{route, section, kind}``: where the route's recent sampled
@@ -9,9 +11,9 @@
   Recomputed every ``REPORT_EVERY`` samples of a route over its last ``REPORT_EVERY``
   sampled bodies, in the request path (about 5 ms for 16 bodies).
 
-Invariants: only label values from a fixed set leave this module (sections are ``system
-prompt``, ``tools``, ``prompt``, ``message 1`` … ``message 8``, ``message 9+``; kinds are
-``report``'s); no prompt text is exported or logged; memory is bounded: the tracker's bound,
+Invariants: label values are bounded (sections are ``system prompt``, ``tools``, ``prompt``,
+``message 1`` … ``message 8``, ``message 9+``; kinds are ``report``'s; tenants are at most
+``max_tenants`` values seen, then ``other``); no prompt text is exported or logged; memory is bounded: the tracker's bound,
 plus at most ``MAX_ROUTES`` routes × ``REPORT_EVERY`` bodies of at most ``MAX_SAMPLE_BYTES``.
 """
 
@@ -49,10 +51,14 @@ def metric_section(section: str) -> str:
 class LivePrefix:
     """Observes sampled requests and keeps the three gauges (see the module docstring)."""
 
-    def __init__(self, tracker: PrefixTracker, sample_every: int, max_tokens: int) -> None:
+    def __init__(
+        self, tracker: PrefixTracker, sample_every: int, max_tokens: int, max_tenants: int = 16
+    ) -> None:
         self.tracker = tracker
         self.sample_every = sample_every
         self.max_tokens = max_tokens
+        self.max_tenants = max_tenants
+        self._tenants: set[str] = set()
         self.seen = 0
         self._samples: collections.OrderedDict[str, collections.deque[Any]] = (
             collections.OrderedDict()
@@ -67,25 +73,40 @@ class LivePrefix:
         nbytes: int,
         weight: float | None,
         tokens: list[int] | None = None,
+        tenant: str = "",
     ) -> bool:
         """Count one request; True when it was sampled (and observed). ``tokens``: the
-        prompt's exact ids (a configured tokenizer); None: pseudo-tokens of its text."""
+        prompt's exact ids (a configured tokenizer); None: pseudo-tokens of its text.
+        ``tenant``: its tenant header's value ("" when the policy names none)."""
         self.seen += 1
         if self.seen % self.sample_every:
             return False
+        label = self.tenant_label(tenant)
+        key = f"{route}\x00{label}"  # the tracker's table: one per route and tenant
         if tokens is None:
             tokens = pseudo_tokens(render_body(values).text, max_tokens=self.max_tokens)
         else:
             tokens = tokens[: self.max_tokens]
-        self.tracker.observe(route, tokens)
-        score = self.tracker.scores().get(route)
+        self.tracker.observe(key, tokens)
+        score = self.tracker.scores().get(key)
         if score is not None:
-            telemetry.PREFIX_STABILITY.labels(route=route).set(score)
+            telemetry.PREFIX_STABILITY.labels(route=route, tenant=label).set(score)
         if weight is not None:
             telemetry.SYSTEM_PROMPT_COMPLEXITY.labels(route=route).set(weight)
         if nbytes <= MAX_SAMPLE_BYTES:
             self._keep(route, values)
         return True
+
+    def tenant_label(self, tenant: str) -> str:
+        """The tenant's label: its own for the first ``max_tenants`` seen, else ``other``."""
+        if not tenant:
+            return ""
+        if tenant in self._tenants:
+            return tenant
+        if len(self._tenants) < self.max_tenants and len(tenant) <= 64:
+            self._tenants.add(tenant)
+            return tenant
+        return "other"
 
     def _keep(self, route: str, values: Any) -> None:
         samples = self._samples.get(route)
