@@ -13,8 +13,9 @@
 
 Invariants: label values are bounded (sections are ``system prompt``, ``tools``, ``prompt``,
 ``message 1`` … ``message 8``, ``message 9+``; kinds are ``report``'s; tenants are at most
-``max_tenants`` values seen, then ``other``); no prompt text is exported or logged; memory is bounded: the tracker's bound,
-plus at most ``MAX_ROUTES`` routes × ``REPORT_EVERY`` bodies of at most ``MAX_SAMPLE_BYTES``.
+``max_tenants`` values seen, then ``other``); no prompt text is exported or logged; memory
+is bounded: the tracker's bound, plus at most ``MAX_ROUTES`` routes × ``REPORT_EVERY``
+bodies of at most ``MAX_SAMPLE_BYTES``.
 """
 
 from __future__ import annotations
