@@ -68,6 +68,7 @@ from ext_proc.verdict import (
     make_verdict,
     shadow_answer_headers,
     shadowed,
+    with_compacted_body,
     with_header,
 )
 
@@ -139,25 +140,12 @@ class Pipeline:
         )
         # the live prefix_stability_score: sampled requests' prompts (ext_proc/prefix/live.py)
         self.prefix: Any = None
-        spec = policy.prefix_tracking
-        if spec is not None:
-            if (
-                carry is not None
-                and carry.prefix is not None
-                and old is not None
-                and (old.prefix_tracking == spec)
-            ):
-                self.prefix = carry.prefix
-            else:
-                from ext_proc.prefix import PrefixTracker
-                from ext_proc.prefix.live import LivePrefix
+        if policy.prefix_tracking is not None:
+            from ext_proc.prefix.live import LivePrefix
 
-                tracker = PrefixTracker(
-                    spec.capacity_blocks, spec.window, block_size=spec.block_size
-                )
-                self.prefix = LivePrefix(
-                    tracker, spec.sample_every, spec.max_tokens, spec.max_tenants
-                )
+            kept_prefix = carry.prefix if carry is not None and old is not None else None
+            same = old is not None and old.prefix_tracking == policy.prefix_tracking
+            self.prefix = LivePrefix.for_spec(policy.prefix_tracking, kept_prefix if same else None)
         if carry is not None and same_tokenizers:
             self.counters = carry.counters
         elif policy.tokenizers:  # loads every tokenizer now: a bad file stops start-up
@@ -349,37 +337,6 @@ class Pipeline:
             adapter, status, code, message, param, extra_headers=verdict_headers(verdict)
         )
 
-    def _observe_prefix(
-        self, route: Route, values: Any, features: RequestFeatures, nbytes: int, tenant: str
-    ) -> None:
-        """One request in ``sample_every``: its prompt against the route's recent ones, and
-        its system prompt's weight (``ext_proc.prefix.live``)."""
-        from ext_proc.sysprompt import system_prompt_complexity
-
-        if (self.prefix.seen + 1) % self.prefix.sample_every:
-            self.prefix.seen += 1  # not sampled: no work
-            return
-        weight = system_prompt_complexity(values, features.schema, features).score
-        ids = self._prompt_ids(values, features)
-        self.prefix.observe(route.name, values, nbytes, weight, ids, tenant)
-
-    def _prompt_ids(self, values: Any, features: RequestFeatures) -> list[int] | None:
-        """A chat prompt's exact token ids when its model has a tokenizer with a template
-        (as vLLM renders and tokenizes it); None otherwise (pseudo-tokens then)."""
-        counter = self.counters.counter_for(features.model) if self.counters else None
-        messages = values.get("messages") if isinstance(values, dict) else None
-        if counter is None or not counter.has_chat_template or features.schema != "openai.chat":
-            return None
-        if not isinstance(messages, list):
-            return None
-        try:
-            ids: list[int] = counter.token_ids(
-                counter.render_chat(messages, tools=values.get("tools"))
-            )
-        except Exception:  # a template that refuses the body: the estimate's way
-            return None
-        return ids
-
     def _bad_body(
         self,
         route: Route,
@@ -440,7 +397,7 @@ class Pipeline:
                 body, compacted = got
         verdict = self._judge_body(route, facts, adapter, body)
         if compacted and verdict is not None:
-            verdict = _with_body(verdict, body, compacted)
+            verdict = with_compacted_body(verdict, body, compacted)
         return verdict
 
     def _judge_body(
@@ -458,7 +415,9 @@ class Pipeline:
             message = "The request body is not valid JSON: the JSON is nested too deeply."
             return self._bad_body(route, adapter, 400, "invalid_json", message)
         if self.prefix is not None:
-            self._observe_prefix(route, values, features, len(body), facts.tenant)
+            self.prefix.observe_request(
+                route.name, values, features, len(body), facts.tenant, self.counters
+            )
         picks = self._pick.get(route.pool) == "ice"
         prefix = prefix_key(features.schema, values) if picks else None
         counted = self.counters is not None and self.counters.counter_for(features.model)
@@ -525,12 +484,3 @@ class Pipeline:
         from ext_proc.truncating import finish_truncation
 
         return await finish_truncation(self, route, facts, verdict)
-
-
-def _with_body(verdict: BodyVerdict, body: bytes, headers: list[tuple[str, str]]) -> BodyVerdict:
-    """A verdict on a compacted body: the body goes on (also on a pass), with the headers."""
-    outcome = verdict.outcome
-    if isinstance(outcome, Continue):
-        sent = outcome.body if outcome.body is not None else body
-        outcome = replace(outcome, body=sent, headers=[*outcome.headers, *headers])
-    return replace(verdict, outcome=outcome)

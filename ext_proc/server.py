@@ -42,22 +42,14 @@ from grpc_health.v1._async import HealthServicer
 
 from ext_proc import memory, telemetry
 from ext_proc.backlog import DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_MESSAGE_TIMEOUT_S, Backlog
+from ext_proc.inforce import InForce, max_ages, reload_on
 from ext_proc.offload import DEFAULT_HEAVY_CONTAINERS, Offload
 from ext_proc.pipeline import DEFAULT_MAX_BODY_BYTES, Pipeline
 from ext_proc.policy.load import load_policy
 from ext_proc.policy.model import Policy
 from ext_proc.policy.pressure import pressure_of
 from ext_proc.policy.scores import pool_cache_efficiency, tokenize_latency_risk
-from ext_proc.reload import (
-    POLL_S,
-    Candidate,
-    FileWatch,
-    candidate,
-    policy_sha256,
-    record_in_force,
-    refused,
-    reloaded,
-)
+from ext_proc.reload import Candidate, FileWatch, candidate, policy_sha256
 from ext_proc.servicer import ExtProcServicer
 from ext_proc.signals.collector import Collector
 from ext_proc.signals.shm import SnapshotReader, SnapshotWriter
@@ -123,73 +115,16 @@ def _observer(current: Callable[[], Policy]) -> Callable[[dict[str, PoolSnapshot
     return observe
 
 
-def _max_ages(policy: Policy) -> dict[str, float]:
-    return {name: pool.max_age_s for name, pool in policy.pools.items()}
-
-
-class _InForce:
-    """A worker's policy in force and what was built from it; ``reload`` replaces them all
-    or nothing (``ext_proc.reload`` decides whether the file may be taken)."""
-
-    def __init__(self, opts: ServeOptions, policy: Policy) -> None:
-        self.opts = opts
-        self.policy = policy
-        self.sha = policy_sha256(opts.policy_path)
-        record_in_force(self.sha)
-        self.servicer: ExtProcServicer | None = None
-        self.collector: Collector | None = None
-        self.store: SnapshotStore | SharedSnapshotStore | None = None
-
-    async def reload(self) -> None:
-        got = candidate(self.opts.policy_path, self.policy, self.sha)
-        if got is None or self.servicer is None:
-            return
-        if isinstance(got, str):
-            refused(got, self.sha)
-            return
-        old = self.servicer.pipeline
-        try:
-            pipeline = Pipeline(got.policy, old.lookup, self.opts.max_body_bytes, carry=old)
-        except Exception as e:  # a tokenizer file that does not load, for one
-            refused(f"{self.opts.policy_path}: {e}", self.sha)
-            return
-        offload = Offload(
-            self.opts.policy_path, self.opts.max_body_bytes, self.opts.heavy_containers
-        )
-        await asyncio.get_running_loop().run_in_executor(None, offload.warm)
-        if self.store is not None:
-            self.store.set_max_ages(_max_ages(got.policy))
-        if self.collector is not None:
-            await self.collector.update(got.policy.pools)
-        previous, stale = self.sha, self.servicer.offload
-        self.policy, self.sha = got.policy, got.sha256
-        self.servicer.swap(pipeline, offload)  # the swap: one assignment, between two messages
-        if stale is not None:  # heavy bodies already in its helper finish there first
-            asyncio.get_running_loop().call_later(self.opts.shutdown_grace_s, stale.close)
-        reloaded(got.sha256, previous)
-
-
-async def _reload_on(event: asyncio.Event, in_force: _InForce, watch: FileWatch | None) -> None:
-    """Reload when ``event`` is set (SIGHUP) or, with ``watch``, when the file changes."""
-    while True:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), POLL_S)
-        if event.is_set() or (watch is not None and watch.changed()):
-            event.clear()
-            try:
-                await in_force.reload()
-            except Exception:  # a reload never stops the worker
-                log.exception("policy reload failed; still serving policy %s", in_force.sha[:12])
-
-
 async def _run_worker(opts: ServeOptions, address: str, shm_name: str | None = None) -> None:
     policy = load_policy(opts.policy_path)
-    in_force = _InForce(opts, policy)
+    in_force = InForce(
+        opts.policy_path, opts.max_body_bytes, opts.heavy_containers, opts.shutdown_grace_s, policy
+    )
     collector: Collector | None = None
     reader: SnapshotReader | None = None
     lookup: Callable[[str], PoolSnapshot | None]
     if shm_name is None:  # the only worker: collect in-process
-        store = SnapshotStore(_max_ages(policy))
+        store = SnapshotStore(max_ages(policy))
         observe = _observer(lambda: in_force.policy)
 
         def publish(views: dict[str, PoolSnapshot]) -> None:
@@ -201,7 +136,7 @@ async def _run_worker(opts: ServeOptions, address: str, shm_name: str | None = N
         in_force.store, in_force.collector = store, collector
     else:  # the supervisor collects; read its views from shared memory
         reader = SnapshotReader(shm_name)
-        shared = SharedSnapshotStore(reader, _max_ages(policy))
+        shared = SharedSnapshotStore(reader, max_ages(policy))
         lookup = shared.get
         in_force.store = shared
     pipeline = Pipeline(policy, lookup, max_body_bytes=opts.max_body_bytes)
@@ -244,7 +179,7 @@ async def _run_worker(opts: ServeOptions, address: str, shm_name: str | None = N
     # The only worker watches the file itself; with several, the supervisor does and sends
     # each worker SIGHUP.
     watch = FileWatch(opts.policy_path) if shm_name is None else None
-    reloading = asyncio.create_task(_reload_on(hangup, in_force, watch), name="policy-reload")
+    reloading = asyncio.create_task(reload_on(hangup, in_force, watch), name="policy-reload")
     await stop.wait()
     reloading.cancel()
     log.info("shutting down: draining in-flight streams (grace %.1f s)", opts.shutdown_grace_s)

@@ -128,6 +128,18 @@ def shadow_answer_headers(code: str, pressure: Pressure | None) -> list[tuple[st
     return [*verdict_headers(Pass(pressure)), *_shadow_headers(("reject", code))]
 
 
+def with_compacted_body(
+    verdict: BodyVerdict, body: bytes, headers: list[tuple[str, str]]
+) -> BodyVerdict:
+    """A verdict on a compacted body (``compact_system_json``): the body goes on (also on a
+    pass), with the headers (``x-ice-compacted``)."""
+    outcome = verdict.outcome
+    if isinstance(outcome, Continue):
+        sent = outcome.body if outcome.body is not None else body
+        outcome = replace(outcome, body=sent, headers=[*outcome.headers, *headers])
+    return replace(verdict, outcome=outcome)
+
+
 def with_header(verdict: BodyVerdict, key: str, value: str) -> BodyVerdict:
     """The verdict with one more header on its outcome (to the backend and the client)."""
     headers = [*verdict.outcome.headers, (key, value)]

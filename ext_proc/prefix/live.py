@@ -29,7 +29,14 @@ from ext_proc.prefix.render import render_body
 from ext_proc.prefix.report import build_report
 from ext_proc.prefix.tracker import PrefixTracker
 
-__all__ = ["MAX_ROUTES", "MAX_SAMPLE_BYTES", "REPORT_EVERY", "LivePrefix", "metric_section"]
+__all__ = [
+    "MAX_ROUTES",
+    "MAX_SAMPLE_BYTES",
+    "REPORT_EVERY",
+    "LivePrefix",
+    "metric_section",
+    "prompt_ids",
+]
 
 REPORT_EVERY = 16  # sampled bodies per route a divergence report is made over
 MAX_SAMPLE_BYTES = 16 * 1024  # larger bodies count in the score but are not kept
@@ -98,6 +105,38 @@ class LivePrefix:
             self._keep(route, values)
         return True
 
+    @classmethod
+    def for_spec(cls, spec: Any, carried: LivePrefix | None = None) -> LivePrefix:
+        """The live tracking a policy's ``prefix_tracking`` asks for; ``carried``: the one of
+        the policy it replaces, kept (with its history) when the settings are the same."""
+        if carried is not None:
+            return carried
+        from ext_proc.prefix.tracker import PrefixTracker
+
+        tracker = PrefixTracker(spec.capacity_blocks, spec.window, block_size=spec.block_size)
+        return cls(tracker, spec.sample_every, spec.max_tokens, spec.max_tenants)
+
+    def observe_request(
+        self,
+        route: str,
+        values: Any,
+        features: Any,
+        nbytes: int,
+        tenant: str,
+        counters: Any,
+    ) -> bool:
+        """``observe`` for the pipeline: a request that is not sampled costs a counter; a
+        sampled one also gets its system prompt's weight and, when its model has a
+        tokenizer with a chat template (``counters``), its exact prompt ids."""
+        if (self.seen + 1) % self.sample_every:
+            self.seen += 1
+            return False
+        from ext_proc.sysprompt import system_prompt_complexity
+
+        weight = system_prompt_complexity(values, features.schema, features).score
+        ids = prompt_ids(counters, values, features)
+        return self.observe(route, values, nbytes, weight, ids, tenant)
+
     def tenant_label(self, tenant: str) -> str:
         """The tenant's label: its own for the first ``max_tenants`` seen, else ``other``."""
         if not tenant:
@@ -136,3 +175,19 @@ class LivePrefix:
                 character
             )
         self._exported[route] = self._exported.get(route, set()) | set(now)
+
+
+def prompt_ids(counters: Any, values: Any, features: Any) -> list[int] | None:
+    """A chat prompt's exact token ids when its model has a tokenizer with a template (as
+    vLLM renders and tokenizes it); None otherwise (pseudo-tokens then)."""
+    counter = counters.counter_for(features.model) if counters else None
+    messages = values.get("messages") if isinstance(values, dict) else None
+    if counter is None or not counter.has_chat_template or features.schema != "openai.chat":
+        return None
+    if not isinstance(messages, list):
+        return None
+    try:
+        ids: list[int] = counter.token_ids(counter.render_chat(messages, tools=values.get("tools")))
+    except Exception:  # a template that refuses the body: pseudo-tokens then
+        return None
+    return ids
