@@ -8,6 +8,8 @@ dynamic metadata in namespace ``ice`` so that Envoy echoes them to the client wi
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.type.v3 import http_status_pb2
@@ -112,7 +114,7 @@ def render_immediate(respond: Respond) -> pb.ProcessingResponse:
 # Rendered replies for untouched bodies, by their verdict headers. Verdicts repeat (the score
 # changes at most once per scrape), so most requests reuse a prebuilt message. The messages
 # are never mutated after caching: gRPC only serialises them.
-_CONTINUE_CACHE: dict[tuple[tuple[str, str], ...], pb.ProcessingResponse] = {}  # + log
+_CONTINUE_CACHE: dict[tuple[tuple[str, str], ...], pb.ProcessingResponse] = {}
 _CONTINUE_CACHE_MAX = 512
 
 
@@ -121,13 +123,23 @@ def render_body_outcome(outcome: Outcome) -> pb.ProcessingResponse:
     if isinstance(outcome, Respond):
         return render_immediate(outcome)
     if outcome.body is None:
-        key = (*outcome.headers, *outcome.log)
+        # cached by the verdict headers; the access-log fields differ per request (input
+        # tokens), so they go on a copy (2 µs) rather than into the key (16 µs a miss)
+        key = tuple(outcome.headers)
         cached = _CONTINUE_CACHE.get(key)
         if cached is None:
             if len(_CONTINUE_CACHE) >= _CONTINUE_CACHE_MAX:
                 _CONTINUE_CACHE.clear()
-            cached = _CONTINUE_CACHE[key] = _render_continue(outcome)
-        return cached
+            plain = replace(outcome, log=())
+            cached = _CONTINUE_CACHE[key] = _render_continue(plain)
+        if not outcome.log:
+            return cached
+        resp = pb.ProcessingResponse()
+        resp.CopyFrom(cached)
+        fields = resp.dynamic_metadata.fields[METADATA_NAMESPACE].struct_value.fields
+        for k, v in outcome.log:
+            fields[k].string_value = v
+        return resp
     return _render_continue(outcome)
 
 
