@@ -1,7 +1,9 @@
 """``ice evaluate``: judge one request offline with the server's own pipeline.
 
 For policy authors: given a policy, a saved (or live) ``/metrics`` page and a request body,
-print the decision, the pressure score and the exact mutation ICE would make, as JSON.
+print the decision, the pressure score and the exact mutation ICE would make, as JSON; on a
+profile with an admission queue, whether the request would wait in it (``queue``) instead of
+getting its 429 at once.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from ext_proc.pipeline import HeaderFacts, Pipeline
 from ext_proc.plan import Continue, Respond
 from ext_proc.policy.load import load_policy
 from ext_proc.policy.pressure import pressure_of
+from ext_proc.queueing import queueable, tenant_key
 from ext_proc.signals.collector import backend_from_scrape
 from ext_proc.signals.parse import detect_kind, parse_engine
 from ext_proc.signals.snapshot import PoolSnapshot
@@ -110,6 +113,13 @@ def dry_run(
             verdict = asyncio.run(pipeline.finish_truncation(r, facts, verdict))
         pipeline.record(r, verdict)
         outcome = verdict.outcome
+        spec = r.profile.queue
+        if spec is not None:  # what the profile's admission queue would do with it
+            report["queue"] = {
+                "would_queue": queueable(r, verdict),
+                "max_queue_wait_ms": spec.max_queue_wait_ms,
+                "tenant": tenant_key(facts.queue_tenant, r.name),
+            }
         report["decision"] = verdict.decision.decision if verdict.decision else "reject"
         if verdict.decision is not None:
             report["reason"] = verdict.decision.reason

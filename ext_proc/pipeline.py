@@ -47,7 +47,7 @@ from ext_proc.media import media_cost
 from ext_proc.picking import DESTINATION_HEADER, prefix_key
 from ext_proc.placement import Placement, Placer
 from ext_proc.plan import Continue, Respond, reject_outcome
-from ext_proc.policy.evaluate import LADDER, Rule, Shape, evaluate
+from ext_proc.policy.evaluate import LADDER, LADDER_AFTER_TRUNCATION, Rule, Shape, evaluate
 from ext_proc.policy.model import PRIORITIES, Policy
 from ext_proc.poolview import PoolViews
 from ext_proc.routing import Route, Router
@@ -159,6 +159,8 @@ class Pipeline:
         """Read the request headers (raw bytes values; only the ones ICE uses are decoded)."""
         facts = HeaderFacts(priority=route.default_priority)
         path = content_type = content_length = method = ""
+        queue = route.profile.queue
+        queue_header = queue.tenant_header if queue is not None and queue.tenant_header else None
         for key, raw in headers:
             if key == ":path":
                 path = raw.decode("latin-1")
@@ -170,8 +172,12 @@ class Pipeline:
                 content_length = raw.decode("latin-1")
                 if content_length.isdigit():
                     facts.content_length = int(content_length)
-            elif key == self._tenant_header:
-                facts.tenant = raw.decode("latin-1").strip()
+            elif key in (self._tenant_header, queue_header):
+                value = raw.decode("latin-1").strip()
+                if key == self._tenant_header:
+                    facts.tenant = value
+                if key == queue_header:
+                    facts.queue_tenant = value
             elif key == self._priority_header:
                 wanted = raw.decode("latin-1").strip().lower()
                 for candidate in PRIORITIES:
@@ -475,6 +481,32 @@ class Pipeline:
             cache_efficiency=views.efficiency(snapshot) if route.profile.truncation else None,
         )
         return decision, placement
+
+    def rejudge(
+        self, route: Route, facts: HeaderFacts, first: BodyVerdict, body: bytes
+    ) -> BodyVerdict:
+        """A queued request judged again (``ext_proc.queueing``): its features as first
+        judged, against the pool's view now, with the ladder less history truncation."""
+        features, adapter = first.features, facts.adapter
+        assert features is not None and adapter is not None
+        compacted: list[tuple[str, str]] = []
+        if route.profile.compact_system_json:
+            from ext_proc.sysprompt import maybe_compact
+
+            got = maybe_compact(True, body, adapter.name)
+            if got is not None:
+                body, compacted = got
+        prefix = None
+        if self._pick.get(route.pool) == "ice":
+            prefix = prefix_key(features.schema, rawjson.decode_object(body))
+        decision, placement = self._evaluate(
+            route, facts, features, LADDER_AFTER_TRUNCATION, prefix
+        )
+        verdict = make_verdict(decision, features, adapter, body, placement)
+        for key, value in first.outcome.headers:
+            if key == H_TOKENS:
+                verdict = with_header(verdict, key, value)
+        return with_compacted_body(verdict, body, compacted) if compacted else verdict
 
     async def finish_truncation(
         self, route: Route, facts: HeaderFacts, verdict: BodyVerdict

@@ -27,6 +27,7 @@ from ext_proc.memory import Trimmer
 from ext_proc.offload import Offload
 from ext_proc.pipeline import BodyVerdict, HeaderFacts, Pipeline, Route
 from ext_proc.plan import Continue, Outcome, reject_outcome
+from ext_proc.queueing import AdmissionQueue, Waiter, queueable
 from ext_proc.schemas import OPENAI_CHAT_FALLBACK
 
 __all__ = ["ExtProcServicer"]
@@ -53,6 +54,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self.backlog = backlog or Backlog()
         self.trimmer = Trimmer(lambda: self.backlog.idle)
         self._gate = asyncio.Lock()  # long bodies judged in-process: one at a time
+        self.queue = AdmissionQueue()  # shared by every stream of the worker
         self._logged: set[str] = set()
 
     def swap(self, pipeline: Pipeline, offload: Offload | None) -> None:
@@ -87,6 +89,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                         subset = _subset_hint(request.metadata_context)
                         facts, response = self._headers(route, request.request_headers, subset)
                     elif phase == "request_body":
+                        queued = False
                         verdict = await self._judge(route, facts, request.request_body, started)
                         if verdict is not None and verdict.pending is not None:
                             # Truncation waits on the embedding worker: ask Envoy for the time
@@ -94,7 +97,22 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                             # answer).
                             yield _extend_timeout(route)
                             verdict = await self.pipeline.finish_truncation(route, facts, verdict)
-                        response = self._body_response(route, verdict)
+                        elif queueable(route, verdict):
+                            assert verdict is not None
+                            got = self.queue.offer(
+                                self.pipeline, route, facts, verdict, request.request_body.body
+                            )
+                            if isinstance(got, Waiter):  # judged in time: the body's bytes
+                                # leave the backlog; Envoy is asked for the wait
+                                if facts.ticket is not None:
+                                    self.backlog.answered(facts.ticket)
+                                self._release(facts)
+                                yield _queue_timeout(route)
+                                verdict = await self.queue.wait(got)
+                                queued = True
+                            else:
+                                verdict = got
+                        response = self._body_response(route, verdict, recorded=queued)
                         if facts.ticket is not None and verdict is not _GONE:
                             self.backlog.answered(facts.ticket)
                         self._release(facts)
@@ -226,10 +244,14 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             return await self.offload.on_body(self.pipeline, route, facts, data)
         return self.pipeline.on_body(route, facts, data)
 
-    def _body_response(self, route: Route, verdict: BodyVerdict | None) -> pb.ProcessingResponse:
+    def _body_response(
+        self, route: Route, verdict: BodyVerdict | None, *, recorded: bool = False
+    ) -> pb.ProcessingResponse:
+        """``recorded``: the admission queue counted the verdict already."""
         if verdict is None or verdict is _GONE:
             return render.body_continue()
-        self.pipeline.record(route, verdict)
+        if not recorded:
+            self.pipeline.record(route, verdict)
         return render.render_body_outcome(_with_profile(verdict.outcome, route))
 
     def _fault(
@@ -263,6 +285,19 @@ def _extend_timeout(route: Route) -> pb.ProcessingResponse:
     """A reply that only extends Envoy's message timeout for this message."""
     spec = route.profile.truncation
     ms = (spec.deadline_ms if spec is not None else 0) + TRUNCATION_TIMEOUT_MARGIN_MS
+    response = pb.ProcessingResponse()
+    response.override_message_timeout.FromMilliseconds(ms)
+    return response
+
+
+# What ICE asks of Envoy's message timeout beyond a queued request's longest wait.
+QUEUE_TIMEOUT_MARGIN_MS = 1000
+
+
+def _queue_timeout(route: Route) -> pb.ProcessingResponse:
+    """A reply that only extends Envoy's message timeout for a queued request's wait."""
+    spec = route.profile.queue
+    ms = (spec.max_queue_wait_ms if spec is not None else 0) + QUEUE_TIMEOUT_MARGIN_MS
     response = pb.ProcessingResponse()
     response.override_message_timeout.FromMilliseconds(ms)
     return response

@@ -28,6 +28,9 @@ __all__ = [
     "POOL_STALE",
     "PRESSURE",
     "PROCESSING_SECONDS",
+    "QUEUE_DEPTH",
+    "QUEUE_OUTCOMES",
+    "QUEUE_WAIT_SECONDS",
     "SCRAPE_ERRORS",
     "SNAPSHOT_AGE",
     "TOKENIZE_RISK",
@@ -102,6 +105,27 @@ BACKLOG_WINDOW = Gauge(
     "Body bytes the workers admit at once now: max_inflight_bytes, halved when Envoy gave up "
     "on an admitted body and grown back by bodies answered in time.",
     multiprocess_mode="livesum",
+)
+# The admission queue (ext_proc/queueing.py).
+QUEUE_DEPTH = Gauge(
+    "ice_queue_depth",
+    "Requests waiting in the admission queue, by pool and priority.",
+    ["pool", "priority"],
+    multiprocess_mode="livesum",
+)
+QUEUE_WAIT_SECONDS = Histogram(
+    "ice_queue_wait_seconds",
+    "Time requests spent in the admission queue, by pool and how they left it: admitted "
+    "(re-judged with room), timeout (429 queue_timeout), gone (the client or Envoy left).",
+    ["pool", "outcome"],
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+)
+QUEUE_OUTCOMES = Counter(
+    "ice_queue_outcomes",
+    "Requests the admission queue took or refused, by pool, tenant (the first max_tenants "
+    "names a worker sees; the rest are 'other') and outcome: admitted, timeout, full "
+    "(refused at once: 429 queue_full), gone.",
+    ["pool", "tenant", "outcome"],
 )
 SCRAPE_ERRORS = Counter("ice_scrape_errors", "Failed scrapes of backend /metrics pages.", ["pool"])
 KV_USAGE = Gauge(

@@ -45,6 +45,7 @@ class HeaderFacts:
     content_length: int | None = None  # the request's content-length, when it declares one
     ticket: Ticket | None = None  # its place in the worker's body backlog (ext_proc.backlog)
     tenant: str = ""  # prefix_tracking.tenant_header's value
+    queue_tenant: str = ""  # the profile's queue.tenant_header's value (ext_proc.queueing)
     # mode: shadow — an answer at the headers that was not given: its headers for the request
     shadow_headers: list[tuple[str, str]] = field(default_factory=list)
 

@@ -57,6 +57,23 @@ def test_evaluate_sheddable_route_gets_the_429_it_would_send(tmp_path: Path) -> 
     assert resp["body"]["error"]["type"] == "rate_limit_error"
 
 
+def test_evaluate_says_a_shed_request_would_wait_in_the_profiles_queue(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        "profiles:\n  default:\n    queue: {enabled: true, max_queue_wait_ms: 5000}\n"
+    )
+    req = tmp_path / "req.json"
+    req.write_text('{"prompt": "hello", "max_tokens": 5}')
+    args = ["evaluate", "--policy", str(policy), "--metrics", str(DATA / "vllm_v1_metrics.txt")]
+    # high pressure (68.22): a sheddable request is shed for memory, so it would be queued
+    out = ice(*args, "--path", "/v1/completions", "--priority", "sheddable", str(req))
+    report = json.loads(out.stdout)
+    assert report["reason"] == "memory_pressure"
+    assert report["queue"] == {"would_queue": True, "max_queue_wait_ms": 5000, "tenant": "default"}
+    out = ice(*args, "--path", "/v1/completions", "--priority", "standard", str(req))
+    assert json.loads(out.stdout)["queue"]["would_queue"] is False  # standard passes at high
+
+
 def test_evaluate_without_metrics_reports_unknown_pressure() -> None:
     out = ice("evaluate", "-", stdin=b'{"messages": [], "max_tokens": 10}')
     report = json.loads(out.stdout)

@@ -508,6 +508,7 @@ class Profile(_message.Message):
     CONTENT_TYPES_FIELD_NUMBER: _builtins.int
     MODE_FIELD_NUMBER: _builtins.int
     COMPACT_SYSTEM_JSON_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
     max_model_len: _builtins.int
     """The model's context length in tokens. Unset: no context checks."""
     output_buffer_tokens: _builtins.int
@@ -593,6 +594,12 @@ class Profile(_message.Message):
     def media(self) -> Global___Media:
         """What images, audio and video cost in prompt tokens."""
 
+    @_builtins.property
+    def queue(self) -> Global___Queue:
+        """Hold requests that would be shed for memory (429 memory_pressure or kv_exhausted) until
+        the pool has room, instead of refusing them at once (absent or enabled: false: refuse).
+        """
+
     def __init__(
         self,
         *,
@@ -619,10 +626,11 @@ class Profile(_message.Message):
         content_types: _builtins.str = ...,
         mode: _builtins.str = ...,
         compact_system_json: _builtins.bool = ...,
+        queue: Global___Queue | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_embedding_inputs", b"_max_embedding_inputs", "_max_media_parts", b"_max_media_parts", "_max_model_len", b"_max_model_len", "_max_sequences", b"_max_sequences", "_min_output_tokens", b"_min_output_tokens", "_output_buffer_tokens", b"_output_buffer_tokens", "_retry_after_max_s", b"_retry_after_max_s", "_retry_after_min_s", b"_retry_after_min_s", "_retry_after_s", b"_retry_after_s", "_ttft_target_s", b"_ttft_target_s", "kv_model", b"kv_model", "max_embedding_inputs", b"max_embedding_inputs", "max_media_parts", b"max_media_parts", "max_model_len", b"max_model_len", "max_sequences", b"max_sequences", "max_tokens_cap", b"max_tokens_cap", "media", b"media", "min_output_tokens", b"min_output_tokens", "output_buffer_tokens", b"output_buffer_tokens", "pressure", b"pressure", "retry_after_max_s", b"retry_after_max_s", "retry_after_min_s", b"retry_after_min_s", "retry_after_s", b"retry_after_s", "shed", b"shed", "truncation", b"truncation", "ttft_target_s", b"ttft_target_s"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_embedding_inputs", b"_max_embedding_inputs", "_max_media_parts", b"_max_media_parts", "_max_model_len", b"_max_model_len", "_max_sequences", b"_max_sequences", "_min_output_tokens", b"_min_output_tokens", "_output_buffer_tokens", b"_output_buffer_tokens", "_retry_after_max_s", b"_retry_after_max_s", "_retry_after_min_s", b"_retry_after_min_s", "_retry_after_s", b"_retry_after_s", "_ttft_target_s", b"_ttft_target_s", "kv_model", b"kv_model", "max_embedding_inputs", b"max_embedding_inputs", "max_media_parts", b"max_media_parts", "max_model_len", b"max_model_len", "max_sequences", b"max_sequences", "max_tokens_cap", b"max_tokens_cap", "media", b"media", "min_output_tokens", b"min_output_tokens", "output_buffer_tokens", b"output_buffer_tokens", "pressure", b"pressure", "queue", b"queue", "retry_after_max_s", b"retry_after_max_s", "retry_after_min_s", b"retry_after_min_s", "retry_after_s", b"retry_after_s", "shed", b"shed", "truncation", b"truncation", "ttft_target_s", b"ttft_target_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_embedding_inputs", b"_max_embedding_inputs", "_max_media_parts", b"_max_media_parts", "_max_model_len", b"_max_model_len", "_max_sequences", b"_max_sequences", "_min_output_tokens", b"_min_output_tokens", "_output_buffer_tokens", b"_output_buffer_tokens", "_retry_after_max_s", b"_retry_after_max_s", "_retry_after_min_s", b"_retry_after_min_s", "_retry_after_s", b"_retry_after_s", "_ttft_target_s", b"_ttft_target_s", "compact_system_json", b"compact_system_json", "content_types", b"content_types", "default_priority", b"default_priority", "fail_mode", b"fail_mode", "kv_model", b"kv_model", "max_embedding_inputs", b"max_embedding_inputs", "max_media_parts", b"max_media_parts", "max_model_len", b"max_model_len", "max_sequences", b"max_sequences", "max_tokens_cap", b"max_tokens_cap", "media", b"media", "min_output_tokens", b"min_output_tokens", "mode", b"mode", "on_kv_shortfall", b"on_kv_shortfall", "output_buffer_tokens", b"output_buffer_tokens", "pressure", b"pressure", "retry_after_max_s", b"retry_after_max_s", "retry_after_min_s", b"retry_after_min_s", "retry_after_s", b"retry_after_s", "shed", b"shed", "stored_context", b"stored_context", "truncation", b"truncation", "ttft_target_s", b"ttft_target_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_embedding_inputs", b"_max_embedding_inputs", "_max_media_parts", b"_max_media_parts", "_max_model_len", b"_max_model_len", "_max_sequences", b"_max_sequences", "_min_output_tokens", b"_min_output_tokens", "_output_buffer_tokens", b"_output_buffer_tokens", "_retry_after_max_s", b"_retry_after_max_s", "_retry_after_min_s", b"_retry_after_min_s", "_retry_after_s", b"_retry_after_s", "_ttft_target_s", b"_ttft_target_s", "compact_system_json", b"compact_system_json", "content_types", b"content_types", "default_priority", b"default_priority", "fail_mode", b"fail_mode", "kv_model", b"kv_model", "max_embedding_inputs", b"max_embedding_inputs", "max_media_parts", b"max_media_parts", "max_model_len", b"max_model_len", "max_sequences", b"max_sequences", "max_tokens_cap", b"max_tokens_cap", "media", b"media", "min_output_tokens", b"min_output_tokens", "mode", b"mode", "on_kv_shortfall", b"on_kv_shortfall", "output_buffer_tokens", b"output_buffer_tokens", "pressure", b"pressure", "queue", b"queue", "retry_after_max_s", b"retry_after_max_s", "retry_after_min_s", b"retry_after_min_s", "retry_after_s", b"retry_after_s", "shed", b"shed", "stored_context", b"stored_context", "truncation", b"truncation", "ttft_target_s", b"ttft_target_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_embedding_inputs: _TypeAlias = _typing.Literal["max_embedding_inputs"]  # noqa: Y015
     _WhichOneofArgType__max_embedding_inputs: _TypeAlias = _typing.Literal["_max_embedding_inputs", b"_max_embedding_inputs"]  # noqa: Y015
@@ -666,6 +674,74 @@ class Profile(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__ttft_target_s) -> _WhichOneofReturnType__ttft_target_s | None: ...
 
 Global___Profile: _TypeAlias = Profile  # noqa: Y015
+
+@_typing.final
+class Queue(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENABLED_FIELD_NUMBER: _builtins.int
+    MAX_QUEUE_WAIT_MS_FIELD_NUMBER: _builtins.int
+    MAX_QUEUE_LENGTH_FIELD_NUMBER: _builtins.int
+    TENANT_HEADER_FIELD_NUMBER: _builtins.int
+    MAX_TENANTS_FIELD_NUMBER: _builtins.int
+    POLL_MS_FIELD_NUMBER: _builtins.int
+    enabled: _builtins.bool
+    """Turns the admission queue on for this profile's requests. Critical requests are never
+    queued (they are never shed either).
+    """
+    max_queue_wait_ms: _builtins.int
+    """The longest a request waits; then 429 queue_timeout with Retry-After. Default 3000;
+    1..59000 (the generated Envoy configuration's max_message_timeout is 60 s).
+    """
+    max_queue_length: _builtins.int
+    """Requests one worker holds for one pool; one more is refused at once (429 queue_full).
+    Default 64.
+    """
+    tenant_header: _builtins.str
+    """The request header whose value names the request's tenant (fair share between tenants:
+    round robin, FIFO within one). Unset: every request of a route is one tenant (the
+    route's name).
+    """
+    max_tenants: _builtins.int
+    """Distinct tenants with a queue of their own per pool and priority; later tenants share
+    one queue ("other"). Default 16.
+    """
+    poll_ms: _builtins.int
+    """How often a worker with requests waiting re-reads the pool's view (milliseconds).
+    Default 20.
+    """
+    def __init__(
+        self,
+        *,
+        enabled: _builtins.bool = ...,
+        max_queue_wait_ms: _builtins.int | None = ...,
+        max_queue_length: _builtins.int | None = ...,
+        tenant_header: _builtins.str = ...,
+        max_tenants: _builtins.int | None = ...,
+        poll_ms: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_queue_length", b"_max_queue_length", "_max_queue_wait_ms", b"_max_queue_wait_ms", "_max_tenants", b"_max_tenants", "_poll_ms", b"_poll_ms", "max_queue_length", b"max_queue_length", "max_queue_wait_ms", b"max_queue_wait_ms", "max_tenants", b"max_tenants", "poll_ms", b"poll_ms"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_queue_length", b"_max_queue_length", "_max_queue_wait_ms", b"_max_queue_wait_ms", "_max_tenants", b"_max_tenants", "_poll_ms", b"_poll_ms", "enabled", b"enabled", "max_queue_length", b"max_queue_length", "max_queue_wait_ms", b"max_queue_wait_ms", "max_tenants", b"max_tenants", "poll_ms", b"poll_ms", "tenant_header", b"tenant_header"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__max_queue_length: _TypeAlias = _typing.Literal["max_queue_length"]  # noqa: Y015
+    _WhichOneofArgType__max_queue_length: _TypeAlias = _typing.Literal["_max_queue_length", b"_max_queue_length"]  # noqa: Y015
+    _WhichOneofReturnType__max_queue_wait_ms: _TypeAlias = _typing.Literal["max_queue_wait_ms"]  # noqa: Y015
+    _WhichOneofArgType__max_queue_wait_ms: _TypeAlias = _typing.Literal["_max_queue_wait_ms", b"_max_queue_wait_ms"]  # noqa: Y015
+    _WhichOneofReturnType__max_tenants: _TypeAlias = _typing.Literal["max_tenants"]  # noqa: Y015
+    _WhichOneofArgType__max_tenants: _TypeAlias = _typing.Literal["_max_tenants", b"_max_tenants"]  # noqa: Y015
+    _WhichOneofReturnType__poll_ms: _TypeAlias = _typing.Literal["poll_ms"]  # noqa: Y015
+    _WhichOneofArgType__poll_ms: _TypeAlias = _typing.Literal["_poll_ms", b"_poll_ms"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_queue_length) -> _WhichOneofReturnType__max_queue_length | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_queue_wait_ms) -> _WhichOneofReturnType__max_queue_wait_ms | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_tenants) -> _WhichOneofReturnType__max_tenants | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__poll_ms) -> _WhichOneofReturnType__poll_ms | None: ...
+
+Global___Queue: _TypeAlias = Queue  # noqa: Y015
 
 @_typing.final
 class Media(_message.Message):

@@ -141,13 +141,14 @@ def _timeout_checks(config: dict[str, Any], ex: X.Expected, where: str) -> list[
     else:
         out.append(Check("PASS", "envoy.message_timeout", f"{where}: {_ms(mt)}"))
     mmt = duration_s(config.get("max_message_timeout"), 0.0)
-    deadline_ms = ex.truncation_deadline_ms()
+    deadline_ms = ex.extension_ms()
     if deadline_ms is None:
         out.append(
             Check(
                 "PASS",
                 "envoy.max_message_timeout",
-                f"{where}: {_ms(mmt)}; no profile truncates, so ICE never extends a timeout",
+                f"{where}: {_ms(mmt)}; no profile truncates or queues, so ICE never extends a "
+                "timeout",
             )
         )
     elif mmt < deadline_ms / 1000 + 1:
@@ -155,7 +156,8 @@ def _timeout_checks(config: dict[str, Any], ex: X.Expected, where: str) -> list[
             fail(
                 "envoy.max_message_timeout",
                 f"{where}: max_message_timeout {_ms(mmt)} is below the longest truncation "
-                f"deadline_ms + 1 s ({deadline_ms + 1000} ms): truncated requests time out",
+                f"deadline_ms or max_queue_wait_ms + 1 s ({deadline_ms + 1000} ms): truncated "
+                "or queued requests time out",
                 f"max_message_timeout: at least {deadline_ms / 1000 + 1:g}s (the shipped "
                 f"configs: {X.MAX_MESSAGE_TIMEOUT_S:g}s)",
             )
@@ -165,7 +167,8 @@ def _timeout_checks(config: dict[str, Any], ex: X.Expected, where: str) -> list[
             Check(
                 "PASS",
                 "envoy.max_message_timeout",
-                f"{where}: {_ms(mmt)} ≥ truncation deadline_ms {deadline_ms} + 1 s",
+                f"{where}: {_ms(mmt)} ≥ the longest truncation deadline_ms or "
+                f"max_queue_wait_ms ({deadline_ms}) + 1 s",
             )
         )
     return out

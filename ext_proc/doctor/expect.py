@@ -92,12 +92,13 @@ class Expected:
     def passthrough(self) -> tuple[str, ...]:
         return tuple(sorted(self.policy.passthrough_paths))
 
-    def truncation_deadline_ms(self) -> int | None:
-        """The longest ``truncation.deadline_ms`` of the profiles that truncate (None: none)."""
-        deadlines = [
-            p.truncation.deadline_ms for p in self.policy.profiles.values() if p.truncation
-        ]
-        return max(deadlines) if deadlines else None
+    def extension_ms(self) -> int | None:
+        """The longest message timeout ICE asks Envoy for, less its 1 s margin: a truncating
+        profile's ``deadline_ms`` or a queueing profile's ``max_queue_wait_ms`` (None: no
+        profile does either)."""
+        waits = [p.truncation.deadline_ms for p in self.policy.profiles.values() if p.truncation]
+        waits += [p.queue.max_queue_wait_ms for p in self.policy.profiles.values() if p.queue]
+        return max(waits) if waits else None
 
     def fail_closed_profiles(self) -> list[str]:
         return sorted(n for n, p in self.policy.profiles.items() if p.fail_mode == "closed")

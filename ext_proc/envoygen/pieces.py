@@ -142,7 +142,9 @@ ROUTER = "envoy.filters.http.router"
 MAX_BODY_BYTES = 8 * 1024 * 1024  # ICE's --max-body-bytes default; Envoy's buffer limit
 ROUTE_TIMEOUT = datetime.timedelta(seconds=600)  # a long generation, streamed or not
 MESSAGE_TIMEOUT = datetime.timedelta(seconds=1)  # ICE's --message-timeout-ms default
-MAX_MESSAGE_TIMEOUT = datetime.timedelta(seconds=10)  # truncation's deadline_ms + 1 s at most
+# ICE extends one message's timeout for truncation (deadline_ms + 1 s) and for a queued
+# request (max_queue_wait_ms + 1 s, at most 59 s + 1 s: ext_proc.policy.load_queue)
+MAX_MESSAGE_TIMEOUT = datetime.timedelta(seconds=60)
 VERDICT_NAMESPACE = "ice"  # ext_proc.render.METADATA_NAMESPACE
 LB_NAMESPACE = "envoy.lb"  # ext_proc.render.LB_NAMESPACE
 DESTINATION = "x-gateway-destination-endpoint"  # ext_proc.picking.DESTINATION_HEADER
@@ -164,6 +166,7 @@ ECHOED_HEADERS = (
     "x-ice-shadow-decision",
     "x-ice-shadow-reason",
     "x-ice-compacted",
+    "x-ice-queued-ms",
 )
 # What a client may not send: ICE's own headers (prefixes and names) and the endpoint pick.
 SPOOF_PREFIXES = ("x-ice-", "x-mem-pressure", DESTINATION)
@@ -192,7 +195,7 @@ def ext_proc_config(cluster: str) -> ExternalProcessor:
     """ICE's ext_proc settings (README "Round trips"): two messages per inference request,
     headers (answered at once) then the buffered body (the verdict); responses never sent;
     fail-open; ICE may turn the body phase off (``allow_mode_override``) and extend one
-    message's timeout for truncation up to ``MAX_MESSAGE_TIMEOUT``."""
+    message's timeout for truncation and queueing up to ``MAX_MESSAGE_TIMEOUT``."""
     return ExternalProcessor(
         grpc_service=GrpcService(envoy_grpc=GrpcServiceEnvoyGrpc(cluster_name=cluster)),
         failure_mode_allow=True,

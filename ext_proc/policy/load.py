@@ -23,6 +23,7 @@ from ext_proc.kv.geometry import build_geometry
 from ext_proc.kv.hfconfig import shape_from_config
 from ext_proc.policy.errors import PolicyError
 from ext_proc.policy.load_pool import pool_spec, positive
+from ext_proc.policy.load_queue import queue_spec
 from ext_proc.policy.load_truncation import embedding_spec, truncation_spec
 from ext_proc.policy.model import (
     PRIORITIES,
@@ -226,6 +227,7 @@ def _profile(name: str, msg: policy_pb2.Profile, base_dir: Path) -> Profile:
         content_types="pass" if content_types == "pass" else "strict",
         mode="shadow" if mode == "shadow" else "enforce",
         compact_system_json=msg.compact_system_json,
+        queue=queue_spec(msg.queue, f"{where}.queue"),
     )
 
 

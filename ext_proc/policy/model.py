@@ -27,6 +27,7 @@ __all__ = [
     "PressureModel",
     "Priority",
     "Profile",
+    "QueueSpec",
     "RouteBinding",
     "StalePolicy",
     "StoredContext",
@@ -139,6 +140,18 @@ class Profile:
     content_types: Literal["strict", "pass"] = "strict"
     mode: Literal["enforce", "shadow"] = "enforce"  # shadow: judge and record, change nothing
     compact_system_json: bool = False  # lossless whitespace compaction of system-prompt JSON
+    queue: QueueSpec | None = None  # None: requests shed for memory are refused at once
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSpec:
+    """The admission queue of a profile (``ext_proc.queueing``). Times in milliseconds."""
+
+    max_queue_wait_ms: int = 3000
+    max_queue_length: int = 64  # per worker and pool
+    tenant_header: str = ""  # "" → the route's name is the tenant
+    max_tenants: int = 16  # per pool and priority; the rest share OTHER_TENANT
+    poll_ms: int = 20
 
 
 StoredContext = Literal["full_window", "reject"]

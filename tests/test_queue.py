@@ -1,0 +1,274 @@
+"""The admission queue (``ext_proc.queueing``): a request shed for memory waits for room,
+by priority band, then round robin between tenants; it leaves on a timeout, a full queue or
+its stream's end."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+
+from ext_proc.pipeline import HeaderFacts, Pipeline
+from ext_proc.policy.load import parse_policy
+from ext_proc.queueing import (
+    H_QUEUED_MS,
+    MAX_TENANT_CHARS,
+    OTHER_TENANT,
+    AdmissionQueue,
+    Waiter,
+    queueable,
+    tenant_key,
+)
+from ext_proc.schemas import OPENAI_CHAT
+from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
+from ext_proc.verdict import BodyVerdict
+
+# 11 blocks of 16 tokens: floor((11 − 1) × (1 − usage)) free blocks
+IDLE = BackendSignals(
+    url="u", kv_cache_usage=0.0, num_requests_waiting=0, num_gpu_blocks=11, block_size=16
+)
+# "x" * 200 → 57 input tokens; + 40 output = 97 tokens = 7 blocks: one fits in 10 free blocks
+BODY = json.dumps({"messages": [{"role": "user", "content": "x" * 200}], "max_tokens": 40})
+POLICY = """
+profiles:
+  default:
+    on_kv_shortfall: shed
+    queue: {enabled: true, max_queue_wait_ms: 59000, max_queue_length: %d, tenant_header: x-tenant,
+            max_tenants: %d, poll_ms: 59000}
+"""
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Rig:
+    """A pipeline over a view the test replaces, and a queue on a clock it moves."""
+
+    def __init__(self, length: int = 64, tenants: int = 16) -> None:
+        self.view = PoolSnapshot("default", (IDLE,), time.monotonic() - 1.0)
+        self.pipeline = Pipeline(parse_policy(POLICY % (length, tenants)), lambda _: self.view)
+        self.route = self.pipeline.router.resolve([])
+        self.clock = Clock()
+        self.queue = AdmissionQueue(clock=self.clock)
+
+    def facts(self, priority: str = "standard", tenant: str = "") -> HeaderFacts:
+        return HeaderFacts(adapter=OPENAI_CHAT, priority=priority, queue_tenant=tenant)  # type: ignore[arg-type]
+
+    def judge(self, facts: HeaderFacts) -> BodyVerdict:
+        verdict = self.pipeline.on_body(self.route, facts, BODY.encode())
+        assert verdict is not None
+        return verdict
+
+    def pass_one(self) -> None:
+        verdict = self.judge(self.facts())
+        assert verdict.decision is not None and verdict.decision.decision == "pass"
+        self.pipeline.record(self.route, verdict)
+
+    def offer(self, facts: HeaderFacts) -> Waiter:
+        first = self.judge(facts)
+        assert queueable(self.route, first), first.decision
+        got = self.queue.offer(self.pipeline, self.route, facts, first, BODY.encode())
+        assert isinstance(got, Waiter)
+        return got
+
+    def newer_view(self, usage: float = 0.0) -> None:
+        backend = BackendSignals(
+            url="u", kv_cache_usage=usage, num_requests_waiting=0, num_gpu_blocks=11, block_size=16
+        )
+        self.view = PoolSnapshot("default", (backend,), time.monotonic())
+
+
+def outcome(w: Waiter) -> str:
+    v = w.future.result()
+    assert v.decision is not None
+    return f"{v.decision.decision}:{v.decision.reason}"
+
+
+def headers(w: Waiter) -> dict[str, str]:
+    return dict(w.future.result().outcome.headers)
+
+
+def test_a_queued_request_is_admitted_when_a_newer_view_has_room() -> None:
+    async def run() -> None:
+        rig = Rig()
+        rig.pass_one()  # holds 7 of the 10 free blocks
+        w = rig.offer(rig.facts())
+        rig.queue.tick()
+        assert not w.future.done()  # same view, same ledger: still no room
+        rig.newer_view(usage=0.0)  # the first request finished
+        rig.clock.now += 0.25
+        rig.queue.tick()
+        assert outcome(w) == "pass:ok"
+        assert headers(w)[H_QUEUED_MS] == "250"
+        assert rig.queue.depth == 0
+        # it was recorded at admission: its blocks are in the ledger (3 left)
+        assert rig.pipeline.views.held(rig.view) == 7
+
+    asyncio.run(run())
+
+
+def test_admitted_requests_take_their_blocks_before_the_next_is_judged() -> None:
+    async def run() -> None:
+        rig = Rig()
+        rig.pass_one()
+        a, b = rig.offer(rig.facts()), rig.offer(rig.facts())
+        rig.newer_view(usage=0.0)  # room for one request of 7 blocks, not two
+        rig.queue.tick()
+        assert outcome(a) == "pass:ok"
+        assert not b.future.done()
+
+    asyncio.run(run())
+
+
+def test_a_request_waiting_past_its_limit_gets_429_queue_timeout_with_retry_after() -> None:
+    async def run() -> None:
+        rig = Rig()
+        rig.pass_one()
+        w = rig.offer(rig.facts())
+        rig.clock.now += 59.0
+        rig.queue.tick()
+        assert outcome(w) == "reject:queue_timeout"
+        got = w.future.result().outcome
+        assert getattr(got, "status", None) == 429
+        h = headers(w)
+        assert h["x-ice-reason"] == "queue_timeout" and int(h["retry-after"]) >= 1
+        assert h[H_QUEUED_MS] == "59000"
+        assert json.loads(getattr(got, "body", b"{}"))["error"]["code"] == "queue_timeout"
+
+    asyncio.run(run())
+
+
+def test_a_full_queue_refuses_at_once_with_queue_full() -> None:
+    async def run() -> None:
+        rig = Rig(length=2)
+        rig.pass_one()
+        rig.offer(rig.facts())
+        rig.offer(rig.facts())
+        facts = rig.facts()
+        first = rig.judge(facts)
+        got = rig.queue.offer(rig.pipeline, rig.route, facts, first, BODY.encode())
+        assert isinstance(got, BodyVerdict) and got.decision is not None
+        assert got.decision.reason == "queue_full"
+        assert getattr(got.outcome, "status", None) == 429
+        assert rig.queue.depth == 2
+
+    asyncio.run(run())
+
+
+def test_standard_requests_are_admitted_before_sheddable_ones_queued_earlier() -> None:
+    async def run() -> None:
+        rig = Rig()
+        rig.pass_one()
+        low = rig.offer(rig.facts("sheddable"))
+        high = rig.offer(rig.facts("standard"))
+        rig.newer_view()
+        rig.queue.tick()
+        assert outcome(high) == "pass:ok"
+        assert not low.future.done()  # no room left for it in this view
+        rig.newer_view()
+        rig.queue.tick()
+        assert outcome(low) == "pass:ok"
+
+    asyncio.run(run())
+
+
+def test_a_waiting_higher_band_holds_back_the_lower_one() -> None:
+    async def run() -> None:
+        rig = Rig()
+        rig.pass_one()
+        big = json.dumps({"messages": [{"role": "user", "content": "x" * 200}], "max_tokens": 90})
+        facts = rig.facts("standard")
+        first = rig.pipeline.on_body(rig.route, facts, big.encode())  # 10 blocks: fits idle only
+        assert first is not None and queueable(rig.route, first)
+        high = rig.queue.offer(rig.pipeline, rig.route, facts, first, big.encode())
+        assert isinstance(high, Waiter)
+        low = rig.offer(rig.facts("sheddable"))  # 7 blocks: it would fit at usage 0.2
+        rig.newer_view(usage=0.2)  # 8 free: the standard request (10) does not fit
+        rig.queue.tick()
+        assert not high.future.done() and not low.future.done()
+        rig.newer_view(usage=0.0)
+        rig.queue.tick()
+        assert outcome(high) == "pass:ok" and not low.future.done()
+
+    asyncio.run(run())
+
+
+def test_tenants_take_turns_so_a_flood_does_not_starve_a_light_tenant() -> None:
+    async def run() -> None:
+        rig = Rig()
+        rig.pass_one()
+        waiters = [(rig.offer(rig.facts(tenant="heavy")), "heavy") for _ in range(4)]
+        waiters.append((rig.offer(rig.facts(tenant="light")), "light"))
+        order: list[str] = []
+        done: set[Waiter] = set()
+        for _ in range(5):  # room for one request per view
+            rig.newer_view()
+            rig.queue.tick()
+            order += [name for w, name in waiters if w.future.done() and w not in done]
+            done.update(w for w, _ in waiters if w.future.done())
+        # FIFO within a tenant, turns between them: the light one goes second, not last
+        assert order == ["heavy", "light", "heavy", "heavy", "heavy"]
+
+    asyncio.run(run())
+
+
+def test_a_cancelled_wait_leaves_the_queue_and_holds_no_blocks() -> None:
+    async def run() -> None:
+        rig = Rig()
+        rig.pass_one()
+        w = rig.offer(rig.facts())
+        task = asyncio.create_task(rig.queue.wait(w))
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert rig.queue.depth == 0
+        rig.newer_view()
+        rig.queue.tick()  # nothing left to admit
+        assert rig.pipeline.views.held(rig.view) == 0
+
+    asyncio.run(run())
+
+
+def test_absurd_tenant_values_map_to_a_bounded_set_of_queues() -> None:
+    async def run() -> None:
+        rig = Rig(length=5000, tenants=8)
+        rig.pass_one()
+        waiters = [rig.offer(rig.facts(tenant=f"t{i}\x00" + "é" * 5000)) for i in range(300)]
+        tenants = {w.tenant for w in waiters}
+        assert len(tenants) == 9 and OTHER_TENANT in tenants
+        assert all(len(t) <= MAX_TENANT_CHARS for t in tenants)
+        assert len({w.label for w in waiters}) == 9
+
+    asyncio.run(run())
+
+
+def test_tenant_key_keeps_printable_ascii_and_falls_back_to_the_route() -> None:
+    assert tenant_key("  team-a\r\n", "chat") == "team-a"
+    assert tenant_key("\x00\x01", "chat") == "chat"
+    assert tenant_key("a" * 1000, "chat") == "a" * MAX_TENANT_CHARS
+
+
+def test_critical_requests_and_shadow_profiles_are_never_queued() -> None:
+    rig = Rig()
+    rig.pass_one()
+    critical = rig.judge(rig.facts("critical"))
+    assert not queueable(rig.route, critical)  # never shed, so never queued
+    shadow = Pipeline(
+        parse_policy(
+            (POLICY % (64, 16)).replace(
+                "on_kv_shortfall: shed", "on_kv_shortfall: shed\n    mode: shadow"
+            )
+        ),
+        lambda _: rig.view,
+    )
+    route = shadow.router.resolve([])
+    verdict = shadow.on_body(route, rig.facts(), BODY.encode())
+    assert not queueable(route, verdict)
