@@ -21,7 +21,8 @@ Order (``tick``, every ``poll_ms`` while anything waits, and at the earliest dea
    wakes with ``x-ice-queued-ms``. A tenant whose head stays does not hold up the others.
 
 Refused at once (429 ``queue_full``): a request when its pool's queue in this worker holds
-``max_queue_length`` requests, or ``max_queue_bytes`` of bodies.
+``max_queue_length`` requests, or ``max_queue_bytes`` of bodies. When ICE shuts down
+(``close``), every waiter, and every request offered after, gets 429 ``queue_shutdown``.
 
 Tenants: the value of the profile's ``tenant_header`` (else the route's name), printable
 ASCII only, at most ``MAX_TENANT_CHARS`` characters. At most ``max_tenants`` tenants have a
@@ -149,6 +150,7 @@ class AdmissionQueue:
         self._pools: dict[str, _Pool] = {}
         self._task: asyncio.Task[None] | None = None
         self.max_queue_bytes = max_queue_bytes
+        self.closed = False
 
     @property
     def depth(self) -> int:
@@ -166,6 +168,16 @@ class AdmissionQueue:
         if label:
             pool.labels.add(label)
         label = label or OTHER_TENANT
+        if self.closed:
+            telemetry.QUEUE_OUTCOMES.labels(pool=route.pool, tenant=label, outcome="shutdown").inc()
+            return refusal(
+                pipeline,
+                route,
+                facts,
+                first,
+                "queue_shutdown",
+                "The gateway's admission queue is shutting down; the backend has no room.",
+            )
         if pool.length >= spec.max_queue_length or pool.nbytes + len(body) > self.max_queue_bytes:
             telemetry.QUEUE_OUTCOMES.labels(pool=route.pool, tenant=label, outcome="full").inc()
             what = f"{pool.length} requests" if pool.length >= spec.max_queue_length else "bytes"
@@ -317,10 +329,25 @@ class AdmissionQueue:
                 log.exception("admission queue tick failed")
 
     def close(self) -> None:
-        """Stop the pump (the streams' own cancellation empties the queues)."""
+        """ICE is shutting down: every waiter gets 429 ``queue_shutdown`` (with Retry-After)
+        now, rather than a pass Envoy would give it unjudged when the stream is cut; later
+        offers get it at once."""
+        self.closed = True
         if self._task is not None:
             self._task.cancel()
             self._task = None
+        now = self._clock()
+        for w in self._waiters():
+            self._remove(w)
+            verdict = refusal(
+                w.pipeline,
+                w.route,
+                w.facts,
+                w.first,
+                "queue_shutdown",
+                "The gateway's admission queue is shutting down; the backend had no room.",
+            )
+            self._resolve(w, verdict, "shutdown", now)
 
 
 def with_queued_ms(verdict: BodyVerdict, waited_s: float) -> BodyVerdict:

@@ -184,6 +184,7 @@ async def _run_worker(opts: ServeOptions, address: str, shm_name: str | None = N
     reloading.cancel()
     log.info("shutting down: draining in-flight streams (grace %.1f s)", opts.shutdown_grace_s)
     await health.enter_graceful_shutdown()
+    servicer.queue.close()  # queued requests get their 429 now, not a pass when cut
     await server.stop(grace=opts.shutdown_grace_s)
     if collector is not None:
         await collector.stop()

@@ -124,7 +124,7 @@ QUEUE_OUTCOMES = Counter(
     "ice_queue_outcomes",
     "Requests the admission queue took or refused, by pool, tenant (the first max_tenants "
     "names a worker sees; the rest are 'other') and outcome: admitted, timeout, full "
-    "(refused at once: 429 queue_full), gone.",
+    "(refused at once: 429 queue_full), gone, shutdown (429 queue_shutdown as ICE stopped).",
     ["pool", "tenant", "outcome"],
 )
 SCRAPE_ERRORS = Counter("ice_scrape_errors", "Failed scrapes of backend /metrics pages.", ["pool"])

@@ -272,3 +272,19 @@ def test_critical_requests_and_shadow_profiles_are_never_queued() -> None:
     route = shadow.router.resolve([])
     verdict = shadow.on_body(route, rig.facts(), BODY.encode())
     assert not queueable(route, verdict)
+
+
+def test_shutting_down_answers_every_waiter_with_429_and_refuses_new_ones() -> None:
+    async def run() -> None:
+        rig = Rig()
+        rig.pass_one()
+        w = rig.offer(rig.facts())
+        rig.queue.close()
+        assert outcome(w) == "reject:queue_shutdown" and rig.queue.depth == 0
+        assert "retry-after" in headers(w)
+        facts = rig.facts()
+        got = rig.queue.offer(rig.pipeline, rig.route, facts, rig.judge(facts), BODY.encode())
+        assert isinstance(got, BodyVerdict) and got.decision is not None
+        assert got.decision.reason == "queue_shutdown"
+
+    asyncio.run(run())
