@@ -60,6 +60,7 @@ from ext_proc.schemas import (
     normal_path,
     schema_for_path,
 )
+from ext_proc.signals.ledger_shm import LedgerHandle
 from ext_proc.signals.snapshot import PoolSnapshot
 from ext_proc.verdict import (
     BodyVerdict,
@@ -108,10 +109,13 @@ class Pipeline:
         lookup: SnapshotLookup,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         carry: Pipeline | None = None,
+        ledger: LedgerHandle | None = None,
     ) -> None:
-        """``carry``: the pipeline this one replaces after a policy reload; its embedding
-        client, its in-flight KV ledger (when the pools' endpoints are unchanged) and its
-        tokenizers (when their files and cache size are unchanged) are taken over."""
+        """``ledger``: this worker's handle on the host's shared ledger (``--workers N``).
+        ``carry``: the pipeline this one replaces after a policy reload; its embedding
+        client, its shared ledger handle, its in-flight KV ledger (when the pools' endpoints
+        are unchanged) and its tokenizers (when their files and cache size are unchanged)
+        are taken over."""
         self.router = Router(policy)
         self.lookup = lookup
         self.max_body_bytes = max_body_bytes
@@ -129,7 +133,11 @@ class Pipeline:
         kept = old is not None and endpoints == {
             n: p.backend_endpoints for n, p in old.pools.items()
         }
-        self.views: PoolViews = carry.views if carry is not None and kept else PoolViews(endpoints)
+        if carry is not None:
+            ledger = carry.views.shared
+        self.views: PoolViews = (
+            carry.views if carry is not None and kept else PoolViews(endpoints, ledger)
+        )
         self.placer = Placer(self.views)
         self._pick = {n: p.endpoint_pick for n, p in policy.pools.items()}
         if carry is not None:

@@ -9,8 +9,11 @@ worker's ledger of requests in flight.
   view cannot show those yet, and a burst that arrives between two scrapes would otherwise
   be judged against the same free blocks request after request. A request counts until a
   view taken after it arrives (then the backend's own gauges hold it, or its queue does),
-  so never twice; per worker (a heavy body judged in the offload helper is judged with its
-  worker's ledger); what the backend's gauges lag behind a scrape is not covered.
+  so never twice. With ``--workers N`` each worker also publishes its entries to the host's
+  shared ledger (``ext_proc.signals.ledger_shm``) and counts the other workers' entries
+  newer than the view too, so N workers admit no more than one would; a heavy body judged
+  in the offload helper is judged with its worker's figures. What the backend's gauges lag
+  behind a scrape is not covered.
 
 KV blocks of a sequence: ceil((input + output) / block_size) on a full-attention model, or
 the ``ext_proc.kv`` geometry's ``request_blocks`` (sliding-window and hybrid layer groups)
@@ -37,6 +40,7 @@ from ext_proc.policy.evaluate import KvFit, Shape
 from ext_proc.policy.model import PressureModel, Profile
 from ext_proc.policy.pressure import Pressure, pressure_of
 from ext_proc.policy.scores import DrainInputs, drain_inputs, pool_cache_efficiency
+from ext_proc.signals.ledger_shm import LedgerHandle, endpoint_key
 from ext_proc.signals.snapshot import PoolSnapshot
 
 __all__ = ["Endpoint", "PoolViews"]
@@ -89,8 +93,13 @@ class PoolViews:
     ``endpoint_overrides``: pool → (metrics URL → serving address), the pools'
     ``backend_endpoints``."""
 
-    def __init__(self, endpoint_overrides: Mapping[str, Mapping[str, str]] | None = None) -> None:
+    def __init__(
+        self,
+        endpoint_overrides: Mapping[str, Mapping[str, str]] | None = None,
+        shared: LedgerHandle | None = None,
+    ) -> None:
         self._overrides = dict(endpoint_overrides or {})
+        self.shared = shared  # the host's ledger: the other workers' entries
         self._pressure: dict[tuple[str, PressureModel], tuple[PoolSnapshot, Pressure | None]] = {}
         self._drain: dict[str, tuple[PoolSnapshot, DrainInputs | None]] = {}
         self._efficiency: dict[str, tuple[PoolSnapshot, float | None]] = {}
@@ -215,13 +224,18 @@ class PoolViews:
         """KV blocks of the requests passed to ``snapshot``'s pool since it was taken, by the
         endpoint they were sent to ("": anywhere, Envoy's load balancer placed them)."""
         pool = self._inflight.get(snapshot.pool)
-        if not pool:
-            return {}
         out: dict[str, int] = {}
-        for endpoint, entries in pool.items():
+        for endpoint, entries in (pool or {}).items():
             entries.expire(snapshot.taken_at_s)  # the view shows these
             if entries.total:
                 out[endpoint] = entries.total
+        if self.shared is not None:
+            others = self.shared.others(snapshot.taken_at_s)
+            if others:
+                for endpoint in ("", *self.addresses(snapshot)):
+                    blocks = others.get(endpoint_key(snapshot.pool, endpoint), 0)
+                    if blocks:
+                        out[endpoint] = out.get(endpoint, 0) + blocks
         return out
 
     def held(self, snapshot: PoolSnapshot) -> int:
@@ -256,7 +270,10 @@ class PoolViews:
         entries = pool.get(endpoint)
         if entries is None:
             entries = pool[endpoint] = _Entries()
-        entries.add(time.monotonic(), views[0].fit.need(shape, output))
+        at, blocks = time.monotonic(), views[0].fit.need(shape, output)
+        entries.add(at, blocks)
+        if self.shared is not None:
+            self.shared.publish(endpoint_key(snapshot.pool, endpoint), at, blocks)
 
     def _blocks_fn(self, profile: Profile, block_size: int) -> Callable[[int, int, int], int]:
         """Blocks a request of (input, output) tokens needs with ``cached`` prompt tokens

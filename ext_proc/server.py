@@ -52,6 +52,7 @@ from ext_proc.policy.scores import pool_cache_efficiency, tokenize_latency_risk
 from ext_proc.reload import Candidate, FileWatch, candidate, policy_sha256
 from ext_proc.servicer import ExtProcServicer
 from ext_proc.signals.collector import Collector
+from ext_proc.signals.ledger_shm import LedgerHandle, LedgerSegment
 from ext_proc.signals.shm import SnapshotReader, SnapshotWriter
 from ext_proc.signals.snapshot import PoolSnapshot
 from ext_proc.signals.store import SharedSnapshotStore, SnapshotStore
@@ -115,7 +116,13 @@ def _observer(current: Callable[[], Policy]) -> Callable[[dict[str, PoolSnapshot
     return observe
 
 
-async def _run_worker(opts: ServeOptions, address: str, shm_name: str | None = None) -> None:
+async def _run_worker(
+    opts: ServeOptions,
+    address: str,
+    shm_name: str | None = None,
+    ledger_name: str | None = None,
+    worker: int = 0,
+) -> None:
     policy = load_policy(opts.policy_path)
     in_force = InForce(
         opts.policy_path, opts.max_body_bytes, opts.heavy_containers, opts.shutdown_grace_s, policy
@@ -139,7 +146,9 @@ async def _run_worker(opts: ServeOptions, address: str, shm_name: str | None = N
         shared = SharedSnapshotStore(reader, max_ages(policy))
         lookup = shared.get
         in_force.store = shared
-    pipeline = Pipeline(policy, lookup, max_body_bytes=opts.max_body_bytes)
+    # with several workers, each sees the others' in-flight KV blocks (ext_proc.poolview)
+    handle = LedgerHandle(ledger_name, worker) if ledger_name is not None else None
+    pipeline = Pipeline(policy, lookup, max_body_bytes=opts.max_body_bytes, ledger=handle)
     if opts.embedding_socket:
         from ext_proc.truncate.client import EmbeddingClient
 
@@ -190,15 +199,23 @@ async def _run_worker(opts: ServeOptions, address: str, shm_name: str | None = N
         await collector.stop()
     if reader is not None:
         reader.close()
+    if handle is not None:
+        handle.close()
     if pipeline.similarity is not None:
         await pipeline.similarity.close()
     if servicer.offload is not None:
         servicer.offload.close()
 
 
-def _worker_main(opts: ServeOptions, address: str, shm_name: str | None = None) -> None:
+def _worker_main(
+    opts: ServeOptions,
+    address: str,
+    shm_name: str | None = None,
+    ledger_name: str | None = None,
+    worker: int = 0,
+) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    asyncio.run(_run_worker(opts, address, shm_name))
+    asyncio.run(_run_worker(opts, address, shm_name, ledger_name, worker))
 
 
 @dataclass
@@ -282,6 +299,7 @@ def _supervise(opts: ServeOptions, addresses: list[str]) -> int:
     with (
         tempfile.TemporaryDirectory(prefix="ice-metrics-") as metrics_dir,
         SnapshotWriter(None) as writer,
+        LedgerSegment(len(addresses)) as ledger,
     ):
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
         collecting = _CollectorThread(policy, writer)
@@ -317,9 +335,12 @@ def _supervise(opts: ServeOptions, addresses: list[str]) -> int:
             hangups += 1
 
         signal.signal(signal.SIGHUP, on_hangup)
+        # worker i appends its in-flight KV blocks to ring i of the shared ledger (a
+        # restarted worker gets its index back)
+        shared = {addr: (writer.name, ledger.name, i) for i, addr in enumerate(addresses)}
         for addr in addresses:
             procs[addr] = ctx.Process(
-                target=_worker_main, args=(opts, addr, writer.name), name=f"ice-{addr}"
+                target=_worker_main, args=(opts, addr, *shared[addr]), name=f"ice-{addr}"
             )
             procs[addr].start()
         while not stopping:
@@ -334,7 +355,7 @@ def _supervise(opts: ServeOptions, addresses: list[str]) -> int:
                         from prometheus_client import multiprocess
 
                         multiprocess.mark_process_dead(p.pid, metrics_dir)  # type: ignore[no-untyped-call]
-                    procs[addr] = ctx.Process(target=_worker_main, args=(opts, addr, writer.name))
+                    procs[addr] = ctx.Process(target=_worker_main, args=(opts, addr, *shared[addr]))
                     procs[addr].start()
         deadline = time.monotonic() + opts.shutdown_grace_s + 5
         for p in procs.values():

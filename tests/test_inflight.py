@@ -69,3 +69,33 @@ def test_the_ledgers_running_total_follows_expiry_and_its_cap() -> None:
     assert entries.total == 2 * MAX_INFLIGHT == sum(b for _, b in entries.entries)
     entries.expire(20.0)  # a view taken at t=20 shows the entries up to it (t = 10..20)
     assert entries.total == sum(b for _, b in entries.entries) == 2 * (MAX_INFLIGHT - 11)
+
+
+def test_workers_sharing_a_ledger_count_each_others_passed_requests() -> None:
+    from ext_proc.signals.ledger_shm import LedgerHandle, LedgerSegment
+
+    views = {"now": PoolSnapshot("default", (BACKEND,), time.monotonic() - 1.0)}
+    policy = parse_policy("profiles: {default: {on_kv_shortfall: shed}}")
+    with LedgerSegment(2) as segment:
+        one, two = LedgerHandle(segment.name, 0), LedgerHandle(segment.name, 1)
+        try:
+            a = Pipeline(policy, lambda _: views["now"], ledger=one)
+            b = Pipeline(policy, lambda _: views["now"], ledger=two)
+            route = a.router.resolve([])
+            facts = HeaderFacts(adapter=OPENAI_CHAT, priority="standard")
+
+            def judge(p: Pipeline) -> str:
+                verdict = p.on_body(route, facts, BODY.encode())
+                assert verdict is not None and verdict.decision is not None
+                p.record(route, verdict)
+                return f"{verdict.decision.decision}:{verdict.decision.reason}"
+
+            assert judge(a) == "pass:ok"  # 7 of the 10 free blocks, in worker 0
+            assert judge(b) == "reject:kv_exhausted"  # worker 1 sees them: 3 left
+            views["now"] = PoolSnapshot("default", (BACKEND,), time.monotonic())
+            assert judge(b) == "pass:ok"  # a newer view speaks for worker 0's request
+            # a reloaded pipeline keeps the worker's handle
+            assert Pipeline(policy, lambda _: views["now"], carry=b).views.shared is two
+        finally:
+            one.close()
+            two.close()
