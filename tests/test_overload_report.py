@@ -1,13 +1,35 @@
-"""The overload benchmark's reading of ICE's own processing-time histogram (pure parts)."""
+"""The overload benchmark's pure parts: its reading of ICE's processing-time histogram, and the
+per-run summary (429s by reason, queued, drain, goodput, tenants), spreads and tables."""
 
 from __future__ import annotations
 
+import json
 import math
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from ext_proc.lab.overload import bucket_quantile, ice_body_buckets
+from ext_proc.lab.overload import (
+    RunResult,
+    Shot,
+    bucket_quantile,
+    by_reason,
+    by_status,
+    drain_s,
+    goodput,
+    ice_body_buckets,
+    one_line,
+    plan_burst,
+    report,
+    spread,
+    spreads,
+    table,
+    tenant_breakdown,
+    tenant_table,
+    totals,
+)
+from ext_proc.lab.overload.results import _cell
 
 
 def _page(body_times: list[float], header_times: list[float]) -> str:
@@ -41,3 +63,284 @@ def test_bucket_quantile_is_the_bound_of_the_nearest_rank_bucket(q: float, bound
 def test_bucket_quantile_without_bodies_is_none() -> None:
     assert bucket_quantile({}, 0.5) is None
     assert bucket_quantile({0.001: 0.0, math.inf: 0.0}, 0.5) is None
+
+
+# --- per-run summary, goodput, spread and tenants, on synthetic shots (no vLLM) ---------------
+
+
+def _shot(
+    index: int,
+    status: int,
+    latency: float,
+    *,
+    ttft: float | None = None,
+    tokens: int = 0,
+    reason: str | None = None,
+    tenant: str | None = None,
+    queued: float | None = None,
+    start: float | None = None,
+    error: str | None = None,
+) -> Shot:
+    return Shot(
+        index=index,
+        priority="standard",
+        at_s=index * 0.25,
+        status=status,
+        latency_s=latency,
+        ttft_s=ttft,
+        completion_tokens=tokens,
+        reason=reason,
+        tenant=tenant,
+        queued_ms=queued,
+        start_s=start,
+        error=error,
+    )
+
+
+def _run(
+    mode: str, round_no: int, shots: list[Shot], *, preemptions: int = 0, variant: str = ""
+) -> RunResult:
+    return RunResult(
+        mode=mode,
+        round=round_no,
+        wall_s=1.0,
+        preemptions=preemptions,
+        queue_time_mean_s=None,
+        vllm_requests=0,
+        waiting_max=0,
+        running_max=0,
+        kv_usage_max=0.0,
+        ext_proc={},
+        shots=shots,
+        variant=variant,
+    )
+
+
+# Starts 0.25 s apart (index × 0.25); end = start + latency.
+SHOTS = [
+    _shot(0, 200, 3.0, ttft=0.5, tokens=100, tenant="heavy"),  # ends 3.0; TTFT within SLO
+    _shot(1, 200, 4.0, ttft=2.5, tokens=100, tenant="heavy", queued=1200),  # 4.25; TTFT late
+    _shot(2, 429, 0.1, ttft=0.1, reason="kv_exhausted", tenant="light"),  # 0.6
+    _shot(3, 429, 5.0, ttft=5.0, reason="queue_timeout", tenant="heavy"),  # 5.75: the last end
+    _shot(4, 503, 0.2, error="upstream", tenant="light"),  # 1.2
+    # started 50 ms late; TTFT exactly at the SLO counts
+    _shot(5, 200, 2.0, ttft=2.0, tokens=50, tenant="light", queued=300, start=1.3),  # 3.3
+    _shot(6, 0, 0.01, error="ClientConnectorError: refused", tenant="heavy"),  # 1.51
+    _shot(7, 200, 1.0, ttft=0.2, tokens=0, error="stream cut", tenant="heavy"),  # 2.75, not ok
+]
+
+
+def test_drain_time_is_from_t0_to_the_end_of_the_last_request() -> None:
+    assert drain_s(SHOTS) == pytest.approx(5.75)
+    assert SHOTS[5].end_s == pytest.approx(3.3)  # the real start, not the planned 1.25
+    assert drain_s([]) == 0.0
+
+
+def test_goodput_counts_the_tokens_of_ok_requests_whose_ttft_met_the_slo() -> None:
+    # 2.0 s: shots 0 (100) and 5 (50, TTFT = SLO); shot 1 is late, shot 7 failed mid-stream
+    assert goodput(SHOTS, 2.0) == pytest.approx(150 / 5.75)
+    assert goodput(SHOTS, 3.0) == pytest.approx(250 / 5.75)
+    assert goodput(SHOTS, 0.4) == 0.0
+    assert goodput(SHOTS, 2.0, drain=10.0) == pytest.approx(15.0)
+    assert goodput([], 2.0) == 0.0
+
+
+def test_429s_by_reason_and_other_answers_by_status() -> None:
+    assert by_reason(SHOTS) == {"kv_exhausted": 1, "queue_timeout": 1}
+    more = [*SHOTS, _shot(8, 429, 0.1, reason="queue_full"), _shot(9, 429, 0.1, reason=None)]
+    more.append(_shot(10, 429, 0.1, reason="queue_full"))
+    # most first, then by name; a 429 without x-ice-reason counts as "-"
+    assert list(by_reason(more).items()) == [
+        ("queue_full", 2),
+        ("-", 1),
+        ("kv_exhausted", 1),
+        ("queue_timeout", 1),
+    ]
+    # 0: no answer at all; a 200 whose stream failed is not ok and counts under 200
+    assert by_status(SHOTS) == {"0": 1, "200": 1, "503": 1}
+
+
+def test_summary_of_a_run_against_hand_computed_values() -> None:
+    s = _run("queue", 1, SHOTS).summary()
+    expected: dict[str, Any] = {
+        "label": "queue",
+        "requests": 8,
+        "ok": 3,
+        "shed_429": 2,
+        "shed_by_reason": {"kv_exhausted": 1, "queue_timeout": 1},
+        "other": 3,
+        "other_by_status": {"0": 1, "200": 1, "503": 1},
+        "queued": 2,
+        "queued_ms_p50": 300.0,  # nearest rank ceil(0.5 × 2) = 1st of [300, 1200]
+        "queued_ms_p95": 1200.0,
+        "queued_ms_max": 1200.0,
+        "output_tokens": 250,
+        "drain_s": 5.75,
+        "output_tok_per_s": 43.5,  # 250 / 5.75 = 43.48
+        "ttft_slo_s": 2.0,
+        "slo_met": 2,
+        "goodput_tok_per_s": 26.1,  # 150 / 5.75 = 26.09
+        "wait_p50_s": 2.0,  # TTFT of the ok ones: [0.5, 2.0, 2.5]
+        "wait_p95_s": 2.5,
+        "ok_p50_s": 3.0,  # end to end of the ok ones: [2.0, 3.0, 4.0]
+        "ok_p95_s": 4.0,
+        "ok_max_s": 4.0,
+    }
+    assert {k: s[k] for k in expected} == expected
+    slower = RunResult(**{**_run("queue", 1, SHOTS).__dict__, "ttft_slo_s": 3.0}).summary()
+    assert (slower["slo_met"], slower["goodput_tok_per_s"]) == (3, 43.5)
+
+
+def test_tenant_breakdown_against_hand_computed_values() -> None:
+    assert tenant_breakdown(SHOTS) == {
+        # shots 0, 1, 3, 6, 7: ok 0 and 1; one 429; shot 1 queued 1200 ms; TTFT [0.5, 2.5]
+        "heavy": {
+            "requests": 5,
+            "ok": 2,
+            "shed_429": 1,
+            "queued": 1,
+            "queued_ms_p95": 1200.0,
+            "ttft_p95_s": 2.5,
+        },
+        # shots 2, 4, 5
+        "light": {
+            "requests": 3,
+            "ok": 1,
+            "shed_429": 1,
+            "queued": 1,
+            "queued_ms_p95": 300.0,
+            "ttft_p95_s": 2.0,
+        },
+    }
+    assert tenant_breakdown([_shot(0, 200, 1.0, ttft=0.1)]) == {}
+    assert _run("ice", 1, SHOTS).summary()["tenants"] == tenant_breakdown(SHOTS)
+
+
+@pytest.mark.parametrize(
+    ("values", "text"),
+    [
+        ([3.0, 1.0, 2.0], "2 [1–3]"),
+        ([1.0, 2.0, 3.0, 10.0], "2.5 [1–10]"),  # even count: the mean of the middle two
+        ([1.5, 1.5, 1.5], "1.5"),
+        ([0.1234, 0.2], "0.162 [0.123–0.2]"),
+        ([None, 2.0, 4.0], "3 [2–4] (n=2)"),
+        ([7.0], "7"),
+        ([], "-"),
+        ([None, None], "-"),
+    ],
+)
+def test_spread_is_median_and_range(values: list[float | None], text: str) -> None:
+    assert spread(values) == text
+
+
+def _row(markdown: str, first: str) -> dict[str, str]:
+    """The cells of the row whose first cell is ``first``, by column heading."""
+    lines = [line for line in markdown.splitlines() if line.startswith("|")]
+    heads = [c.strip() for c in lines[0].strip("|").split("|")]
+    for line in lines[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if cells[0] == first:
+            return dict(zip(heads, cells, strict=True))
+    raise AssertionError(f"no row {first!r} in\n{markdown}")
+
+
+def _ok(i: int, latency: float, ttft: float, tokens: int = 10) -> Shot:
+    return _shot(i, 200, latency, ttft=ttft, tokens=tokens)
+
+
+def test_totals_is_one_row_per_mode_with_the_spread_over_rounds() -> None:
+    kv, qt = "kv_exhausted", "queue_timeout"
+    results = [
+        # given out of order: rows still come direct, ice, queue, then the control
+        _run("queue", 1, [_ok(0, 1.0, 0.5), _shot(1, 429, 0.1, reason=qt)], preemptions=0),
+        _run("ice", 1, [_ok(0, 1.0, 0.5), _shot(1, 429, 0.1, reason=kv)], preemptions=1),
+        _run("ice", 2, [_ok(0, 2.0, 0.5), _ok(1, 1.0, 0.25)], preemptions=3),
+        _run("ice", 3, [_ok(0, 3.0, 0.5), _shot(1, 429, 0.1, reason=kv)], preemptions=2),
+        _run("direct", 1, [_ok(0, 4.0, 3.0), _ok(1, 4.0, 3.0)], preemptions=5),
+        _run("queue", 1, [_ok(0, 1.0, 0.5)], variant="light alone"),
+    ]
+    text = totals(results)
+    lines = [line for line in text.splitlines() if line.startswith("| ")]
+    assert [line.split("|")[1].strip() for line in lines[1:]] == [
+        "direct",
+        "ice",
+        "queue",
+        "queue light alone",
+    ]
+    ice = _row(text, "ice")
+    assert ice["runs"] == "3"
+    assert ice["200"] == "1 [1–2]"
+    assert ice["preemptions"] == "2 [1–3]"
+    assert ice["429 kv_exhausted"] == "1 [0–1]"  # round 2 had none: 0
+    assert ice["429 queue_timeout"] == "0"  # a reason of another mode's runs only
+    assert ice["e2e max s"] == "2 [1–3]"
+    assert ice["queued ms p95"] == "-"  # nothing queued
+    # goodput: tokens within 2 s / drain: round 1 10 / 1.0 s (the 429 ends at 0.35 s),
+    # round 2 20 / 2.0 s, round 3 10 / 3.0 s = 3.3
+    assert ice["goodput tok/s"] == "10 [3.3–10]"
+    assert _row(text, "direct")["goodput tok/s"] == "0"  # TTFT 3 s > SLO 2 s
+    assert "TTFT ≤ 2 s" in text.splitlines()[-1]
+
+
+def test_tenant_table_spreads_each_tenant_of_each_mode() -> None:
+    def burst(heavy_ttft: float, queued: float) -> list[Shot]:
+        return [
+            _shot(0, 200, 2.0, ttft=heavy_ttft, tokens=5, tenant="heavy", queued=queued),
+            _shot(1, 429, 0.1, reason="queue_full", tenant="heavy"),
+            _shot(2, 200, 1.0, ttft=0.5, tokens=5, tenant="light"),
+        ]
+
+    results = [_run("queue", r, burst(t, q)) for r, (t, q) in enumerate([(1, 100), (3, 500)], 1)]
+    text = tenant_table(results)
+    heads = [c.strip() for c in text.splitlines()[0].strip("|").split("|")]
+    rows = [
+        dict(zip(heads, (c.strip() for c in line.strip("|").split("|")), strict=True))
+        for line in text.splitlines()[2:]
+    ]
+    assert [(r["mode"], r["tenant"]) for r in rows] == [("queue", "heavy"), ("queue", "light")]
+    assert rows[0]["429"] == "1"
+    assert rows[0]["queued ms p95"] == "300 [100–500]"
+    assert rows[0]["TTFT p95 s"] == "2 [1–3]"
+    assert rows[1]["queued ms p95"] == "-"
+    assert tenant_table([_run("ice", 1, [_ok(0, 1.0, 0.5)])]) == ""
+
+
+def test_spreads_and_report_carry_everything_per_run_as_json() -> None:
+    results = [
+        _run("ice", 1, SHOTS),
+        _run("ice", 2, SHOTS[:3]),
+    ]
+    data = spreads(results)
+    assert data["ice"]["runs"] == 2
+    assert data["ice"]["ok"] == {"median": 2.5, "min": 2.0, "max": 3.0, "n": 2}
+    assert data["ice"]["shed_by_reason.queue_timeout"] == {
+        "median": 0.5,
+        "min": 0.0,
+        "max": 1.0,
+        "n": 2,
+    }
+    burst = plan_burst(8, 10, 10, 250, "standard=1", "heavy=3,light=1")
+    full = json.loads(json.dumps(report(results, burst, {"ttft_slo_s": 2.0})))
+    assert full["burst"]["tenants"] == {"heavy": 6, "light": 2}
+    assert full["burst"]["ttft_slo_s"] == 2.0
+    assert full["runs"][0]["summary"]["tenants"]["light"]["ok"] == 1
+    assert full["runs"][0]["shots"][1]["queued_ms"] == 1200
+    assert full["spread"]["ice"]["ok"]["max"] == 3.0
+
+
+def test_table_and_one_line_show_the_new_numbers() -> None:
+    results = [_run("queue", 1, SHOTS), _run("direct", 1, SHOTS[:1])]
+    text = table(results)
+    assert [c.strip() for c in text.splitlines()[0].split("|")[2:4]] == ["r1 direct", "r1 queue"]
+    reasons = next(line for line in text.splitlines() if line.startswith("| 429 by reason"))
+    assert reasons.split("|")[3].strip() == "kv_e:1 queu:1"
+    line = one_line(results[0])
+    assert "2 × 429 (kv_exhausted:1 queue_timeout:1)" in line
+    assert "2 queued (p95 1200 ms)" in line
+    assert "goodput 26.1 tok/s (TTFT ≤ 2.0 s)" in line
+
+
+def test_a_dict_cell_cuts_keys_only_as_far_as_they_stay_apart() -> None:
+    assert _cell({"critical": 0, "standard": 3}) == "crit:0 stan:3"
+    assert _cell({"queue_timeout": 1, "queue_full": 2}) == "queue_t:1 queue_f:2"
+    assert _cell({}) == "-"

@@ -1,9 +1,12 @@
-"""One overload burst against a real vLLM, sent straight to it and through Envoy + ICE.
+"""One overload burst against a real vLLM: straight to it, through Envoy + ICE, and through
+Envoy + an ICE that queues.
 
 ```
 burst ─┬─ direct ──────────────────────────────────────► vllm serve (tiny model, 24 KV blocks)
-       └─ via ICE ─► Envoy (envoy/envoy.yaml) ─ext_proc─► ICE (ext_proc/lab/vllm_tiny_policy.yaml)
-                       └───────────────────────────────► same vllm serve
+       ├─ ice ───► Envoy (envoy/envoy.yaml) ─ext_proc─► ICE (ext_proc/lab/vllm_tiny_policy.yaml)
+       │             └─────────────────────────────────► same vllm serve
+       └─ queue ─► 2nd Envoy ─ext_proc─► 2nd ICE (same policy + `queue:` in every profile)
+                     └─────────────────────────────────► same vllm serve
 ```
 
 Job: the reusable half of ``bench/overload.py`` (its command line), also used by ``ice demo``
@@ -11,36 +14,56 @@ Job: the reusable half of ``bench/overload.py`` (its command line), also used by
 
 - ``overload_setup``: start ``vllm serve`` (``ext_proc.lab.vllm_local``: CPU, the tiny model,
   24 KV blocks of 128 tokens), ICE with a policy (default ``POLICY``, rendered to scrape that
-  vLLM and to count tokens with its tokenizer) and real Envoy in front; free ports unless
-  given; yields a ``Setup``.
+  vLLM and to count tokens with its tokenizer) and real Envoy in front; with ``queue=True``
+  also a second ICE whose policy is ``queue_policy`` of it (the admission queue on in every
+  profile: a request ICE would refuse for ``memory_pressure`` or ``kv_exhausted`` waits for
+  room, then passes with ``x-ice-queued-ms``, or gets 429 ``queue_timeout`` / ``queue_full``)
+  behind a second Envoy; ``ice_workers``: each ICE's ``--workers``; free ports unless given;
+  yields a ``Setup``.
 - ``plan_burst`` / ``run_burst`` / ``compare``: an open-loop burst (each request starts at its
-  planned time, never waiting for another), priorities interleaved by weight; the same burst
-  once straight to vLLM and once through Envoy + ICE.
-- ``RunResult.summary``, ``table``, ``totals``, ``report``: per-run numbers (vLLM's
-  preemption delta and queue time, 429s, latencies, sampled peaks of waiting / running / KV
-  usage, Envoy's fail-open count) and their side-by-side table.
+  planned time, never waiting for another), priorities and (optionally) tenants interleaved
+  by weight, the tenant sent as ``x-tenant``; the same burst in each mode (``MODES``: direct,
+  ice, queue; ``DEFAULT_MODES``: direct, ice), the order rotated per round; ``alone`` (a
+  tenant's requests only, same times) for control runs (``compare(controls=...)``).
+- ``RunResult.summary``, ``table``, ``totals``, ``tenant_table``, ``report``: per-run numbers
+  (vLLM's preemption delta and queue time, 429s by reason, other answers by status, requests
+  ICE queued and how long, TTFT and end-to-end latency quantiles of the 200s, drain time,
+  tokens per second and goodput, sampled peaks of waiting / running / KV usage, Envoy's
+  fail-open count, a per-tenant breakdown), their side-by-side table, one row per mode with
+  the spread over rounds (``median [min–max]``), and the JSON report of everything per run.
+
+Goodput = Σ completion tokens of the 200s whose time to first token was ≤ the SLO
+(``TTFT_SLO_S`` = 2.0 s unless given) / drain time (from the burst's start, t0, to the end of
+its last request, 429s included).
 
 One module per job, each stating its invariants at the top:
 
-- ``burst``: the defaults, the plan of a burst and each request's body.
+- ``burst``: the defaults, the plan of a burst (priorities, tenants) and each request's body.
 - ``metrics``: readings of vLLM's ``/metrics``, ICE's histogram and Envoy's counters.
-- ``run``: one run of a burst against one target (``Shot``, ``RunResult``, ``run_burst``).
-- ``setup``: vLLM + ICE + Envoy started and stopped together; ``compare`` runs both modes.
-- ``results``: the one-line, table, totals and JSON views of finished runs.
+- ``run``: one run of a burst against one target (``Shot``, ``RunResult``, ``run_burst``) and
+  the pure reductions of its shots (``drain_s``, ``goodput``, ``by_reason``, ``by_status``,
+  ``tenant_breakdown``).
+- ``setup``: vLLM + ICE(s) + Envoy(s) started and stopped together; ``compare`` runs the modes.
+- ``results``: the one-line, table, spread, per-tenant and JSON views of finished runs.
 
 Invariants:
 
-- every process ``overload_setup`` starts (vLLM's whole process group, ICE, Envoy) is stopped
-  when its ``with`` block exits, on error and on Ctrl-C too;
+- every process ``overload_setup`` starts (vLLM's whole process group, the ICEs, the Envoys)
+  is stopped when its ``with`` block exits, on error and on Ctrl-C too;
+- without ``queue=True`` no queue policy is written, loaded or started, so direct and ice run
+  on an ICE that does not know the ``queue`` key; with it, a policy that does not load raises
+  ``QueuePolicyError`` before vLLM starts;
 - each run of ``compare`` starts with vLLM idle (nothing running or waiting on two samples in
-  a row) and uses fresh prompt text (seeded per round and mode), so no run inherits another's
-  queue or prefix cache; the plan (sizes, priorities, schedule) is the same for both modes;
+  a row) and uses fresh prompt text (seeded per round, mode and control), so no run inherits
+  another's queue or prefix cache; the plan (sizes, priorities, tenants, schedule) is the
+  same for every mode;
 - a ``Shot`` never raises: a transport error is recorded in ``Shot.error``;
 - importing needs only ICE's own dependencies: vLLM runs in its own venv as a subprocess.
 """
 
 from ext_proc.lab.overload.burst import (
     CHAT,
+    DEFAULT_MODES,
     MAX_TOKENS,
     MIX,
     MODES,
@@ -49,11 +72,15 @@ from ext_proc.lab.overload.burst import (
     PROMPT_TOKENS,
     REQUESTS,
     SPACING_MS,
+    TENANT_HEADER,
+    TTFT_SLO_S,
     VLLM_ARGS,
     VLLM_NICE,
     Planned,
+    alone,
     interleave,
     parse_mix,
+    parse_tenants,
     plan_burst,
     request_body,
 )
@@ -66,44 +93,97 @@ from ext_proc.lab.overload.metrics import (
     metric_sum,
     wait_idle,
 )
-from ext_proc.lab.overload.results import ROWS, one_line, report, table, totals
-from ext_proc.lab.overload.run import RunResult, Shot, run_burst
-from ext_proc.lab.overload.setup import Setup, compare, overload_setup, render_policy, warm_up
+from ext_proc.lab.overload.results import (
+    ROWS,
+    SPREAD_COLS,
+    TENANT_COLS,
+    one_line,
+    report,
+    spread,
+    spreads,
+    table,
+    tenant_table,
+    totals,
+)
+from ext_proc.lab.overload.run import (
+    RunResult,
+    Shot,
+    by_reason,
+    by_status,
+    drain_s,
+    goodput,
+    quantile,
+    run_burst,
+    tenant_breakdown,
+)
+from ext_proc.lab.overload.setup import (
+    MAX_TENANTS,
+    QUEUE_LENGTH,
+    QUEUE_WAIT_MS,
+    QueuePolicyError,
+    Setup,
+    compare,
+    overload_setup,
+    queue_policy,
+    render_policy,
+    warm_up,
+)
 
 __all__ = [
     "CHAT",
+    "DEFAULT_MODES",
+    "MAX_TENANTS",
     "MAX_TOKENS",
     "MIX",
     "MODES",
     "POLICY",
     "PRIORITIES",
     "PROMPT_TOKENS",
+    "QUEUE_LENGTH",
+    "QUEUE_WAIT_MS",
     "REQUESTS",
     "ROWS",
     "SPACING_MS",
+    "SPREAD_COLS",
+    "TENANT_COLS",
+    "TENANT_HEADER",
+    "TTFT_SLO_S",
     "VLLM_ARGS",
     "VLLM_NICE",
     "Planned",
+    "QueuePolicyError",
     "RunResult",
     "Sample",
     "Setup",
     "Shot",
+    "alone",
     "bucket_quantile",
+    "by_reason",
+    "by_status",
     "compare",
+    "drain_s",
     "ext_proc_stats",
     "fetch",
+    "goodput",
     "ice_body_buckets",
     "interleave",
     "metric_sum",
     "one_line",
     "overload_setup",
     "parse_mix",
+    "parse_tenants",
     "plan_burst",
+    "quantile",
+    "queue_policy",
     "render_policy",
     "report",
     "request_body",
     "run_burst",
+    "spread",
+    "spreads",
     "table",
+    "tenant_breakdown",
+    "tenant_table",
     "totals",
     "wait_idle",
     "warm_up",

@@ -1,20 +1,28 @@
 """The burst: its defaults, its plan (when each request starts, its priority, its size), bodies.
 
 - the defaults ``bench/overload.py``, ``ice demo`` and the e2e test share (``PROMPT_TOKENS``,
-  ``MAX_TOKENS``, ``REQUESTS``, ``SPACING_MS``, ``MIX``, ``POLICY``, ``VLLM_ARGS``...);
+  ``MAX_TOKENS``, ``REQUESTS``, ``SPACING_MS``, ``MIX``, ``POLICY``, ``VLLM_ARGS``,
+  ``TTFT_SLO_S``...), the ``MODES`` a burst can run in (``DEFAULT_MODES``: direct, ice);
 - ``parse_mix`` / ``interleave`` / ``plan_burst``: ``requests`` starts ``spacing_ms`` apart,
-  priorities of ``mix`` spread by weight (smooth weighted round robin);
+  priorities of ``mix`` spread by weight (smooth weighted round robin), and, given
+  ``tenants`` (``parse_tenants``: ``"heavy=4,light=1"``, weight = relative rate), a tenant per
+  request spread the same way (sent as ``TENANT_HEADER``);
+- ``alone``: the requests of one tenant of a plan, at their planned times (the control run:
+  what that tenant gets without the others);
 - ``request_body``: one planned request as a streamed chat completion of filler text
   (``ext_proc.lab.vllm_local.filler_text``).
 
-Invariants: a plan is pure data and deterministic (no clock, no randomness), so both modes and
-every round send the same sizes, priorities and schedule; only the prompt text changes, with
-``seed``. A body asks for exactly ``max_tokens`` (``ignore_eos``) at temperature 0, streamed,
-with a final usage chunk. ``POLICY`` is ``ext_proc/lab/vllm_tiny_policy.yaml``.
+Invariants: a plan is pure data and deterministic (no clock, no randomness), so every mode and
+every round send the same sizes, priorities, tenants and schedule; only the prompt text
+changes, with ``seed``; ``alone`` keeps each request's index and time. A body asks for exactly
+``max_tokens`` (``ignore_eos``) at temperature 0, streamed, with a final usage chunk.
+``POLICY`` is ``ext_proc/lab/vllm_tiny_policy.yaml``.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +31,7 @@ from ext_proc.lab import vllm_local as vl
 
 __all__ = [
     "CHAT",
+    "DEFAULT_MODES",
     "MAX_TOKENS",
     "MIX",
     "MODES",
@@ -31,11 +40,15 @@ __all__ = [
     "PROMPT_TOKENS",
     "REQUESTS",
     "SPACING_MS",
+    "TENANT_HEADER",
+    "TTFT_SLO_S",
     "VLLM_ARGS",
     "VLLM_NICE",
     "Planned",
+    "alone",
     "interleave",
     "parse_mix",
+    "parse_tenants",
     "plan_burst",
     "request_body",
 ]
@@ -43,7 +56,13 @@ __all__ = [
 POLICY = Path(__file__).resolve().parent.parent / "vllm_tiny_policy.yaml"
 CHAT = "/v1/chat/completions"
 PRIORITIES = ("critical", "standard", "sheddable")
-MODES = ("direct", "ice")
+# direct: straight to vLLM; ice: through Envoy + ICE; queue: through Envoy + a second ICE
+# whose profiles have the admission queue on (``setup.queue_policy``).
+MODES = ("direct", "ice", "queue")
+DEFAULT_MODES = ("direct", "ice")
+TENANT_HEADER = "x-tenant"
+# The time-to-first-token objective that goodput counts against (``RunResult.summary``).
+TTFT_SLO_S = 2.0
 
 # ~870 filler words → 887 prompt tokens = 7 blocks of 128 at admission; + 200 output = 9
 # blocks: three admitted requests outgrow the 23 usable blocks (ext_proc.lab.vllm_local).
@@ -65,6 +84,7 @@ class Planned:
     priority: str
     prompt_tokens: int
     max_tokens: int
+    tenant: str | None = None  # sent as TENANT_HEADER; None: no such header
 
 
 def parse_mix(spec: str) -> dict[str, int]:
@@ -74,6 +94,23 @@ def parse_mix(spec: str) -> dict[str, int]:
         name, _, weight = part.strip().partition("=")
         if name not in PRIORITIES or not weight.isdigit() or int(weight) < 1:
             raise ValueError(f"bad --mix part {part!r}: want PRIORITY=N, N ≥ 1, of {PRIORITIES}")
+        out[name] = int(weight)
+    return out
+
+
+_TENANT = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def parse_tenants(spec: str) -> dict[str, int]:
+    """``"heavy=4,light=1"`` → ``{"heavy": 4, "light": 1}`` (weight = relative request rate)."""
+    out: dict[str, int] = {}
+    for part in spec.split(","):
+        name, _, weight = part.strip().partition("=")
+        if not _TENANT.match(name) or not weight.isdigit() or int(weight) < 1 or name in out:
+            raise ValueError(
+                f"bad --tenants part {part!r}: want NAME=N, N ≥ 1, NAME of letters, digits, "
+                "'_.-' (each name once)"
+            )
         out[name] = int(weight)
     return out
 
@@ -93,13 +130,33 @@ def interleave(weights: dict[str, int], count: int) -> list[str]:
 
 
 def plan_burst(
-    requests: int, prompt_tokens: int, max_tokens: int, spacing_ms: float, mix: str
+    requests: int,
+    prompt_tokens: int,
+    max_tokens: int,
+    spacing_ms: float,
+    mix: str,
+    tenants: str | None = None,
 ) -> list[Planned]:
+    """``requests`` starts ``spacing_ms`` apart; priorities from ``mix`` and (given) tenants
+    from ``tenants``, each interleaved by weight on its own."""
     priorities = interleave(parse_mix(mix), requests)
+    names: list[str | None] = (
+        list(interleave(parse_tenants(tenants), requests)) if tenants else [None] * requests
+    )
     return [
-        Planned(i, i * spacing_ms / 1000.0, priorities[i], prompt_tokens, max_tokens)
+        Planned(i, i * spacing_ms / 1000.0, priorities[i], prompt_tokens, max_tokens, names[i])
         for i in range(requests)
     ]
+
+
+def alone(burst: Sequence[Planned], tenant: str) -> list[Planned]:
+    """The requests of ``tenant`` in ``burst``, unchanged (same index, time, size); ValueError
+    when it has none (a name not in ``--tenants``)."""
+    out = [p for p in burst if p.tenant == tenant]
+    if not out:
+        known = sorted({p.tenant for p in burst if p.tenant is not None})
+        raise ValueError(f"tenant {tenant!r} has no request in the plan (tenants: {known})")
+    return out
 
 
 def request_body(p: Planned, model: str, seed: int) -> dict[str, Any]:

@@ -1,18 +1,27 @@
-"""Reading the runs: one line per run, the side-by-side table, totals per mode, the JSON report.
+"""Reading the runs: one line per run, the side-by-side table, the spread per mode, the JSON.
 
 - ``one_line``: a finished run in one line (``compare``'s progress).
 - ``ROWS`` / ``table``: the ``RunResult.summary`` keys shown and their labels; one column per
-  run, sorted by (round, mode), so direct and ICE stand side by side.
-- ``totals``: one line per mode over all rounds.
+  run, sorted by (round, control or not, mode), so the modes of a round stand side by side.
+- ``SPREAD_COLS`` / ``totals``: one row per mode (``RunResult.label``: the mode, and the
+  control's name for a control run) over all rounds, each cell ``spread`` of that metric over
+  the rounds: ``median [min–max]`` (one value when all agree; ``(n=k)`` when only k runs had
+  one); a dict-valued metric (429s by reason, other answers by status) is one column per key
+  (a run without the key counts 0). A footer states the TTFT SLO and the goodput formula.
+- ``tenant_table``: one row per (mode, tenant): requests, ok, 429s, queued, queued-ms p95 and
+  TTFT p95, spread over the rounds the same way ("" without tenants).
+- ``spreads``: the same spreads as data (median, min, max, n) for every numeric summary key.
 - ``report``: the whole record (burst parameters, each run's summary, Envoy's counters, shots,
-  timeline) as JSON-ready data.
+  timeline, the spreads) as JSON-ready data.
 
 Invariants: pure: text and dicts from finished ``RunResult``s, no I/O; a cell with no value
-(None, an empty list or dict) prints as ``-``.
+(None, an empty list or dict) prints as ``-``; the median of an even count is the mean of the
+middle two.
 """
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
@@ -20,15 +29,29 @@ from typing import Any
 from ext_proc.lab.overload.burst import MODES, PRIORITIES, Planned
 from ext_proc.lab.overload.run import RunResult
 
-__all__ = ["ROWS", "one_line", "report", "table", "totals"]
+__all__ = [
+    "ROWS",
+    "SPREAD_COLS",
+    "TENANT_COLS",
+    "one_line",
+    "report",
+    "spread",
+    "spreads",
+    "table",
+    "tenant_table",
+    "totals",
+]
 
 
 def one_line(r: RunResult) -> str:
     s = r.summary()
+    queued = f", {s['queued']} queued (p95 {_num(s['queued_ms_p95'])} ms)" if s["queued"] else ""
+    reasons = " ".join(f"{k}:{v}" for k, v in s["shed_by_reason"].items())
     return (
-        f"{s['ok']} ok, {s['shed_429']} × 429, preemptions {s['preemptions']}, "
-        f"{s['output_tokens']} output tokens in {s['wall_s']} s, ok p95 {s['ok_p95_s']} s, "
-        f"wait max {s['wait_max_s']} s"
+        f"{s['ok']} ok, {s['shed_429']} × 429{f' ({reasons})' if reasons else ''}{queued}, "
+        f"preemptions {s['preemptions']}, {s['output_tokens']} output tokens in "
+        f"{s['drain_s']} s, goodput {s['goodput_tok_per_s']} tok/s (TTFT ≤ {s['ttft_slo_s']} s), "
+        f"ok p95 {s['ok_p95_s']} s, wait max {s['wait_max_s']} s"
     )
 
 
@@ -36,12 +59,21 @@ ROWS: tuple[tuple[str, str], ...] = (
     ("requests", "requests"),
     ("ok", "200 completed"),
     ("shed_429", "429 shed"),
+    ("shed_by_reason", "429 by reason"),
     ("other", "other errors"),
+    ("other_by_status", "other by status"),
     ("downgraded", "downgraded by ICE"),
+    ("queued", "queued by ICE"),
+    ("queued_ms_p50", "queued ms p50"),
+    ("queued_ms_p95", "queued ms p95"),
+    ("queued_ms_max", "queued ms max"),
     ("preemptions", "vLLM preemptions (delta)"),
     ("output_tokens", "completed output tokens"),
     ("wall_s", "burst wall time (s)"),
-    ("output_tok_per_s", "output tokens / s"),
+    ("drain_s", "drain time (s)"),
+    ("output_tok_per_s", "output tokens / s (drain)"),
+    ("slo_met", "200 with TTFT ≤ SLO"),
+    ("goodput_tok_per_s", "goodput tokens / s"),
     ("ok_p50_s", "200 latency p50 (s)"),
     ("ok_p95_s", "200 latency p95 (s)"),
     ("ok_max_s", "200 latency max (s)"),
@@ -55,7 +87,6 @@ ROWS: tuple[tuple[str, str], ...] = (
     ("shed_max_s", "429 latency max (s)"),
     ("shed_retry_after", "429 Retry-After"),
     ("shed_by_priority", "429 by priority"),
-    ("shed_reasons", "429 reasons"),
     ("waiting_max", "vLLM waiting max"),
     ("running_max", "vLLM running max"),
     ("kv_usage_max", "vLLM KV usage max"),
@@ -64,6 +95,48 @@ ROWS: tuple[tuple[str, str], ...] = (
     ("ice_body_max_s", "ICE time per body max (s, ≤ bucket)"),
 )
 
+# The per-mode spread table's columns (summary key, heading); a dict-valued key is one column
+# per key of the dict, headed "<heading> <key>".
+SPREAD_COLS: tuple[tuple[str, str], ...] = (
+    ("requests", "requests"),
+    ("ok", "200"),
+    ("shed_429", "429"),
+    ("shed_by_reason", "429"),
+    ("other_by_status", "other"),
+    ("queued", "queued"),
+    ("queued_ms_p95", "queued ms p95"),
+    ("queued_ms_max", "queued ms max"),
+    ("preemptions", "preemptions"),
+    ("wait_p50_s", "TTFT p50 s"),
+    ("wait_p95_s", "TTFT p95 s"),
+    ("ok_p50_s", "e2e p50 s"),
+    ("ok_p95_s", "e2e p95 s"),
+    ("ok_max_s", "e2e max s"),
+    ("drain_s", "drain s"),
+    ("output_tok_per_s", "tok/s"),
+    ("goodput_tok_per_s", "goodput tok/s"),
+    ("unjudged", "fail-open"),
+)
+
+# The per-tenant table's columns (key of ``run.tenant_breakdown``, heading).
+TENANT_COLS: tuple[tuple[str, str], ...] = (
+    ("requests", "requests"),
+    ("ok", "200"),
+    ("shed_429", "429"),
+    ("queued", "queued"),
+    ("queued_ms_p95", "queued ms p95"),
+    ("ttft_p95_s", "TTFT p95 s"),
+)
+
+
+def _abbrev(keys: Sequence[str]) -> dict[str, str]:
+    """Each key cut to the shortest prefix (≥ 4 characters) that keeps them all apart."""
+    for n in range(4, max((len(k) for k in keys), default=4) + 1):
+        cut = {k: k[:n] for k in keys}
+        if len(set(cut.values())) == len(cut):
+            return cut
+    return {k: k for k in keys}
+
 
 def _cell(value: Any) -> str:
     if value is None:
@@ -71,8 +144,75 @@ def _cell(value: Any) -> str:
     if isinstance(value, list):
         return ",".join(str(v) for v in value) or "-"
     if isinstance(value, dict):
-        return " ".join(f"{k[:4]}:{v}" for k, v in value.items()) or "-"
+        short = _abbrev(list(value))
+        return " ".join(f"{short[k]}:{v}" for k, v in value.items()) or "-"
     return str(value)
+
+
+def _num(value: float) -> str:
+    """A number as short as it reads: ``3``, ``0.25``, ``12.3`` (3 decimals at most)."""
+    return f"{round(float(value), 3):g}"
+
+
+def spread(values: Sequence[float | None], runs: int | None = None) -> str:
+    """``median [min–max]`` of the values that are not None; one value when they all agree;
+    ``(n=k)`` after it when only k of ``runs`` (default: all values) had one; ``-`` for none."""
+    have = [v for v in values if v is not None]
+    if not have:
+        return "-"
+    lo, hi = min(have), max(have)
+    text = _num(lo) if lo == hi else f"{_num(statistics.median(have))} [{_num(lo)}–{_num(hi)}]"
+    runs = len(values) if runs is None else runs
+    return text if len(have) == runs else f"{text} (n={len(have)})"
+
+
+def _order(results: Sequence[RunResult]) -> list[str]:
+    """The labels of ``results``: whole bursts first, then controls; modes as in ``MODES``."""
+    seen = {r.label: (r.variant != "", r.variant, _mode_rank(r.mode)) for r in results}
+    return sorted(seen, key=lambda label: seen[label])
+
+
+def _mode_rank(mode: str) -> int:
+    return MODES.index(mode) if mode in MODES else len(MODES)
+
+
+def _columns(
+    summaries: Sequence[dict[str, Any]], cols: Sequence[tuple[str, str]]
+) -> list[tuple[str, str, str | None]]:
+    """(heading, summary key, dict key or None) per column, dict-valued keys expanded."""
+    out: list[tuple[str, str, str | None]] = []
+    for key, head in cols:
+        values = [s.get(key) for s in summaries]
+        if any(isinstance(v, dict) for v in values):
+            keys = dict.fromkeys(k for v in values if isinstance(v, dict) for k in v)
+            out += [(f"{head} {k}", key, k) for k in keys]
+        else:
+            out.append((head, key, None))
+    return out
+
+
+def _value(summary: dict[str, Any], key: str, sub: str | None) -> float | None:
+    value = summary.get(key)
+    if sub is not None:
+        return float((value or {}).get(sub, 0))
+    return None if value is None else float(value)
+
+
+def _markdown(heads: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) -> str:
+    """A markdown table: the first ``left`` columns left-aligned, the others right-aligned."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(heads)]
+
+    def line(cells: Sequence[str]) -> str:
+        padded = [
+            c.ljust(w) if i < left else c.rjust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ]
+        return "| " + " | ".join(padded) + " |"
+
+    rule = "|" + "|".join(
+        "-" * (w + 2) if i < left else "-" * (w + 1) + ":" for i, w in enumerate(widths)
+    )
+    return "\n".join([line(heads), rule + "|", *(line(r) for r in rows)])
 
 
 def table(
@@ -80,52 +220,95 @@ def table(
     rows: Sequence[tuple[str, str]] = ROWS,
     heads: Sequence[str] | None = None,
 ) -> str:
-    """Rows: the metrics (``rows``: summary key, label); columns: each run (round, mode),
-    direct and ICE side by side; ``heads`` overrides the column titles (``r1 direct``...)."""
-    summaries = [r.summary() for r in sorted(results, key=lambda r: (r.round, r.mode))]
-    heads = list(heads) if heads is not None else [f"r{s['round']} {s['mode']}" for s in summaries]
-    cells = [[_cell(s[key]) for s in summaries] for key, _ in rows]
+    """Rows: the metrics (``rows``: summary key, label); columns: each run (round, mode), the
+    modes of a round side by side; ``heads`` overrides the column titles (``r1 direct``...)."""
+    ordered = sorted(
+        results, key=lambda r: (r.round, r.variant != "", r.variant, _mode_rank(r.mode))
+    )
+    summaries = [r.summary() for r in ordered]
+    heads = list(heads) if heads is not None else [f"r{s['round']} {s['label']}" for s in summaries]
     label_w = max(len(label) for _, label in rows)
-    widths = [max(len(h), *(len(row[i]) for row in cells)) for i, h in enumerate(heads)]
-    lines = [
-        "| "
-        + " | ".join([" " * label_w, *(h.rjust(w) for h, w in zip(heads, widths, strict=True))])
-        + " |",
-        "|" + "|".join(["-" * (label_w + 2), *("-" * (w + 1) + ":" for w in widths)]) + "|",
-    ]
-    for (_, label), row in zip(rows, cells, strict=True):
-        padded = [c.rjust(w) for c, w in zip(row, widths, strict=True)]
-        lines.append("| " + " | ".join([label.ljust(label_w), *padded]) + " |")
-    return "\n".join(lines)
+    body = [[label, *(_cell(s[key]) for s in summaries)] for key, label in rows]
+    return _markdown([" " * label_w, *heads], body)
 
 
-def totals(results: Sequence[RunResult]) -> str:
-    """One line per mode over all rounds: preemptions, 429s, output tokens, worst wait."""
-    lines = []
-    for mode in MODES:
-        runs = [r.summary() for r in results if r.mode == mode]
-        if not runs:
-            continue
-        pre = [s["preemptions"] for s in runs]
-        shed_max = [s["shed_max_s"] for s in runs if s["shed_max_s"] is not None]
-        lines.append(
-            f"{mode:>6}: preemptions {'/'.join(map(str, pre))} (sum {sum(pre)}), "
-            f"429s {sum(s['shed_429'] for s in runs)}, "
-            f"output tokens {sum(s['output_tokens'] for s in runs)}, "
-            f"longest wait {max((s['wait_max_s'] or 0.0) for s in runs)} s, "
-            f"slowest 429 {f'{max(shed_max)} s' if shed_max else '-'}"
+def totals(results: Sequence[RunResult], cols: Sequence[tuple[str, str]] = SPREAD_COLS) -> str:
+    """One row per mode over all rounds, each cell ``spread`` over its runs; then the SLO."""
+    if not results:
+        return ""
+    all_summaries = [r.summary() for r in results]
+    columns = _columns(all_summaries, cols)
+    rows = []
+    for label in _order(results):
+        runs = [s for s in all_summaries if s["label"] == label]
+        cells = [spread([_value(s, key, sub) for s in runs]) for _, key, sub in columns]
+        rows.append([label, str(len(runs)), *cells])
+    slos = sorted({r.ttft_slo_s for r in results})
+    footer = (
+        f"cells: median [min–max] over the runs of each mode; goodput = Σ completion tokens of "
+        f"the 200s with TTFT ≤ {'/'.join(_num(v) for v in slos)} s (the SLO) / drain time "
+        "(from the burst's start to the end of its last request)"
+    )
+    return _markdown(["mode", "runs", *(h for h, _, _ in columns)], rows) + "\n" + footer
+
+
+def tenant_table(
+    results: Sequence[RunResult], cols: Sequence[tuple[str, str]] = TENANT_COLS
+) -> str:
+    """One row per (mode, tenant), each cell ``spread`` over the runs; "" without tenants.
+    ``queued ms p95`` is over the tenant's queued requests (the wait ICE added)."""
+    rows = []
+    for label in _order(results):
+        breakdowns = [r.summary()["tenants"] for r in results if r.label == label]
+        for tenant in dict.fromkeys(t for b in breakdowns for t in b):
+            mine = [b[tenant] for b in breakdowns if tenant in b]
+            cells = [spread([m[key] for m in mine]) for key, _ in cols]
+            rows.append([label, tenant, str(len(mine)), *cells])
+    if not rows:
+        return ""
+    return _markdown(["mode", "tenant", "runs", *(h for _, h in cols)], rows, left=2)
+
+
+def spreads(results: Sequence[RunResult]) -> dict[str, dict[str, Any]]:
+    """Per label: its run count and, for each numeric summary key (dict-valued ones as
+    ``key.sub``), the median, min and max over its runs that had a value, and their count."""
+    out: dict[str, dict[str, Any]] = {}
+    for label in _order(results):
+        runs = [r.summary() for r in results if r.label == label]
+        numeric = dict.fromkeys(
+            k for s in runs for k, v in s.items() if isinstance(v, int | float) and k != "round"
         )
-    return "\n".join(lines)
+        keys: list[tuple[str, str, str | None]] = [(k, k, None) for k in numeric]
+        for key in ("shed_by_reason", "other_by_status"):
+            keys += [(f"{key}.{sub}", key, sub) for _, _, sub in _columns(runs, [(key, key)])]
+        entry: dict[str, Any] = {"runs": len(runs)}
+        for name, key, sub in keys:
+            have = [v for v in (_value(s, key, sub) for s in runs) if v is not None]
+            entry[name] = (
+                {
+                    "median": statistics.median(have),
+                    "min": min(have),
+                    "max": max(have),
+                    "n": len(have),
+                }
+                if have
+                else None
+            )
+        out[label] = entry
+    return out
 
 
 def report(
     results: Sequence[RunResult], burst: Sequence[Planned], args: dict[str, Any]
 ) -> dict[str, Any]:
+    tenants = dict.fromkeys(b.tenant for b in burst if b.tenant is not None)
     return {
         "burst": {
             **args,
             "priorities": {p: sum(1 for b in burst if b.priority == p) for p in PRIORITIES},
+            "tenants": {t: sum(1 for b in burst if b.tenant == t) for t in tenants},
         },
+        "spread": spreads(results),
         "runs": [
             {
                 "summary": r.summary(),

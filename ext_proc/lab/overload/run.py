@@ -1,16 +1,22 @@
 """One run: the planned burst sent open-loop to one target while vLLM's metrics are sampled.
 
-- ``send``: one request at its planned time; its ``Shot`` holds the status, the times to the
-  headers, to the first token and to the end, the usage, and ICE's answer headers (decision,
-  reason, ``retry-after``, ``x-downgraded``).
+- ``send``: one request at its planned time (with ``x-priority`` and, when planned, the
+  tenant header ``x-tenant``); its ``Shot`` holds the status, when it really started, the
+  times to the headers, to the first token and to the end, the usage, and ICE's answer
+  headers (decision, reason, ``retry-after``, ``x-downgraded``, ``x-ice-queued-ms``).
 - ``run_burst``: every request of the burst as its own task, plus a sampler (``metrics``);
   readings of the counters before and after give the run's deltas (``RunResult``).
-- ``RunResult.summary``: the run's numbers, flat, under the keys ``results.ROWS`` names.
+- ``RunResult.summary``: the run's numbers, flat, under the keys ``results.ROWS`` names, and
+  ``tenants`` (``tenant_breakdown``). Pure helpers over shots: ``drain_s`` (t0 to the end of
+  the last request), ``goodput`` (Σ completion tokens of the 200s whose time to first token
+  was ≤ the SLO, over the drain time), ``by_reason`` (429s by ``x-ice-reason``),
+  ``by_status`` (the other answers by status; ``0``: no answer, a transport error).
 
 Invariants: open loop: each request starts at ``t0 + at_s`` whatever the others do, on a
 connection of its own (no pooling, no limit); a ``Shot`` never raises: a transport error is
 recorded in ``Shot.error``; the sampler is stopped and awaited before its session closes, on
-error and on Ctrl-C too; quantiles are nearest-rank, rounded to ms, None without values.
+error and on Ctrl-C too; quantiles are nearest-rank, rounded to 3 decimals (seconds: ms),
+None without values. "ok" is a 200 whose stream ended without error.
 """
 
 from __future__ import annotations
@@ -24,7 +30,14 @@ from typing import Any
 
 import aiohttp
 
-from ext_proc.lab.overload.burst import CHAT, PRIORITIES, Planned, request_body
+from ext_proc.lab.overload.burst import (
+    CHAT,
+    PRIORITIES,
+    TENANT_HEADER,
+    TTFT_SLO_S,
+    Planned,
+    request_body,
+)
 from ext_proc.lab.overload.metrics import (
     Sample,
     bucket_quantile,
@@ -35,7 +48,22 @@ from ext_proc.lab.overload.metrics import (
     sample_metrics,
 )
 
-__all__ = ["RunResult", "Shot", "run_burst", "send"]
+__all__ = [
+    "H_QUEUED_MS",
+    "RunResult",
+    "Shot",
+    "by_reason",
+    "by_status",
+    "drain_s",
+    "goodput",
+    "is_ok",
+    "quantile",
+    "run_burst",
+    "send",
+    "tenant_breakdown",
+]
+
+H_QUEUED_MS = "x-ice-queued-ms"  # ext_proc.queueing.H_QUEUED_MS: the wait ICE added
 
 
 @dataclass
@@ -59,22 +87,36 @@ class Shot:
     reason: str | None = None
     downgraded: bool = False  # ICE lowered max_tokens (x-downgraded: true)
     error: str | None = None
+    tenant: str | None = None
+    # When the request really started, s after t0 (None: at its planned at_s).
+    start_s: float | None = None
+    # x-ice-queued-ms: how long ICE's admission queue held it (None: not queued).
+    queued_ms: float | None = None
+
+    @property
+    def end_s(self) -> float:
+        """When the answer ended, s after t0."""
+        return (self.at_s if self.start_s is None else self.start_s) + self.latency_s
 
 
 async def send(
     session: aiohttp.ClientSession, url: str, p: Planned, body: dict[str, Any], t0: float
 ) -> Shot:
     await asyncio.sleep(max(0.0, t0 + p.at_s - time.monotonic()))
-    shot = Shot(p.index, p.priority, p.at_s)
     start = time.monotonic()
+    shot = Shot(p.index, p.priority, p.at_s, tenant=p.tenant, start_s=start - t0)
+    headers = {"x-priority": p.priority}
+    if p.tenant is not None:
+        headers[TENANT_HEADER] = p.tenant
     try:
-        async with session.post(url, json=body, headers={"x-priority": p.priority}) as resp:
+        async with session.post(url, json=body, headers=headers) as resp:
             shot.headers_s = time.monotonic() - start
             shot.status = resp.status
             shot.retry_after = resp.headers.get("retry-after")
             shot.decision = resp.headers.get("x-ice-decision") or None
             shot.reason = resp.headers.get("x-ice-reason") or None
             shot.downgraded = resp.headers.get("x-downgraded") == "true"
+            shot.queued_ms = _number(resp.headers.get(H_QUEUED_MS))
             if resp.status != 200:
                 text = await resp.text()
                 shot.ttft_s = time.monotonic() - start
@@ -100,6 +142,74 @@ async def send(
     return shot
 
 
+def _number(text: str | None) -> float | None:
+    try:
+        return float(text) if text else None
+    except ValueError:
+        return None
+
+
+def is_ok(s: Shot) -> bool:
+    return s.status == 200 and s.error is None
+
+
+def drain_s(shots: Sequence[Shot]) -> float:
+    """From t0 to the end of the last request (0.0 without shots)."""
+    return max((s.end_s for s in shots), default=0.0)
+
+
+def goodput(shots: Sequence[Shot], ttft_slo_s: float, drain: float | None = None) -> float:
+    """Σ completion tokens of the ok shots whose time to first token was ≤ ``ttft_slo_s``,
+    per second of ``drain`` (default: ``drain_s(shots)``); 0.0 when the drain time is 0."""
+    drain = drain_s(shots) if drain is None else drain
+    good = sum(
+        s.completion_tokens
+        for s in shots
+        if is_ok(s) and s.ttft_s is not None and s.ttft_s <= ttft_slo_s
+    )
+    return good / drain if drain > 0 else 0.0
+
+
+def by_reason(shots: Sequence[Shot]) -> dict[str, int]:
+    """The 429s by ICE's ``x-ice-reason`` (``-``: none given), most first then by name."""
+    counts: dict[str, int] = {}
+    for s in shots:
+        if s.status == 429:
+            counts[s.reason or "-"] = counts.get(s.reason or "-", 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def by_status(shots: Sequence[Shot]) -> dict[str, int]:
+    """The answers neither ok nor 429, by status (``"0"``: no status, a transport error; a
+    200 whose stream failed counts as ``"200"``), by status code."""
+    counts: dict[int, int] = {}
+    for s in shots:
+        if not is_ok(s) and s.status != 429:
+            counts[s.status] = counts.get(s.status, 0) + 1
+    return {str(k): v for k, v in sorted(counts.items())}
+
+
+def tenant_breakdown(shots: Sequence[Shot]) -> dict[str, dict[str, Any]]:
+    """Per tenant (in order of first appearance; none without tenants): its requests, ok,
+    429s, how many ICE queued and the p95 of those waits (ms, over the queued ones), and the
+    p95 time to first token of its ok requests (s)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in dict.fromkeys(s.tenant for s in shots if s.tenant is not None):
+        mine = [s for s in shots if s.tenant == name]
+        queued = [s.queued_ms for s in mine if s.queued_ms is not None]
+        out[name] = {
+            "requests": len(mine),
+            "ok": sum(1 for s in mine if is_ok(s)),
+            "shed_429": sum(1 for s in mine if s.status == 429),
+            "queued": len(queued),
+            "queued_ms_p95": quantile(queued, 0.95),
+            "ttft_p95_s": quantile(
+                [s.ttft_s for s in mine if is_ok(s) and s.ttft_s is not None], 0.95
+            ),
+        }
+    return out
+
+
 @dataclass
 class RunResult:
     mode: str
@@ -116,39 +226,60 @@ class RunResult:
     samples: list[Sample] = field(default_factory=list)
     # ICE's ice_processing_seconds{phase="request_body"} over the run: bucket bound → count
     ice_body_buckets: dict[float, float] = field(default_factory=dict)
+    ttft_slo_s: float = TTFT_SLO_S  # what goodput counts against
+    variant: str = ""  # "" for the whole burst; e.g. "light alone" for a control run
+
+    @property
+    def label(self) -> str:
+        """The mode, and the variant when there is one: ``queue``, ``queue light alone``."""
+        return f"{self.mode} {self.variant}" if self.variant else self.mode
 
     def summary(self) -> dict[str, Any]:
-        ok = [s for s in self.shots if s.status == 200 and s.error is None]
+        ok = [s for s in self.shots if is_ok(s)]
         shed = [s for s in self.shots if s.status == 429]
-        other = [s for s in self.shots if s not in ok and s not in shed]
+        other = [s for s in self.shots if not is_ok(s) and s.status != 429]
         ok_lat = [s.latency_s for s in ok]
         waits = [s.ttft_s for s in ok if s.ttft_s is not None]
         tokens = sum(s.completion_tokens for s in ok)
+        queued = [s.queued_ms for s in self.shots if s.queued_ms is not None]
+        drain = drain_s(self.shots)
         return {
             "mode": self.mode,
+            "variant": self.variant,
+            "label": self.label,
             "round": self.round,
             "requests": len(self.shots),
             "ok": len(ok),
             "shed_429": len(shed),
+            "shed_by_reason": by_reason(self.shots),
             "other": len(other),
+            "other_by_status": by_status(self.shots),
             "downgraded": sum(1 for s in self.shots if s.downgraded),
+            "queued": len(queued),
+            "queued_ms_p50": quantile(queued, 0.5),
+            "queued_ms_p95": quantile(queued, 0.95),
+            "queued_ms_max": quantile(queued, 1.0),
             "preemptions": self.preemptions,
             "output_tokens": tokens,
             "wall_s": round(self.wall_s, 2),
-            "output_tok_per_s": round(tokens / self.wall_s, 1) if self.wall_s else 0.0,
-            "ok_p50_s": _q(ok_lat, 0.5),
-            "ok_p95_s": _q(ok_lat, 0.95),
-            "ok_max_s": _q(ok_lat, 1.0),
-            "all_p50_s": _q([s.latency_s for s in self.shots], 0.5),
-            "all_p95_s": _q([s.latency_s for s in self.shots], 0.95),
-            "wait_p50_s": _q(waits, 0.5),
-            "wait_p95_s": _q(waits, 0.95),
-            "wait_max_s": _q(waits, 1.0),
+            "drain_s": round(drain, 2),
+            "output_tok_per_s": round(tokens / drain, 1) if drain > 0 else 0.0,
+            "ttft_slo_s": self.ttft_slo_s,
+            "slo_met": sum(1 for w in waits if w <= self.ttft_slo_s),
+            "goodput_tok_per_s": round(goodput(self.shots, self.ttft_slo_s, drain), 1),
+            "ok_p50_s": quantile(ok_lat, 0.5),
+            "ok_p95_s": quantile(ok_lat, 0.95),
+            "ok_max_s": quantile(ok_lat, 1.0),
+            "all_p50_s": quantile([s.latency_s for s in self.shots], 0.5),
+            "all_p95_s": quantile([s.latency_s for s in self.shots], 0.95),
+            "wait_p50_s": quantile(waits, 0.5),
+            "wait_p95_s": quantile(waits, 0.95),
+            "wait_max_s": quantile(waits, 1.0),
             "vllm_queue_mean_s": None
             if self.queue_time_mean_s is None
             else round(self.queue_time_mean_s, 3),
-            "shed_p50_s": _q([s.latency_s for s in shed], 0.5),
-            "shed_max_s": _q([s.latency_s for s in shed], 1.0),
+            "shed_p50_s": quantile([s.latency_s for s in shed], 0.5),
+            "shed_max_s": quantile([s.latency_s for s in shed], 1.0),
             "shed_retry_after": sorted({s.retry_after or "-" for s in shed}),
             "shed_by_priority": {
                 p: sum(1 for s in shed if s.priority == p) for p in PRIORITIES if shed
@@ -161,10 +292,11 @@ class RunResult:
             "unjudged": self.ext_proc.get("failure_mode_allowed", 0),
             "ice_body_p50_s": bucket_quantile(self.ice_body_buckets, 0.5),
             "ice_body_max_s": bucket_quantile(self.ice_body_buckets, 1.0),
+            "tenants": tenant_breakdown(self.shots),
         }
 
 
-def _q(values: Sequence[float], q: float) -> float | None:
+def quantile(values: Sequence[float], q: float) -> float | None:
     """Nearest-rank quantile (q = 1.0: the maximum), rounded to ms; None for no values."""
     if not values:
         return None
@@ -185,6 +317,8 @@ async def run_burst(
     sample_s: float = 0.1,
     admin_port: int | None = None,
     ice_metrics_url: str | None = None,
+    ttft_slo_s: float = TTFT_SLO_S,
+    variant: str = "",
 ) -> RunResult:
     """Send ``burst`` to ``target`` (a base URL) and watch vLLM's ``metrics_url`` meanwhile
     (and, given ``ice_metrics_url``, how long ICE took over each body)."""
@@ -239,4 +373,6 @@ async def run_burst(
         shots=list(shots),
         samples=samples,
         ice_body_buckets={b: n - ice0.get(b, 0.0) for b, n in ice1.items()},
+        ttft_slo_s=ttft_slo_s,
+        variant=variant,
     )
