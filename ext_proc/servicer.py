@@ -95,7 +95,8 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                             # Truncation waits on the embedding worker: ask Envoy for the time
                             # first (a reply with only override_message_timeout is not the
                             # answer).
-                            yield _extend_timeout(route)
+                            spec = route.profile.truncation
+                            yield _extend_timeout(spec.deadline_ms if spec is not None else 0)
                             verdict = await self.pipeline.finish_truncation(route, facts, verdict)
                         elif queueable(route, verdict):
                             assert verdict is not None
@@ -107,7 +108,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                                 if facts.ticket is not None:
                                     self.backlog.answered(facts.ticket)
                                 self._release(facts)
-                                yield _queue_timeout(route)
+                                yield _extend_timeout(got.spec.max_queue_wait_ms)
                                 verdict = await self.queue.wait(got)
                                 queued = True
                             else:
@@ -276,30 +277,17 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
 # The verdict of a body Envoy has given up on: answered with a plain continue, not counted.
 _GONE = BodyVerdict(None, None, Continue([], None))
 
-# What ICE asks of Envoy's message timeout beyond the truncation deadline (the planning and
-# the body edit after the similarities arrive). Envoy's max_message_timeout must allow it.
-TRUNCATION_TIMEOUT_MARGIN_MS = 1000
+# What ICE asks of Envoy's message timeout beyond the time it holds a message for: the
+# truncation deadline (then the planning and the body edit) or a queued request's longest
+# wait. Envoy's max_message_timeout must allow it (ext_proc.envoygen.pieces).
+TIMEOUT_MARGIN_MS = 1000
 
 
-def _extend_timeout(route: Route) -> pb.ProcessingResponse:
-    """A reply that only extends Envoy's message timeout for this message."""
-    spec = route.profile.truncation
-    ms = (spec.deadline_ms if spec is not None else 0) + TRUNCATION_TIMEOUT_MARGIN_MS
+def _extend_timeout(hold_ms: int) -> pb.ProcessingResponse:
+    """A reply that only extends Envoy's message timeout for this message (it is not the
+    answer): ``hold_ms`` plus the margin."""
     response = pb.ProcessingResponse()
-    response.override_message_timeout.FromMilliseconds(ms)
-    return response
-
-
-# What ICE asks of Envoy's message timeout beyond a queued request's longest wait.
-QUEUE_TIMEOUT_MARGIN_MS = 1000
-
-
-def _queue_timeout(route: Route) -> pb.ProcessingResponse:
-    """A reply that only extends Envoy's message timeout for a queued request's wait."""
-    spec = route.profile.queue
-    ms = (spec.max_queue_wait_ms if spec is not None else 0) + QUEUE_TIMEOUT_MARGIN_MS
-    response = pb.ProcessingResponse()
-    response.override_message_timeout.FromMilliseconds(ms)
+    response.override_message_timeout.FromMilliseconds(hold_ms + TIMEOUT_MARGIN_MS)
     return response
 
 
