@@ -49,7 +49,7 @@ from ext_proc.placement import Placement, Placer
 from ext_proc.plan import Continue, Respond, reject_outcome
 from ext_proc.policy.evaluate import LADDER, LADDER_AFTER_TRUNCATION, Rule, Shape, evaluate
 from ext_proc.policy.model import PRIORITIES, Policy
-from ext_proc.poolview import PoolViews
+from ext_proc.poolview import Hold, PoolViews
 from ext_proc.routing import Route, Router
 from ext_proc.schemas import (
     OPENAI_CHAT_FALLBACK,
@@ -135,9 +135,13 @@ class Pipeline:
         }
         if carry is not None:
             ledger = carry.views.shared
-        self.views: PoolViews = (
-            carry.views if carry is not None and kept else PoolViews(endpoints, ledger)
-        )
+        until_seen = frozenset(n for n, p in policy.pools.items() if p.kv_hold == "seen")
+        if carry is not None and kept:
+            self.views: PoolViews = carry.views
+            self.views.until_seen = until_seen
+        else:  # live reservations carry over: their holds release into the same totals
+            live = carry.views.live if carry is not None else None
+            self.views = PoolViews(endpoints, ledger, until_seen, live)
         self.placer = Placer(self.views)
         self._pick = {n: p.endpoint_pick for n, p in policy.pools.items()}
         if carry is not None:
@@ -368,9 +372,10 @@ class Pipeline:
         outcome = self._bad(route, adapter, status, code, message, param)
         return BodyVerdict(None, None, outcome, bad=code)
 
-    def record(self, route: Route, verdict: BodyVerdict) -> None:
+    def record(self, route: Route, verdict: BodyVerdict) -> Hold | None:
         """Count a body verdict in ICE's metrics (kept apart from ``on_body``, which may run
-        in the offload process)."""
+        in the offload process); a request that goes upstream holds its KV blocks in the
+        ledger: its reservation, for ``views.release`` when its stream ends."""
         if verdict.shadow is not None:
             telemetry.count_decision(route.name, *verdict.shadow, mode="shadow")
         elif verdict.bad is not None:
@@ -384,17 +389,19 @@ class Pipeline:
                 telemetry.TOKEN_COUNTS.labels(mode=f.count_mode).inc()
             telemetry.count_shape(route.name, f.sequences, f.media_parts)
         if f is not None and isinstance(d, Pass | Downgrade | Truncated):  # goes upstream:
-            # its blocks count against the pool's free blocks until a newer view (poolview)
+            # its blocks count against the pool's free blocks (poolview)
             then = d.then if isinstance(d, Truncated) else d
             output = then.max_tokens if isinstance(then, Downgrade) else f.max_tokens
             output = (output or route.profile.min_output_tokens) if f.generates else 0
             shape = Shape.of(f, route.profile)
             placed = verdict.placement
             endpoint = placed.endpoint if placed is not None and placed.endpoint else ""
-            self.views.hold(route.profile, self.lookup(route.pool), shape, output, endpoint)
+            hold = self.views.hold(route.profile, self.lookup(route.pool), shape, output, endpoint)
             if placed is not None and placed.picked:
                 self.placer.sent(route.pool, placed)
                 telemetry.count_pick(route.pool, endpoint)
+            return hold
+        return None
 
     def on_body(self, route: Route, facts: HeaderFacts, body: bytes) -> BodyVerdict | None:
         """The body's verdict (None: not an inference body); a profile with

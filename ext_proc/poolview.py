@@ -13,7 +13,23 @@ worker's ledger of requests in flight.
   shared ledger (``ext_proc.signals.ledger_shm``) and counts the other workers' entries
   newer than the view too, so N workers admit no more than one would; a heavy body judged
   in the offload helper is judged with its worker's figures. What the backend's gauges lag
-  behind a scrape is not covered.
+  behind a scrape is not covered by this part.
+- ``kv_hold: done`` (the pool's default) also reserves each passed request's *whole* need
+  (prompt and output limit, all sequences) until its ext_proc stream ends (Envoy keeps it
+  open until the HTTP response is over, or the client left; ``release``): a backend's gauge
+  shows only the blocks a decoding request holds *now*, and vLLM admits a request once its
+  prompt fits, so the view alone lets the output of the running requests outgrow the cache
+  (preemption). Per endpoint e, with U = usable, F = free (the view), A = unseen ledger
+  blocks (above) and L = live reserved blocks (this worker's and, with ``--workers N``, the
+  others' published totals):
+
+      room(e) = min(F − A, U − L)    ⇔  held(e) = max(A, L − (U − F))
+
+  exact when every request reaches the backend through ICE (then U − F ≤ L); traffic around
+  ICE still counts through F − A. Entries placed by Envoy's balancer (endpoint "") count
+  against every endpoint in A, and spread evenly, ceil(L_"" / endpoints), in L (a request
+  stays on one endpoint for its whole life; ``endpoint_pick: ice`` makes it exact).
+  ``kv_hold: seen`` keeps only the first part (the ledger until a newer view).
 
 KV blocks of a sequence: ceil((input + output) / block_size) on a full-attention model, or
 the ``ext_proc.kv`` geometry's ``request_blocks`` (sliding-window and hybrid layer groups)
@@ -43,7 +59,7 @@ from ext_proc.policy.scores import DrainInputs, drain_inputs, pool_cache_efficie
 from ext_proc.signals.ledger_shm import LedgerHandle, endpoint_key
 from ext_proc.signals.snapshot import PoolSnapshot
 
-__all__ = ["Endpoint", "PoolViews"]
+__all__ = ["Endpoint", "Hold", "PoolViews"]
 
 # Ledger entries kept per pool when no newer view arrives for a long while (the newest stay).
 MAX_INFLIGHT = 4096
@@ -83,6 +99,17 @@ class _Entries:
             self.total -= entries.popleft()[1]
 
 
+@dataclass(slots=True, eq=False)
+class Hold:
+    """A passed request's reservation: ``blocks`` at ``endpoint`` ("": anywhere) of ``pool``,
+    live until ``PoolViews.release`` (its stream ended)."""
+
+    pool: str
+    endpoint: str
+    blocks: int
+    released: bool = False
+
+
 def _less(fit: KvFit, held: int) -> KvFit:
     return replace(fit, free_blocks=max(0, fit.free_blocks - held)) if held else fit
 
@@ -97,9 +124,15 @@ class PoolViews:
         self,
         endpoint_overrides: Mapping[str, Mapping[str, str]] | None = None,
         shared: LedgerHandle | None = None,
+        until_seen: frozenset[str] = frozenset(),
+        live: dict[str, dict[str, int]] | None = None,
     ) -> None:
         self._overrides = dict(endpoint_overrides or {})
         self.shared = shared  # the host's ledger: the other workers' entries
+        self.until_seen = until_seen  # pools with kv_hold: seen (no live reservations)
+        # pool → endpoint ("" anywhere) → KV blocks reserved by this worker's live requests
+        # (shared with the views of a reloaded policy, whose holds release into it)
+        self.live: dict[str, dict[str, int]] = {} if live is None else live
         self._pressure: dict[tuple[str, PressureModel], tuple[PoolSnapshot, Pressure | None]] = {}
         self._drain: dict[str, tuple[PoolSnapshot, DrainInputs | None]] = {}
         self._efficiency: dict[str, tuple[PoolSnapshot, float | None]] = {}
@@ -221,8 +254,34 @@ class PoolViews:
         return [(v, _less(v.fit, anywhere + ledger.get(v.endpoint, 0))) for v in fresh]
 
     def ledger(self, snapshot: PoolSnapshot) -> dict[str, int]:
-        """KV blocks of the requests passed to ``snapshot``'s pool since it was taken, by the
-        endpoint they were sent to ("": anywhere, Envoy's load balancer placed them)."""
+        """KV blocks to take off the free blocks of ``snapshot``'s endpoints: those of the
+        requests passed to its pool since it was taken, by the endpoint they were sent to ("":
+        anywhere, Envoy's load balancer placed them); with live reservations, per endpoint
+        max(A, L − used) (the module docstring) and no "" entry."""
+        unseen = self._unseen(snapshot)
+        live = self._live_of(snapshot)
+        if not live:
+            return unseen
+        overrides = self._overrides.get(snapshot.pool)
+        known = [
+            (endpoint_of(b.url, overrides), b.usable_blocks - b.free_blocks)
+            for b in snapshot.backends
+            if b.free_blocks is not None and b.usable_blocks is not None
+        ]
+        if not known:
+            return unseen
+        spread = -(-live.get("", 0) // len(known))
+        anywhere = unseen.get("", 0)
+        out: dict[str, int] = {}
+        for endpoint, used in known:
+            a = anywhere + unseen.get(endpoint, 0)
+            held = max(a, spread + live.get(endpoint, 0) - max(0, used))
+            if held > 0:
+                out[endpoint] = held
+        return out
+
+    def _unseen(self, snapshot: PoolSnapshot) -> dict[str, int]:
+        """The ledger's entries newer than ``snapshot``, by endpoint ("": anywhere)."""
         pool = self._inflight.get(snapshot.pool)
         out: dict[str, int] = {}
         for endpoint, entries in (pool or {}).items():
@@ -237,6 +296,33 @@ class PoolViews:
                     if blocks:
                         out[endpoint] = out.get(endpoint, 0) + blocks
         return out
+
+    def _live_of(self, snapshot: PoolSnapshot) -> dict[str, int]:
+        """Blocks reserved by live requests to ``snapshot``'s pool, this worker's and the
+        other workers', by endpoint ("": anywhere)."""
+        if snapshot.pool in self.until_seen:
+            return {}
+        out = {e: b for e, b in self.live.get(snapshot.pool, {}).items() if b}
+        if self.shared is not None:
+            others = self.shared.others_live()
+            if others:
+                for endpoint in ("", *self.addresses(snapshot)):
+                    blocks = others.get(endpoint_key(snapshot.pool, endpoint), 0)
+                    if blocks:
+                        out[endpoint] = out.get(endpoint, 0) + blocks
+        return out
+
+    def release(self, hold: Hold) -> None:
+        """``hold``'s request is over (its stream ended): its blocks are no longer reserved.
+        Idempotent."""
+        if hold.released:
+            return
+        hold.released = True
+        pool = self.live.setdefault(hold.pool, {})
+        total = pool[hold.endpoint] = max(0, pool.get(hold.endpoint, 0) - hold.blocks)
+        if self.shared is not None:
+            key = endpoint_key(hold.pool, hold.endpoint)
+            self.shared.publish_live(key, total, time.monotonic())
 
     def held(self, snapshot: PoolSnapshot) -> int:
         """All KV blocks of the requests passed to ``snapshot``'s pool since it was taken."""
@@ -260,20 +346,31 @@ class PoolViews:
         shape: Shape,
         output: int,
         endpoint: str = "",
-    ) -> None:
+    ) -> Hold | None:
         """Remember the blocks of a request (all its sequences) sent upstream to
-        ``snapshot``'s pool: to ``endpoint``, or "" when Envoy's load balancer placed it."""
+        ``snapshot``'s pool: to ``endpoint``, or "" when Envoy's load balancer placed it.
+        Its reservation (None: nothing to reserve, or ``kv_hold: seen``) lasts until
+        ``release``."""
         views = self.endpoints(profile, snapshot)
         if not views or snapshot is None:
-            return
-        pool = self._inflight.setdefault(snapshot.pool, {})
+            return None
+        name = snapshot.pool
+        pool = self._inflight.setdefault(name, {})
         entries = pool.get(endpoint)
         if entries is None:
             entries = pool[endpoint] = _Entries()
         at, blocks = time.monotonic(), views[0].fit.need(shape, output)
         entries.add(at, blocks)
+        key = endpoint_key(name, endpoint) if self.shared is not None else 0
         if self.shared is not None:
-            self.shared.publish(endpoint_key(snapshot.pool, endpoint), at, blocks)
+            self.shared.publish(key, at, blocks)
+        if name in self.until_seen or blocks <= 0:
+            return None
+        live = self.live.setdefault(name, {})
+        total = live[endpoint] = live.get(endpoint, 0) + blocks
+        if self.shared is not None:
+            self.shared.publish_live(key, total, at)
+        return Hold(name, endpoint, blocks)
 
     def _blocks_fn(self, profile: Profile, block_size: int) -> Callable[[int, int, int], int]:
         """Blocks a request of (input, output) tokens needs with ``cached`` prompt tokens

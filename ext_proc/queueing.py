@@ -277,7 +277,7 @@ class AdmissionQueue:
         if w.future.done():  # cancelled in the meantime
             return
         verdict = with_queued_ms(verdict, now - w.enqueued_s)
-        w.pipeline.record(w.route, verdict)
+        w.facts.hold = w.pipeline.record(w.route, verdict)  # released by its stream
         w.future.set_result(verdict)
         self._count(w, outcome, now)
 

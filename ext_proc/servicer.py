@@ -113,7 +113,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                                 queued = True
                             else:
                                 verdict = got
-                        response = self._body_response(route, verdict, recorded=queued)
+                        response = self._body_response(route, facts, verdict, queued)
                         if facts.ticket is not None and verdict is not _GONE:
                             self.backlog.answered(facts.ticket)
                         self._release(facts)
@@ -136,6 +136,8 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             raise
         finally:
             self._release(facts)
+            if facts.hold is not None:  # the request is over: its KV blocks are free again
+                self.pipeline.views.release(facts.hold)
 
     def _release(self, facts: HeaderFacts) -> None:
         ticket = facts.ticket
@@ -165,7 +167,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             admitted = self.backlog.admit(promised, "helper" if helper else "inline")
             if isinstance(admitted, str):  # busy: the coarse verdict, without the body
                 verdict = self.pipeline.on_size(route, facts, promised)
-                self.pipeline.record(route, verdict)
+                facts.hold = self.pipeline.record(route, verdict)
                 telemetry.COARSE_VERDICTS.labels(route=route.name, why=admitted).inc()
                 outcome = _with_profile(verdict.outcome, route)
                 return facts, render.headers_outcome(outcome, facts.strip)
@@ -246,13 +248,13 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         return self.pipeline.on_body(route, facts, data)
 
     def _body_response(
-        self, route: Route, verdict: BodyVerdict | None, *, recorded: bool = False
+        self, route: Route, facts: HeaderFacts, verdict: BodyVerdict | None, recorded: bool
     ) -> pb.ProcessingResponse:
         """``recorded``: the admission queue counted the verdict already."""
         if verdict is None or verdict is _GONE:
             return render.body_continue()
         if not recorded:
-            self.pipeline.record(route, verdict)
+            facts.hold = self.pipeline.record(route, verdict)
         return render.render_body_outcome(_with_profile(verdict.outcome, route))
 
     def _fault(

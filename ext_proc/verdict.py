@@ -26,6 +26,7 @@ from ext_proc.policy.pressure import Pressure
 from ext_proc.schemas import RequestFeatures, SchemaAdapter
 
 if TYPE_CHECKING:
+    from ext_proc.poolview import Hold
     from ext_proc.truncate.units import Conversation
 
 __all__ = ["BodyVerdict", "HeaderFacts", "PendingTruncation", "make_verdict", "with_header"]
@@ -46,6 +47,7 @@ class HeaderFacts:
     ticket: Ticket | None = None  # its place in the worker's body backlog (ext_proc.backlog)
     tenant: str = ""  # prefix_tracking.tenant_header's value
     queue_tenant: str = ""  # the profile's queue.tenant_header's value (ext_proc.queueing)
+    hold: Hold | None = None  # its KV reservation once passed, released when its stream ends
     # mode: shadow — an answer at the headers that was not given: its headers for the request
     shadow_headers: list[tuple[str, str]] = field(default_factory=list)
 

@@ -323,3 +323,39 @@ def test_a_handle_in_a_fresh_interpreter_does_not_unlink_the_segment_at_exit() -
         assert segment_exists(seg.name)
         with LedgerHandle(seg.name, 0) as h:
             assert h.others(0.0) == {5: 9}
+
+
+def test_live_totals_are_the_latest_per_worker_and_never_counted_as_entries() -> None:
+    with LedgerSegment(3, ring_entries=8) as segment:
+        w0, w1, w2 = (LedgerHandle(segment.name, i) for i in range(3))
+        try:
+            key = endpoint_key("pool", "")
+            w1.publish_live(key, 7, 1.0)
+            w1.publish_live(key, 12, 2.0)  # a total, not a delta
+            w2.publish_live(key, 5, 2.0)
+            assert w0.others_live() == {key: 17}
+            assert w0.others(0.0) == {}  # live totals are not ledger entries
+            for t in range(20):  # lap w1's ring: its latest total still stands
+                w1.publish(key, 3.0 + t, 1)
+            assert w0.others_live() == {key: 17}
+            w1.publish_live(key, 0, 30.0)
+            assert w0.others_live() == {key: 5}
+        finally:
+            for h in (w0, w1, w2):
+                h.close()
+
+
+def test_a_restarted_worker_drops_its_predecessors_live_totals() -> None:
+    with LedgerSegment(2) as segment:
+        w0 = LedgerHandle(segment.name, 0)
+        dead = LedgerHandle(segment.name, 1)
+        try:
+            key = endpoint_key("pool", "10.0.0.1:8000")
+            dead.publish_live(key, 9, 1.0)
+            assert w0.others_live() == {key: 9}
+            dead.close()  # the worker died with its streams
+            successor = LedgerHandle(segment.name, 1)
+            assert w0.others_live() == {}
+            successor.close()
+        finally:
+            w0.close()

@@ -142,3 +142,11 @@ def test_on_kv_shortfall_values() -> None:
     )
     with pytest.raises(PolicyError, match="on_kv_shortfall"):
         parse_policy("profiles: {default: {on_kv_shortfall: panic}}")
+
+
+def test_kv_hold_defaults_to_done_and_takes_only_done_or_seen() -> None:
+    pool = "pools: {p: {metrics_urls: ['http://127.0.0.1:1/metrics']%s}}"
+    assert parse_policy(pool % "").pools["p"].kv_hold == "done"
+    assert parse_policy(pool % ", kv_hold: seen").pools["p"].kv_hold == "seen"
+    with pytest.raises(PolicyError, match="kv_hold: must be done or seen"):
+        parse_policy(pool % ", kv_hold: forever")

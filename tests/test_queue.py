@@ -12,6 +12,7 @@ import pytest
 
 from ext_proc.pipeline import HeaderFacts, Pipeline
 from ext_proc.policy.load import parse_policy
+from ext_proc.poolview import Hold
 from ext_proc.queueing import (
     H_QUEUED_MS,
     MAX_TENANT_CHARS,
@@ -57,9 +58,13 @@ class Rig:
         self.route = self.pipeline.router.resolve([])
         self.clock = Clock()
         self.queue = AdmissionQueue(clock=self.clock)
+        self.passed: list[Hold] = []  # pass_one's requests, live until newer_view
+        self.made: list[HeaderFacts] = []  # every request's facts (an admitted one: its hold)
 
     def facts(self, priority: str = "standard", tenant: str = "") -> HeaderFacts:
-        return HeaderFacts(adapter=OPENAI_CHAT, priority=priority, queue_tenant=tenant)  # type: ignore[arg-type]
+        facts = HeaderFacts(adapter=OPENAI_CHAT, priority=priority, queue_tenant=tenant)  # type: ignore[arg-type]
+        self.made.append(facts)
+        return facts
 
     def judge(self, facts: HeaderFacts) -> BodyVerdict:
         verdict = self.pipeline.on_body(self.route, facts, BODY.encode())
@@ -69,7 +74,9 @@ class Rig:
     def pass_one(self) -> None:
         verdict = self.judge(self.facts())
         assert verdict.decision is not None and verdict.decision.decision == "pass"
-        self.pipeline.record(self.route, verdict)
+        hold = self.pipeline.record(self.route, verdict)
+        assert hold is not None
+        self.passed.append(hold)
 
     def offer(self, facts: HeaderFacts) -> Waiter:
         first = self.judge(facts)
@@ -79,6 +86,11 @@ class Rig:
         return got
 
     def newer_view(self, usage: float = 0.0) -> None:
+        """A view taken now, after every request passed so far finished (their streams
+        ended: their reservations are released)."""
+        holds = self.passed + [f.hold for f in self.made if f.hold is not None]
+        for hold in holds:
+            self.pipeline.views.release(hold)
         backend = BackendSignals(
             url="u", kv_cache_usage=usage, num_requests_waiting=0, num_gpu_blocks=11, block_size=16
         )
@@ -110,6 +122,25 @@ def test_a_queued_request_is_admitted_when_a_newer_view_has_room() -> None:
         assert rig.queue.depth == 0
         # it was recorded at admission: its blocks are in the ledger (3 left)
         assert rig.pipeline.views.held(rig.view) == 7
+
+    asyncio.run(run())
+
+
+def test_a_queued_request_waits_for_the_running_one_to_end_not_for_the_gauge() -> None:
+    async def run() -> None:
+        rig = Rig()
+        verdict = rig.judge(rig.facts())
+        running = rig.pipeline.record(rig.route, verdict)  # 7 of 10 blocks, reserved
+        assert running is not None
+        w = rig.offer(rig.facts())
+        # the backend's gauge reads idle (the running request not yet scheduled, or only its
+        # prompt allocated): its 7 blocks are still coming, so still no room
+        rig.view = PoolSnapshot("default", (IDLE,), time.monotonic())
+        rig.queue.tick()
+        assert not w.future.done()
+        rig.pipeline.views.release(running)  # its stream ended
+        rig.queue.tick()
+        assert outcome(w) == "pass:ok"
 
     asyncio.run(run())
 

@@ -1053,6 +1053,7 @@ class Pool(_message.Message):
     LOCAL_GPUS_FIELD_NUMBER: _builtins.int
     ENDPOINT_PICK_FIELD_NUMBER: _builtins.int
     BACKEND_ENDPOINTS_FIELD_NUMBER: _builtins.int
+    KV_HOLD_FIELD_NUMBER: _builtins.int
     scrape_interval_s: _builtins.float
     """Seconds between scrapes. Default 0.2."""
     scrape_timeout_s: _builtins.float
@@ -1094,6 +1095,14 @@ class Pool(_message.Message):
         (x-gateway-destination-endpoint, envoy.lb metadata);
       header: another picker earlier in the filter chain chose (x-gateway-destination-endpoint
         on the request; it must come from a trusted filter): ICE judges against that endpoint.
+    """
+    kv_hold: _builtins.str
+    """How long a request ICE passed keeps its KV blocks in ICE's ledger:
+      done (default): until the request is over (its ext_proc stream ends). Its whole need,
+        prompt and output limit, is reserved, so the room is min(free − unseen, usable −
+        reserved): no admission counts on blocks the running requests will still fill;
+      seen: until a view of the backend taken after it arrived (the backend's gauges hold it
+        then, without the output it has yet to write: more admitted, more preemption).
     """
     @_builtins.property
     def metrics_urls(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -1145,10 +1154,11 @@ class Pool(_message.Message):
         local_gpus: _builtins.str = ...,
         endpoint_pick: _builtins.str = ...,
         backend_endpoints: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        kv_hold: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_max_age_s", b"_max_age_s", "_pcie_bandwidth_bytes_s", b"_pcie_bandwidth_bytes_s", "_scrape_interval_s", b"_scrape_interval_s", "_scrape_timeout_s", b"_scrape_timeout_s", "_stale_after_s", b"_stale_after_s", "_window_s", b"_window_s", "dns", b"dns", "max_age_s", b"max_age_s", "pcie_bandwidth_bytes_s", b"pcie_bandwidth_bytes_s", "prometheus", b"prometheus", "scrape_interval_s", b"scrape_interval_s", "scrape_timeout_s", b"scrape_timeout_s", "stale_after_s", b"stale_after_s", "window_s", b"window_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_age_s", b"_max_age_s", "_pcie_bandwidth_bytes_s", b"_pcie_bandwidth_bytes_s", "_scrape_interval_s", b"_scrape_interval_s", "_scrape_timeout_s", b"_scrape_timeout_s", "_stale_after_s", b"_stale_after_s", "_window_s", b"_window_s", "backend_endpoints", b"backend_endpoints", "backend_pods", b"backend_pods", "dns", b"dns", "endpoint_pick", b"endpoint_pick", "gpu_join", b"gpu_join", "gpu_metrics_urls", b"gpu_metrics_urls", "kind", b"kind", "local_gpus", b"local_gpus", "max_age_s", b"max_age_s", "metrics_urls", b"metrics_urls", "pcie_bandwidth_bytes_s", b"pcie_bandwidth_bytes_s", "prometheus", b"prometheus", "scrape_interval_s", b"scrape_interval_s", "scrape_timeout_s", b"scrape_timeout_s", "stale", b"stale", "stale_after_s", b"stale_after_s", "window_s", b"window_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_age_s", b"_max_age_s", "_pcie_bandwidth_bytes_s", b"_pcie_bandwidth_bytes_s", "_scrape_interval_s", b"_scrape_interval_s", "_scrape_timeout_s", b"_scrape_timeout_s", "_stale_after_s", b"_stale_after_s", "_window_s", b"_window_s", "backend_endpoints", b"backend_endpoints", "backend_pods", b"backend_pods", "dns", b"dns", "endpoint_pick", b"endpoint_pick", "gpu_join", b"gpu_join", "gpu_metrics_urls", b"gpu_metrics_urls", "kind", b"kind", "kv_hold", b"kv_hold", "local_gpus", b"local_gpus", "max_age_s", b"max_age_s", "metrics_urls", b"metrics_urls", "pcie_bandwidth_bytes_s", b"pcie_bandwidth_bytes_s", "prometheus", b"prometheus", "scrape_interval_s", b"scrape_interval_s", "scrape_timeout_s", b"scrape_timeout_s", "stale", b"stale", "stale_after_s", b"stale_after_s", "window_s", b"window_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_age_s: _TypeAlias = _typing.Literal["max_age_s"]  # noqa: Y015
     _WhichOneofArgType__max_age_s: _TypeAlias = _typing.Literal["_max_age_s", b"_max_age_s"]  # noqa: Y015

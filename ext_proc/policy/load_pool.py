@@ -90,6 +90,9 @@ def pool_spec(name: str, msg: policy_pb2.Pool) -> Pool:
     pick = msg.endpoint_pick or d.endpoint_pick
     if pick not in ("none", "ice", "header"):
         raise PolicyError(f"{where}.endpoint_pick: must be none, ice or header, got {pick!r}")
+    kv_hold = msg.kv_hold or d.kv_hold
+    if kv_hold not in ("done", "seen"):
+        raise PolicyError(f"{where}.kv_hold: must be done or seen, got {kv_hold!r}")
     endpoints: dict[str, str] = {}
     for url, address in sorted(msg.backend_endpoints.items()):
         if url not in msg.metrics_urls:
@@ -135,6 +138,7 @@ def pool_spec(name: str, msg: policy_pb2.Pool) -> Pool:
         local_gpus=msg.local_gpus,
         endpoint_pick="ice" if pick == "ice" else "header" if pick == "header" else "none",
         backend_endpoints=MappingProxyType(endpoints),
+        kv_hold="seen" if kv_hold == "seen" else "done",
         pcie_bandwidth_bytes_s=positive(
             msg, "pcie_bandwidth_bytes_s", d.pcie_bandwidth_bytes_s, where
         ),

@@ -194,6 +194,7 @@ class EmbeddingSpec:
 
 StalePolicy = Literal["ignore", "last_known", "saturated"]
 EndpointPick = Literal["none", "ice", "header"]
+KvHold = Literal["done", "seen"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +233,9 @@ class Pool:
     backend_endpoints: MappingProxyType[str, str] = field(
         default_factory=lambda: MappingProxyType({})
     )
+    # how long a passed request's KV blocks count in ICE's ledger: done (until its stream
+    # ends: its whole need is reserved) | seen (until a view taken after it arrived)
+    kv_hold: KvHold = "done"
 
 
 @dataclass(frozen=True, slots=True)

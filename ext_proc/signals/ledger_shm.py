@@ -31,13 +31,22 @@ Invariants:
   give for free but weakly ordered CPUs do not: Python issues no barriers). Anything else means
   the writer lapped the reader: the entry is lost to it (``lost`` counts those).
 - A ring holds its newest R entries; older ones are forgotten by writer and readers alike. R
-  must exceed what one worker passes (all pools together) between two snapshots (1024 by
-  default), or the other workers under-count the excess.
+  must exceed the entries one worker appends (all pools together) between two snapshots
+  (1024 by default; a passed request appends its entry and a live total, its end another
+  total: 3 per request), or the other workers under-count the excess (live totals recover
+  with the next one).
 - ``at_s`` never decreases along a ring (``publish`` raises an earlier time to its
   predecessor's, which only makes that entry count a little longer); readers rely on it to
   stop a scan at the first entry a snapshot already shows.
 - A worker that died leaves its ring as it was: its entries age out, as they are older than
   the next snapshot; its restarted successor appends after them.
+
+Live totals (``publish_live`` / ``others_live``): a worker also appends, whenever its total of
+KV blocks held by requests still in flight changes for a key, that total under the key with
+bit 63 set (``LIVE_BIT``). Readers keep each other worker's latest total per key (a total, not
+a delta: a lost entry is corrected by the next one) and ``others()`` never counts them. A
+restarted worker's handle publishes 0 for every live total its ring's last entries show: the
+dead worker's streams died with it, and Envoy's fail-open passes them on unjudged.
 
 Cost: a handle keeps a local copy of the other rings' current entries (it copies only those
 appended since its last call) and the sums for the last 16 ``since_s`` it was asked about,
@@ -66,13 +75,14 @@ import os
 import secrets
 import struct
 import threading
+import time
 import zlib
 from collections import deque
 from multiprocessing.shared_memory import SharedMemory
 from types import TracebackType
 from typing import Final, Self
 
-__all__ = ["DEFAULT_RING_ENTRIES", "LedgerHandle", "LedgerSegment", "endpoint_key"]
+__all__ = ["DEFAULT_RING_ENTRIES", "LIVE_BIT", "LedgerHandle", "LedgerSegment", "endpoint_key"]
 
 log = logging.getLogger("ice.ledger_shm")
 
@@ -87,6 +97,7 @@ _FIELDS: Final = struct.Struct("@dqQ")  # at_s, blocks, key
 _CHECK: Final = struct.Struct("@Q")
 _LOW32: Final = 0xFFFFFFFF
 _CACHED_SINCE: Final = 16
+LIVE_BIT: Final = 1 << 63  # a key with this bit: a worker's live total (endpoint keys are 63-bit)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -230,7 +241,10 @@ class LedgerHandle:
         self._local: list[deque[tuple[int, float, int, int]]] = [deque() for _ in range(workers)]
         self._dropped_at = [float("-inf")] * workers
         self._sums: dict[float, tuple[dict[int, int], list[int]]] = {}
+        # per ring, key (LIVE_BIT cleared) → its latest live total
+        self._live: list[dict[int, int]] = [{} for _ in range(workers)]
         self._sync()  # copy what the rings hold now, here rather than in a request's others()
+        self._forget_predecessor()
 
     @property
     def workers(self) -> int:
@@ -262,6 +276,33 @@ class LedgerHandle:
                 self._head, self._last_at = n + 1, at_s
         except struct.error as e:
             raise ValueError(f"key {key} or blocks {blocks} out of the ledger's range") from e
+
+    def publish_live(self, key: int, total: int, at_s: float) -> None:
+        """This worker's KV blocks held by requests in flight for ``key`` are now ``total``."""
+        self.publish(key | LIVE_BIT, at_s, total)
+
+    def others_live(self) -> dict[int, int]:
+        """Key → the sum of the other workers' latest live totals (zeros left out)."""
+        with self._lock:
+            self._sync()
+            out: dict[int, int] = {}
+            for w in self._others:
+                for key, total in self._live[w].items():
+                    if total:
+                        out[key] = out.get(key, 0) + total
+            return out
+
+    def _forget_predecessor(self) -> None:
+        """Publish 0 for each live total a dead predecessor of this worker left non-zero."""
+        latest: dict[int, int] = {}
+        for _, _, key, blocks in self._entries(
+            self._worker, max(0, self._head - self._ring), self._head
+        ):
+            if key & LIVE_BIT:
+                latest[key] = blocks
+        for key, total in latest.items():
+            if total:
+                self.publish(key, time.monotonic(), 0)
 
     def others(self, since_s: float) -> dict[int, int]:
         """Key → sum of blocks of the other workers' entries with at_s > ``since_s``."""
@@ -295,7 +336,7 @@ class LedgerHandle:
 
     def _sync(self) -> None:
         """Copy the entries the other workers appended since the last call."""
-        words, buf, ring = self._words, self._buf, self._ring
+        words, ring = self._words, self._ring
         for w in self._others:
             head, cursor = words[self._heads[w]], self._cursor[w]
             if head == cursor:
@@ -306,23 +347,36 @@ class LedgerHandle:
             if cursor < low:
                 self.lost += low - cursor
                 cursor = low
-            base = self._slots[w]
-            for n in range(cursor, head):
-                off = base + (n % ring) * _ENTRY_BYTES
-                seq = 2 * n + 2
-                if words[off >> 3] != seq:
-                    self.lost += 1
-                    continue
-                raw = buf[off + 8 : off + _ENTRY_BYTES].tobytes()
-                if (
-                    words[off >> 3] != seq
-                    or zlib.crc32(raw[:24], seq & _LOW32) != (_CHECK.unpack_from(raw, 24)[0])
-                ):
-                    self.lost += 1
-                    continue
-                at, blocks, key = _FIELDS.unpack_from(raw)
-                local.append((n, at, key, blocks))
+            live = self._live[w]
+            for entry in self._entries(w, cursor, head):
+                key = entry[2]
+                if key & LIVE_BIT:
+                    live[key & ~LIVE_BIT] = entry[3]
+                else:
+                    local.append(entry)
             self._cursor[w] = head
+
+    def _entries(self, w: int, start: int, head: int) -> list[tuple[int, float, int, int]]:
+        """Ring ``w``'s complete entries ``start``..``head`` - 1 as (n, at_s, key, blocks);
+        the others (being written, or lapped) count in ``lost``."""
+        words, buf, ring, base = self._words, self._buf, self._ring, self._slots[w]
+        out: list[tuple[int, float, int, int]] = []
+        for n in range(start, head):
+            off = base + (n % ring) * _ENTRY_BYTES
+            seq = 2 * n + 2
+            if words[off >> 3] != seq:
+                self.lost += 1
+                continue
+            raw = buf[off + 8 : off + _ENTRY_BYTES].tobytes()
+            if (
+                words[off >> 3] != seq
+                or zlib.crc32(raw[:24], seq & _LOW32) != (_CHECK.unpack_from(raw, 24)[0])
+            ):
+                self.lost += 1
+                continue
+            at, blocks, key = _FIELDS.unpack_from(raw)
+            out.append((n, at, key, blocks))
+        return out
 
     def close(self) -> None:
         """Unmap the segment (never unlinks it). Idempotent; the handle is unusable afterwards."""
