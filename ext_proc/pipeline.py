@@ -45,7 +45,7 @@ from ext_proc.decision import (
 )
 from ext_proc.media import media_cost
 from ext_proc.picking import DESTINATION_HEADER, prefix_key
-from ext_proc.placement import Placement, Placer
+from ext_proc.placement import Placement, Placer, asleep_answer
 from ext_proc.plan import Continue, Respond, reject_outcome
 from ext_proc.policy.evaluate import LADDER, LADDER_AFTER_TRUNCATION, Rule, Shape, evaluate
 from ext_proc.policy.model import PRIORITIES, Policy
@@ -478,9 +478,13 @@ class Pipeline:
         prefix: str | None = None,
     ) -> tuple[Decision, Placement]:
         """Place the request (``ext_proc.placement``) and run ``ladder`` against one read of
-        the pool's snapshot (``PoolViews`` figures) and the placement's KV room."""
+        the pool's snapshot (``PoolViews`` figures) and the placement's KV room; a pool whose
+        every endpoint sleeps answers 503 ``backend_asleep`` (``placement.asleep_answer``)."""
         snapshot = self.lookup(route.pool)
         views = self.views
+        if snapshot is not None and snapshot.asleep:  # every endpoint sleeps: nowhere to go
+            pressure = views.pressure(route.profile, snapshot)
+            return asleep_answer(route.profile, pressure), Placement()
         mode = self._pick.get(route.pool, "none")
         kv, placement = self.placer.place(
             mode, route.profile, snapshot, features, facts.endpoint, prefix, facts.subset

@@ -17,24 +17,51 @@ Per the pool's ``endpoint_pick``:
   judged against that endpoint; an endpoint the view does not know is judged as the pool's
   worst, and ``x-ice-endpoint`` says ``unknown``.
 
-Invariant: a ``Placement`` with ``picked`` set names an endpoint of the snapshot it was made
-from; the affinity table forgets endpoints that leave the pool.
+Sleeping endpoints (vLLM sleep mode, ``BackendSignals.asleep``) have no room
+(``PoolViews.endpoints``: no free blocks), so with ``none`` or ``header`` a request that
+could land on one is judged against no free blocks; ``ice`` never picks one (they are not
+candidates). When every endpoint of the pool sleeps there is nowhere to place the request:
+``asleep_answer`` is its verdict, 503 ``backend_asleep`` at once for every priority (what
+vLLM's own valve answers when it cannot take a request, so clients and balancers retry
+elsewhere), with Retry-After the profile's ``retry_after_s`` (the drain rate says nothing of
+when an engine wakes).
+
+Invariant: a ``Placement`` with ``picked`` set names an awake endpoint of the snapshot it was
+made from; the affinity table forgets endpoints that leave the pool.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ext_proc.decision import Reject
 from ext_proc.picking import DESTINATION_HEADER, Affinity, Candidate, pick
 from ext_proc.policy.evaluate import KvFit, Shape, safe_output_tokens
 from ext_proc.policy.model import EndpointPick, Profile
+from ext_proc.policy.pressure import Pressure
 from ext_proc.poolview import PoolViews
 from ext_proc.schemas.base import RequestFeatures
 from ext_proc.signals.snapshot import PoolSnapshot
 
-__all__ = ["H_ENDPOINT", "Placement", "Placer"]
+__all__ = ["ASLEEP", "H_ENDPOINT", "Placement", "Placer", "asleep_answer"]
 
 H_ENDPOINT = "x-ice-endpoint"
+ASLEEP = "backend_asleep"  # the reason of the 503 when every endpoint sleeps
+
+
+def asleep_answer(profile: Profile, pressure: Pressure | None) -> Reject:
+    """The verdict when every endpoint of the pool sleeps (module docstring)."""
+    retry = profile.retry_after_s
+    return Reject(
+        pressure=pressure,
+        status=503,
+        reason=ASLEEP,
+        message=(
+            "The inference backend is asleep (sleep mode) and serves no requests now. "
+            f"Retry after {retry} s."
+        ),
+        retry_after_s=retry,
+    )
 
 
 @dataclass(frozen=True, slots=True)

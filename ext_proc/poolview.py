@@ -4,7 +4,8 @@ worker's ledger of requests in flight.
 - ``pressure``: ``mem_pressure_score`` and level under the profile's model;
 - ``efficiency``: ``cache_efficiency_ratio`` (the prefix-cache hit ratio over the window);
 - ``drain``: the inputs of the drain-rate Retry-After;
-- ``room``: the KV room (``KvFit``: free and usable blocks, blocks a request needs) less the
+- ``room``: the KV room (``KvFit``: free and usable blocks, blocks a request needs; a
+  backend whose engine sleeps has no free blocks, whatever its gauge says) less the
   blocks of the requests this worker passed since the snapshot was taken (``hold``). The
   view cannot show those yet, and a burst that arrives between two scrapes would otherwise
   be judged against the same free blocks request after request. A request counts until a
@@ -68,12 +69,14 @@ MAX_INFLIGHT = 4096
 @dataclass(frozen=True, slots=True)
 class Endpoint:
     """One backend of a pool as a place to send requests: its serving address, its own KV
-    room (no ledger taken off), its queue and whether its view is stale."""
+    room (no ledger taken off), its queue, whether its view is stale and whether its engine
+    sleeps (then its room has no free blocks: it must not be sent work)."""
 
     endpoint: str
     fit: KvFit
     waiting: float | None
     stale: bool
+    asleep: bool = False
 
 
 class _Entries:
@@ -203,9 +206,11 @@ class PoolViews:
                 free, usable = b.free_blocks, b.usable_blocks
                 if free is None or usable is None:
                     continue
+                if b.asleep:  # a sleeping engine serves nothing: no room
+                    free = 0
                 fit = KvFit(free, usable, bs, first, shared)
                 address = endpoint_of(b.url, overrides)
-                views.append(Endpoint(address, fit, b.num_requests_waiting, b.stale))
+                views.append(Endpoint(address, fit, b.num_requests_waiting, b.stale, b.asleep))
         result = tuple(views)
         self._kv[key] = (snapshot, result)
         return result
@@ -243,12 +248,13 @@ class PoolViews:
     def candidates(
         self, profile: Profile, snapshot: PoolSnapshot | None
     ) -> list[tuple[Endpoint, KvFit]]:
-        """Every endpoint with its room less the ledger (for picking); stale endpoints only
-        when no fresh one is left."""
+        """Every awake endpoint with its room less the ledger (for picking: a sleeping one is
+        never a candidate); stale ones only when no fresh awake one is left."""
         views = self.endpoints(profile, snapshot)
         if not views or snapshot is None:
             return []
-        fresh = [v for v in views if not v.stale] or list(views)
+        awake = [v for v in views if not v.asleep]
+        fresh = [v for v in awake if not v.stale] or awake
         ledger = self.ledger(snapshot)
         anywhere = ledger.get("", 0)
         return [(v, _less(v.fit, anywhere + ledger.get(v.endpoint, 0))) for v in fresh]

@@ -12,8 +12,13 @@ Order (``tick``, every ``poll_ms`` while anything waits, and at the earliest dea
 2. Bands by priority: ``standard``, then ``sheddable`` (``critical`` is never shed, so never
    queued). A lower band is tried only when no request of a higher band is left waiting: a
    request of a higher band that does not fit holds back the lower ones.
-3. Within a band, tenants take turns (round robin; FIFO within a tenant): the head of each
-   tenant's queue, from the tenant served longest ago, is judged again
+3. Within a band, tenants take turns, FIFO within a tenant: the tenant with the fewest
+   requests in flight goes first (``started`` / ``ended``: a request of a queue-enabled
+   profile that went upstream, queued or not, until its stream ends), and among equals the
+   one served longest ago (round robin). Counting what is in flight, not only what was
+   queued, keeps a tenant whose requests went straight in while the pool had room from also
+   taking the next turns: each tenant's share of the pool's slots tends to an equal one. The
+   head of each tenant's queue, in that order, is judged again
    (``Pipeline.rejudge``: the same features against the pool's view now and the in-flight
    ledger, the ladder without history truncation). A head that is still queueable stays;
    any other verdict (pass, downgrade, or another refusal) is its answer: it is recorded at
@@ -51,7 +56,7 @@ from typing import TYPE_CHECKING
 
 from ext_proc import telemetry
 from ext_proc.coarse import H_JUDGED
-from ext_proc.decision import Reject
+from ext_proc.decision import Downgrade, Pass, Reject, Truncated
 from ext_proc.policy.model import QueueSpec
 from ext_proc.verdict import BodyVerdict, HeaderFacts, make_verdict
 
@@ -151,6 +156,32 @@ class AdmissionQueue:
         self._task: asyncio.Task[None] | None = None
         self.max_queue_bytes = max_queue_bytes
         self.closed = False
+        # (pool, tenant) → its requests in flight (``started`` less ``ended``; no zeros)
+        self.inflight: dict[tuple[str, str], int] = {}
+
+    def started(self, pool: str, tenant: str) -> None:
+        """A request of ``tenant`` went upstream to ``pool`` (its stream calls ``ended``)."""
+        key = (pool, tenant)
+        self.inflight[key] = self.inflight.get(key, 0) + 1
+
+    def count_started(self, route: Route, facts: HeaderFacts, verdict: BodyVerdict) -> None:
+        """``started`` for a verdict that sends the request upstream on a queue-enabled
+        profile (once per request: ``facts.inflight`` remembers it for ``ended``)."""
+        if route.profile.queue is None or facts.inflight is not None:
+            return
+        if not isinstance(verdict.decision, Pass | Downgrade | Truncated):
+            return
+        facts.inflight = (route.pool, tenant_key(facts.queue_tenant, route.name))
+        self.started(*facts.inflight)
+
+    def ended(self, pool: str, tenant: str) -> None:
+        """A request ``started`` is over."""
+        key = (pool, tenant)
+        left = self.inflight.get(key, 0) - 1
+        if left > 0:
+            self.inflight[key] = left
+        else:
+            self.inflight.pop(key, None)
 
     @property
     def depth(self) -> int:
@@ -226,7 +257,7 @@ class AdmissionQueue:
     def tick(self) -> None:
         """Time out, then admit what the pools' views have room for (module docstring)."""
         now = self._clock()
-        for pool in self._pools.values():
+        for pool_name, pool in self._pools.items():
             for band in pool.bands.values():
                 for q in list(band.tenants.values()):
                     for w in [w for w in q if w.deadline_s <= now]:
@@ -234,15 +265,18 @@ class AdmissionQueue:
                         self._resolve(w, self._timed_out(w, now), "timeout", now)
             for name in BANDS:
                 band = pool.bands[name]
-                self._admit(band, now)
+                self._admit(pool_name, band, now)
                 if band.tenants:  # a higher band still waits: the lower ones wait too
                     break
 
-    def _admit(self, band: _Band, now: float) -> None:
+    def _admit(self, pool: str, band: _Band, now: float) -> None:
         progress = True
+        inflight = self.inflight
         while progress and band.tenants:
             progress = False
-            for tenant, q in band.tenants.items():
+            # fewest in flight first; sorted() is stable: equals keep the round-robin order
+            turns = sorted(band.tenants.items(), key=lambda t: inflight.get((pool, t[0]), 0))
+            for tenant, q in turns:
                 w = q[0]
                 try:
                     verdict = w.pipeline.rejudge(w.route, w.facts, w.first, w.body)
@@ -278,6 +312,7 @@ class AdmissionQueue:
             return
         verdict = with_queued_ms(verdict, now - w.enqueued_s)
         w.facts.hold = w.pipeline.record(w.route, verdict)  # released by its stream
+        self.count_started(w.route, w.facts, verdict)  # before the next head is judged
         w.future.set_result(verdict)
         self._count(w, outcome, now)
 

@@ -4,6 +4,11 @@ The only module (with the servicer) that builds ext_proc protobufs. Header value
 ``raw_value`` (Envoy ignores ``value`` for mutations). The verdict headers also travel as
 dynamic metadata in namespace ``ice`` so that Envoy echoes them to the client with
 ``%DYNAMIC_METADATA(ice:<header>)%`` without a response-phase round trip.
+
+``watch``: the request-headers reply also asks Envoy for this request's response headers
+(a mode override: response headers SEND, the rest as the shipped configs say), for
+``ext_proc.backend_overload``; a mode override restates every mode, because Envoy takes body
+modes literally (an unset body mode is NONE).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ __all__ = [
     "headers_outcome",
     "render_body_outcome",
     "render_immediate",
+    "response_headers_continue",
     "skip_body",
 ]
 
@@ -32,6 +38,20 @@ METADATA_NAMESPACE = "ice"
 LB_NAMESPACE = "envoy.lb"
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 _BODY_MODE_NONE = 0  # ProcessingMode.BodySendMode.NONE
+_BODY_MODE_BUFFERED = 2  # ProcessingMode.BodySendMode.BUFFERED
+_SEND, _SKIP = 1, 2  # ProcessingMode.HeaderSendMode
+
+
+def _watch(resp: pb.ProcessingResponse, request_body_mode: int) -> None:
+    """Override the request's processing mode: the shipped configs' (request headers SEND,
+    trailers SKIP, response body NONE) with ``request_body_mode`` and response headers SEND."""
+    mode = resp.mode_override
+    mode.request_header_mode = _SEND
+    mode.request_body_mode = request_body_mode
+    mode.request_trailer_mode = _SKIP
+    mode.response_header_mode = _SEND
+    mode.response_body_mode = _BODY_MODE_NONE
+    mode.response_trailer_mode = _SKIP
 
 
 def _header(key: str, value: str) -> base_pb2.HeaderValueOption:
@@ -51,21 +71,30 @@ def _metadata(headers: list[tuple[str, str]]) -> struct_pb2.Struct:
 _HEADERS_CONTINUE = pb.ProcessingResponse(request_headers=pb.HeadersResponse())
 
 
-def headers_continue(remove: list[str] | None = None) -> pb.ProcessingResponse:
-    """Answer the request-headers message: continue, removing the named headers."""
+_HEADERS_WATCH = pb.ProcessingResponse(request_headers=pb.HeadersResponse())
+_watch(_HEADERS_WATCH, _BODY_MODE_BUFFERED)
+
+
+def headers_continue(remove: list[str] | None = None, watch: bool = False) -> pb.ProcessingResponse:
+    """Answer the request-headers message: continue (the body comes next), removing the named
+    headers; ``watch``: and send this request's response headers to ICE."""
     if not remove:
-        return _HEADERS_CONTINUE  # prebuilt, never mutated
+        return _HEADERS_WATCH if watch else _HEADERS_CONTINUE  # prebuilt, never mutated
     resp = pb.ProcessingResponse(request_headers=pb.HeadersResponse())
-    if remove:
-        resp.request_headers.response.header_mutation.remove_headers.extend(remove)
+    resp.request_headers.response.header_mutation.remove_headers.extend(remove)
+    if watch:
+        _watch(resp, _BODY_MODE_BUFFERED)
     return resp
 
 
 def skip_body(
-    remove: list[str] | None = None, headers: list[tuple[str, str]] | None = None
+    remove: list[str] | None = None,
+    headers: list[tuple[str, str]] | None = None,
+    watch: bool = False,
 ) -> pb.ProcessingResponse:
     """Continue without sending the body to ICE (mode override: request body NONE), setting
-    ``headers`` (a shadow profile's would-be answer) for the backend and the client."""
+    ``headers`` (a shadow profile's would-be answer) for the backend and the client;
+    ``watch``: and send this request's response headers to ICE."""
     resp = pb.ProcessingResponse(request_headers=pb.HeadersResponse())
     if remove:
         resp.request_headers.response.header_mutation.remove_headers.extend(remove)
@@ -73,17 +102,23 @@ def skip_body(
         sets = resp.request_headers.response.header_mutation.set_headers
         sets.extend(_header(k, v) for k, v in headers)
         resp.dynamic_metadata.CopyFrom(_metadata(headers))
-    resp.mode_override.request_body_mode = _BODY_MODE_NONE
+    if watch:
+        _watch(resp, _BODY_MODE_NONE)
+    else:
+        resp.mode_override.request_body_mode = _BODY_MODE_NONE
     return resp
 
 
-def headers_outcome(outcome: Outcome, remove: list[str] | None = None) -> pb.ProcessingResponse:
+def headers_outcome(
+    outcome: Outcome, remove: list[str] | None = None, watch: bool = False
+) -> pb.ProcessingResponse:
     """Answer the request-headers message with a verdict made without the body (the coarse
     verdict): a ``Respond`` at once, or continue with the verdict headers set and the body
-    phase turned off (the body goes to the backend as sent; ``outcome.body`` must be None)."""
+    phase turned off (the body goes to the backend as sent; ``outcome.body`` must be None);
+    ``watch``: a request that goes on also sends its response headers to ICE."""
     if isinstance(outcome, Respond):
         return render_immediate(outcome)
-    resp = skip_body(remove)
+    resp = skip_body(remove, watch=watch)
     common = resp.request_headers.response
     common.header_mutation.set_headers.extend(_header(k, v) for k, v in outcome.headers)
     _set_metadata(resp, outcome)
@@ -95,15 +130,25 @@ def body_continue() -> pb.ProcessingResponse:
     return pb.ProcessingResponse(request_body=pb.BodyResponse())
 
 
-def render_immediate(respond: Respond) -> pb.ProcessingResponse:
-    """An ``ImmediateResponse`` (the client gets it; the backend never sees the request)."""
+_RESPONSE_HEADERS_CONTINUE = pb.ProcessingResponse(response_headers=pb.HeadersResponse())
+
+
+def response_headers_continue() -> pb.ProcessingResponse:
+    """Answer the response-headers message: the response goes on as it is (prebuilt)."""
+    return _RESPONSE_HEADERS_CONTINUE
+
+
+def render_immediate(respond: Respond, details: str | None = None) -> pb.ProcessingResponse:
+    """An ``ImmediateResponse`` (the client gets it; at the request phases the backend never
+    sees the request; at the response headers it replaces the backend's answer).
+    ``details``: Envoy's %RESPONSE_CODE_DETAILS% (default ``ice_<status>``)."""
     verdict = [h for h in respond.headers if h[0].startswith(("x-ice-", "x-mem-", "x-downgraded"))]
     resp = pb.ProcessingResponse(
         immediate_response=pb.ImmediateResponse(
             status=http_status_pb2.HttpStatus(code=respond.status),
             headers=pb.HeaderMutation(set_headers=[_header(k, v) for k, v in respond.headers]),
             body=respond.body,
-            details=f"ice_{respond.status}",
+            details=details or f"ice_{respond.status}",
         )
     )
     if verdict:

@@ -1,9 +1,11 @@
 """The gRPC shell: one ext_proc ``Process`` stream per HTTP request.
 
-Envoy sends the request headers, then (for JSON inference requests) the buffered body; ICE
-answers each message exactly once. Any fault inside ICE is caught per message: with the
-route's ``fail_mode: open`` the request continues untouched, with ``closed`` it gets a 503
-in the API's format. Protocol state (which message we are at) stays here; request facts live
+Envoy sends the request headers, then (for JSON inference requests) the buffered body, and,
+for a request ICE sent on with its response headers asked for (``ext_proc.backend_overload``),
+the response headers; ICE answers each message exactly once. Any fault inside ICE is caught
+per message: with the route's ``fail_mode: open`` the request continues untouched, with
+``closed`` it gets a 503 in the API's format; in the response phase the response always
+continues as it was. Protocol state (which message we are at) stays here; request facts live
 in ``pipeline.HeaderFacts``.
 """
 
@@ -21,7 +23,7 @@ import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from ext_proc import render, telemetry
+from ext_proc import backend_overload, render, telemetry
 from ext_proc.backlog import SMALL_BODY_BYTES, Backlog, Lane
 from ext_proc.memory import Trimmer
 from ext_proc.offload import Offload
@@ -117,6 +119,8 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                         if facts.ticket is not None and verdict is not _GONE:
                             self.backlog.answered(facts.ticket)
                         self._release(facts)
+                    elif phase == "response_headers":
+                        response = self._response_headers(route, facts, request)
                     else:
                         response = _continue(phase)
                 except asyncio.CancelledError:
@@ -138,6 +142,8 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             self._release(facts)
             if facts.hold is not None:  # the request is over: its KV blocks are free again
                 self.pipeline.views.release(facts.hold)
+            if facts.inflight is not None:
+                self.queue.ended(*facts.inflight)
 
     def _release(self, facts: HeaderFacts) -> None:
         ticket = facts.ticket
@@ -170,10 +176,32 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                 facts.hold = self.pipeline.record(route, verdict)
                 telemetry.COARSE_VERDICTS.labels(route=route.name, why=admitted).inc()
                 outcome = _with_profile(verdict.outcome, route)
-                return facts, render.headers_outcome(outcome, facts.strip)
+                self._watch(route, facts, verdict)
+                watch = facts.need_tokens is not None
+                return facts, render.headers_outcome(outcome, facts.strip, watch=watch)
             facts.ticket = admitted
             telemetry.BACKLOG_BYTES.set(self.backlog.inflight_bytes)
-        return facts, render.headers_continue(facts.strip)
+        watch = facts.adapter is not None and backend_overload.watches(route.profile)
+        return facts, render.headers_continue(facts.strip, watch=watch)
+
+    @staticmethod
+    def _watch(route: Route, facts: HeaderFacts, verdict: BodyVerdict | None) -> None:
+        """What the response phase needs of a verdict: the request's need, when it goes on
+        and its profile watches for a backend's overload 503."""
+        if backend_overload.watches(route.profile):
+            facts.need_tokens = backend_overload.need_tokens(route.profile, verdict)
+
+    def _response_headers(
+        self, route: Route, facts: HeaderFacts, request: pb.ProcessingRequest
+    ) -> pb.ProcessingResponse:
+        """A backend's overload 503 becomes ICE's answer; any other response goes on."""
+        headers = request.response_headers.headers.headers
+        pairs = ((h.key, h.raw_value or h.value.encode()) for h in headers)
+        details = _code_details(request)
+        got = backend_overload.respond(self.pipeline, route, facts, pairs, details)
+        if got is None:
+            return render.response_headers_continue()
+        return render.render_immediate(got, backend_overload.DETAILS)
 
     async def _judge(
         self, route: Route, facts: HeaderFacts, body: pb.HttpBody, started: float
@@ -255,18 +283,22 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             return render.body_continue()
         if not recorded:
             facts.hold = self.pipeline.record(route, verdict)
+            self.queue.count_started(route, facts, verdict)  # a tenant's requests in flight
+        self._watch(route, facts, verdict)
         return render.render_body_outcome(_with_profile(verdict.outcome, route))
 
     def _fault(
         self, route: Route, facts: HeaderFacts, phase: str | None, error: Exception
     ) -> pb.ProcessingResponse:
-        mode = route.profile.fail_mode
+        # the request phases fail as the profile says; the response phase always fails open
+        judging = phase in ("request_headers", "request_body")
+        mode = route.profile.fail_mode if judging else "open"
         telemetry.ERRORS.labels(phase=phase or "unknown", fail_mode=mode).inc()
         key = f"{phase}:{type(error).__name__}"
         if key not in self._logged:
             self._logged.add(key)
             log.exception("internal error in phase %s (failing %s)", phase, mode)
-        if mode == "closed" and phase in ("request_headers", "request_body"):
+        if mode == "closed":
             adapter = facts.adapter or OPENAI_CHAT_FALLBACK
             return render.render_immediate(
                 reject_outcome(
@@ -317,6 +349,16 @@ def _subset_hint(metadata: Any) -> frozenset[str] | None:
         return None
     hint = frozenset(i.strip() for i in items if i.strip())
     return hint or None
+
+
+def _code_details(request: pb.ProcessingRequest) -> str | None:
+    """Envoy's ``response.code_details`` among the message's attributes (the ext_proc
+    filter's ``response_attributes``); None: not sent."""
+    for attributes in request.attributes.values():
+        fields = attributes.fields
+        if backend_overload.CODE_DETAILS in fields:
+            return str(fields[backend_overload.CODE_DETAILS].string_value)
+    return None
 
 
 def _continue(phase: str | None) -> pb.ProcessingResponse:

@@ -14,6 +14,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from ext_proc.signals.snapshot import PoolSnapshot
 
 __all__ = [
+    "BACKEND_OVERLOADS",
     "BACKLOG_BYTES",
     "BACKLOG_WINDOW",
     "BAD_REQUESTS",
@@ -88,6 +89,12 @@ COARSE_VERDICTS = Counter(
     "bytes (max_inflight_bytes), time (not judged before Envoy's message timeout), late (the "
     "body arrived too late to read), budget (exact counting ran past exact_count_budget_ms).",
     ["route", "why"],
+)
+BACKEND_OVERLOADS = Counter(
+    "ice_backend_overloads",
+    "A backend's own overload 503 (e.g. vLLM's admission valve) for a request ICE sent on, "
+    "answered as ICE's refusal, by route and the status the client got.",
+    ["route", "status"],
 )
 BODIES_DROPPED = Counter(
     "ice_bodies_dropped",

@@ -34,7 +34,8 @@ __all__ = ["BodyVerdict", "HeaderFacts", "PendingTruncation", "make_verdict", "w
 
 @dataclass(slots=True)
 class HeaderFacts:
-    """What the request headers said, kept for the body phase."""
+    """What the request headers said, kept for the body phase (and what the response phase
+    needs of the verdict)."""
 
     adapter: SchemaAdapter | None = None
     priority: Priority = "standard"
@@ -48,6 +49,10 @@ class HeaderFacts:
     tenant: str = ""  # prefix_tracking.tenant_header's value
     queue_tenant: str = ""  # the profile's queue.tenant_header's value (ext_proc.queueing)
     hold: Hold | None = None  # its KV reservation once passed, released when its stream ends
+    inflight: tuple[str, str] | None = None  # (pool, tenant) the admission queue counts it in
+    # sent on with its response headers asked for: the tokens it needs of its pool (the
+    # Retry-After of a backend's overload 503, ext_proc.backend_overload); None: not watched
+    need_tokens: int | None = None
     # mode: shadow — an answer at the headers that was not given: its headers for the request
     shadow_headers: list[tuple[str, str]] = field(default_factory=list)
 

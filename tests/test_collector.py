@@ -156,6 +156,32 @@ def test_derived_rates_appear_after_two_scrapes() -> None:
     assert d is not None and d.completions_per_s is not None and d.completions_per_s > 0
 
 
+def test_the_valves_rejections_and_the_sleep_state_reach_the_view() -> None:
+    """vLLM 0.32's own valve and sleep mode, page to pool view, as the pipeline reads it."""
+    valve = 'vllm:admission_rejections_total{model_name="m",reason="max_num_queued_reqs"} %d\n'
+    sleep = 'vllm:engine_sleep_state{engine="0",model_name="m",sleep_state="awake"} %d\n'
+    pages = Pages({A: PAGE + valve % 3 + sleep % 1, B: PAGE + sleep % 0})
+    collector = Collector({"p": POOL}, lambda _v: None, fetch=pages)
+
+    async def run() -> list[PoolSnapshot | None]:
+        views = [await collector.collect_once(POOL)]
+        for rejected in (5, 5):  # 3 → 5: rejected since the previous scrape; 5 → 5: not
+            await asyncio.sleep(0.05)
+            pages.pages[A] = PAGE + valve % rejected + sleep % 1
+            views.append(await collector.collect_once(POOL))
+        return views
+
+    first, rose, flat = asyncio.run(run())
+    assert first is not None and rose is not None and flat is not None
+    a, b = rose.backends
+    assert a.admission_rejected and a.derived is not None
+    assert a.derived.admission_rejections_per_s is not None
+    assert a.derived.admission_rejections_per_s > 0
+    assert not first.backends[0].admission_rejected  # one scrape: unknown counts as no
+    assert not flat.backends[0].admission_rejected
+    assert (a.sleep_state, b.sleep_state, b.asleep, rose.asleep) == ("awake", "paused", True, False)
+
+
 def test_dns_pool_scrapes_every_address_and_keeps_the_last_set_on_failure() -> None:
     answers: list[list[str] | OSError] = [["10.0.0.1", "10.0.0.2"], OSError("SERVFAIL")]
 

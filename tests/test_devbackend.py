@@ -540,3 +540,49 @@ def test_a_body_the_backend_cannot_read_is_a_400_on_every_endpoint_never_a_500()
                         assert resp.status in (200, 400), (path, data[:40], ctype, resp.status)
 
     run(body)
+
+
+def test_the_valve_answers_like_vllms_admission_valve() -> None:
+    """Shut, the valve refuses every request vLLM 0.32 gates with vLLM's own 503 (Starlette's
+    compact JSON, ``server: uvicorn``, no Retry-After), records it and counts it in
+    ``vllm:admission_rejections_total``; embeddings and SGLang's /generate are not gated."""
+
+    async def body(client: Client) -> None:
+        assert (await client.put("/_dev/state", json={"valve": "wide"})).status == 400
+        assert (
+            await client.put("/_dev/state", json={"valve": "max_num_queued_reqs"})
+        ).status == 200
+        chat = await client.post("/v1/chat/completions", json={"messages": [], "max_tokens": 2})
+        assert chat.status == 503
+        assert chat.headers["Content-Type"] == "application/json"
+        assert chat.headers["Server"] == "uvicorn" and "Retry-After" not in chat.headers
+        assert await chat.read() == (
+            b'{"error":{"message":"The engine is currently busy and cannot accept new requests.'
+            b' Please try again later or on a different instance.","type":"Service Unavailable"'
+            b',"param":null,"code":503}}'
+        )
+        await client.put("/_dev/state", json={"valve": "max_num_queued_tokens"})
+        msg = await client.post("/v1/messages", json={"messages": [], "max_tokens": 2})
+        assert msg.status == 503
+        assert await msg.json() == {
+            "type": "error",
+            "error": {
+                "type": "Service Unavailable",
+                "message": "The engine has reached its prefill token backlog limit. "
+                "Please try again later or on a different instance.",
+            },
+        }
+        for path in ("/v1/completions", "/v1/responses", "/invocations"):
+            assert (await client.post(path, json={"prompt": "x"})).status == 503, path
+        assert (await client.post("/v1/embeddings", json={"input": "x"})).status == 200
+        assert (await client.post("/generate", json={"text": "x"})).status == 200
+        recorded = await (await client.get("/_dev/requests")).json()
+        assert [r["path"] for r in recorded][:2] == ["/v1/chat/completions", "/v1/messages"]
+        fams = await metric_families(client)
+        assert value(fams, "vllm:admission_rejections", reason="max_num_queued_reqs") == 1
+        assert value(fams, "vllm:admission_rejections", reason="max_num_queued_tokens") == 4
+        assert (await client.put("/_dev/state", json={"valve": ""})).status == 200
+        ok = await client.post("/v1/chat/completions", json={"messages": [], "max_tokens": 2})
+        assert ok.status == 200
+
+    run(body)

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -80,6 +81,68 @@ def test_a_routes_profile_reaches_every_flavour_as_grpc_metadata(tmp_path: Path)
     assert meta["overrides"]["grpc_initial_metadata"][1] == profile
     chat = by_name["chat"]["typed_per_filter_config"]["envoy.filters.http.ext_proc"]
     assert len(chat["overrides"]["grpc_initial_metadata"]) == 1
+
+
+def _local_routes(text: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """The virtual host of a generated bootstrap, and its routes by name."""
+    hcm = yaml.safe_load(text)["static_resources"]["listeners"][0]["filter_chains"][0]
+    vhost = hcm["filters"][0]["typed_config"]["route_config"]["virtual_hosts"][0]
+    return vhost, {r["name"]: r for r in vhost["routes"]}
+
+
+PREVIOUS_HOSTS = [
+    {
+        "name": "envoy.retry_host_predicates.previous_hosts",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3"
+            ".PreviousHostsPredicate"
+        },
+    }
+]
+
+
+def test_a_route_whose_pool_has_several_endpoints_retries_a_503_on_another(
+    tmp_path: Path,
+) -> None:
+    policy = yaml.safe_load(POLICY.read_text())
+    policy["pools"]["pair"] = {
+        "metrics_urls": ["http://10.0.0.1:8000/metrics", "http://10.0.0.2:8000/metrics"]
+    }
+    policy["pools"]["headless"] = {"dns": {"name": "vllm.llm.svc.cluster.local"}}
+    policy["routes"]["chat"] = {"profile": "default", "pool": "pair"}
+    policy["routes"]["messages"] = {"profile": "default", "pool": "headless"}
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump(policy, sort_keys=False))
+    routes = [
+        {"name": "chat", "path": "/v1/chat/completions"},  # two metrics_urls
+        {"name": "messages", "path": "/v1/messages"},  # endpoints found by DNS
+        {"name": "completions", "path": "/v1/completions"},  # the default pool: one
+    ]
+    spec = _spec_with(tmp_path, policy=str(path), routes=routes)
+    several = {r.name: r.several_endpoints for r in load_spec(spec).routes}
+    assert several == {"chat": True, "messages": True, "completions": False}
+    files = render_all(spec)
+    vhost, by_name = _local_routes(files["envoy.yaml"])
+    for name in ("chat", "messages"):
+        assert by_name[name]["route"]["retry_policy"] == {
+            "retry_on": "connect-failure,retriable-status-codes",
+            "num_retries": 1,
+            "retry_host_predicate": PREVIOUS_HOSTS,
+            "host_selection_retry_max_attempts": "5",
+            "retriable_status_codes": [503],
+        }, name
+    # one endpoint: a retry would meet the same backend; the virtual host's connect-failure
+    # retry applies alone
+    assert "retry_policy" not in by_name["completions"]["route"]
+    assert vhost["retry_policy"]["retry_on"] == "connect-failure"
+    assert "retriable_status_codes" not in vhost["retry_policy"]
+    _, bench = _local_routes(files["bench.yaml"])
+    assert not [n for n, r in bench.items() if "retry_policy" in r.get("route", {})]
+
+
+def test_the_shipped_pool_has_one_endpoint_so_no_route_retries_a_503() -> None:
+    _, by_name = _local_routes((REPO / "envoy" / "envoy.yaml").read_text())
+    assert not [n for n, r in by_name.items() if "retry_policy" in r.get("route", {})]
 
 
 @pytest.mark.parametrize(

@@ -1,26 +1,34 @@
-"""The overload benchmark's pure parts: its reading of ICE's processing-time histogram, and the
-per-run summary (429s by reason, queued, drain, goodput, tenants), spreads and tables."""
+"""The overload benchmark's pure parts: its reading of ICE's processing-time histogram and of
+vLLM's admission-rejection counter, and the per-run summary (429s by reason, 503s by valve,
+queued, drain, goodput, tenants, size classes), spreads and tables."""
 
 from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from ext_proc.lab.overload import (
+    ROWS,
     RunResult,
     Shot,
+    admission_rejections,
     bucket_quantile,
     by_reason,
     by_status,
+    by_valve,
     drain_s,
     goodput,
     ice_body_buckets,
+    kind_breakdown,
+    kind_table,
     one_line,
     plan_burst,
+    plan_mixed,
     report,
     spread,
     spreads,
@@ -29,6 +37,7 @@ from ext_proc.lab.overload import (
     tenant_table,
     totals,
 )
+from ext_proc.lab.overload.metrics import rejection_delta
 from ext_proc.lab.overload.results import _cell
 
 
@@ -156,8 +165,10 @@ def test_429s_by_reason_and_other_answers_by_status() -> None:
         ("kv_exhausted", 1),
         ("queue_timeout", 1),
     ]
-    # 0: no answer at all; a 200 whose stream failed is not ok and counts under 200
-    assert by_status(SHOTS) == {"0": 1, "200": 1, "503": 1}
+    # 0: no answer at all; a 200 whose stream failed is not ok and counts under 200; a 503
+    # is a refusal (vLLM's valve, or here one whose body names no valve: "-"), not "other"
+    assert by_status(SHOTS) == {"0": 1, "200": 1}
+    assert by_valve(SHOTS) == {"-": 1}
 
 
 def test_summary_of_a_run_against_hand_computed_values() -> None:
@@ -168,8 +179,11 @@ def test_summary_of_a_run_against_hand_computed_values() -> None:
         "ok": 3,
         "shed_429": 2,
         "shed_by_reason": {"kv_exhausted": 1, "queue_timeout": 1},
-        "other": 3,
-        "other_by_status": {"0": 1, "200": 1, "503": 1},
+        "refused_503": 1,
+        "refused_503_by_valve": {"-": 1},
+        "valve_rejections": {},
+        "other": 2,
+        "other_by_status": {"0": 1, "200": 1},
         "queued": 2,
         "queued_ms_p50": 300.0,  # nearest rank ceil(0.5 × 2) = 1st of [300, 1200]
         "queued_ms_p95": 1200.0,
@@ -344,3 +358,262 @@ def test_a_dict_cell_cuts_keys_only_as_far_as_they_stay_apart() -> None:
     assert _cell({"critical": 0, "standard": 3}) == "crit:0 stan:3"
     assert _cell({"queue_timeout": 1, "queue_full": 2}) == "queue_t:1 queue_f:2"
     assert _cell({}) == "-"
+
+
+# --- vLLM's admission valve: 503s, the rejection counter, the arms' tables ------------------
+
+DATA = Path(__file__).resolve().parent / "data"
+REQS_503 = (
+    '{"error":{"message":"The engine is currently busy and cannot accept new requests. '
+    'Please try again later or on a different instance.","type":"Service Unavailable",'
+    '"param":null,"code":503}}'
+)
+TOKENS_503 = (
+    '{"error":{"message":"The engine has reached its prefill token backlog limit. Please '
+    'try again later or on a different instance.","type":"Service Unavailable","code":503}}'
+)
+
+
+def test_admission_rejections_are_read_by_reason_from_recorded_vllm_pages() -> None:
+    # vLLM 0.32's page as recorded (no valve: both reasons at 0), and the same page after a
+    # valve refused 7 requests and 2 prompts; the _created gauges beside them do not count
+    loaded = (DATA / "vllm_cpu" / "metrics_loaded.txt").read_text()
+    assert admission_rejections(loaded) == {
+        "max_num_queued_reqs": 0.0,
+        "max_num_queued_tokens": 0.0,
+    }
+    sample = 'vllm:admission_rejections_total{model_name="tiny",reason="max_num_queued_%s"}'
+    valve = loaded.replace(f"{sample % 'reqs'} 0.0", f"{sample % 'reqs'} 7.0").replace(
+        f"{sample % 'tokens'} 0.0", f"{sample % 'tokens'} 2.0"
+    )
+    assert admission_rejections(valve) == {"max_num_queued_reqs": 7.0, "max_num_queued_tokens": 2.0}
+    # a vLLM without the counter (an older page) gives {}
+    assert admission_rejections((DATA / "vllm_v1_metrics.txt").read_text()) == {}
+
+
+def test_the_rejection_delta_is_after_less_before() -> None:
+    before = {"max_num_queued_reqs": 7.0, "max_num_queued_tokens": 2.0}
+    after = {"max_num_queued_reqs": 12.0, "max_num_queued_tokens": 2.0, "new_reason": 1.0}
+    assert rejection_delta(before, after) == {
+        "max_num_queued_reqs": 5,
+        "max_num_queued_tokens": 0,
+        "new_reason": 1,
+    }
+    assert rejection_delta({}, {}) == {}
+
+
+# A run against a vLLM with a valve: 2 ok, three valve 503s (two reqs, one tokens), one 503
+# that names no valve (Envoy without an upstream), one ICE 429.
+VALVE_SHOTS = [
+    _shot(0, 200, 2.0, ttft=0.5, tokens=100),
+    _shot(1, 200, 3.0, ttft=2.5, tokens=100),
+    _shot(2, 503, 0.02, ttft=0.02, error=REQS_503),
+    _shot(3, 503, 0.02, ttft=0.02, error=REQS_503),
+    _shot(4, 503, 0.03, ttft=0.03, error=TOKENS_503),
+    _shot(5, 503, 0.5, error="upstream connect error or disconnect/reset before headers"),
+    _shot(6, 429, 0.05, ttft=0.05, reason="kv_exhausted"),
+]
+
+
+def _valve_run(
+    mode: str,
+    round_no: int,
+    shots: list[Shot],
+    valve: str,
+    rejections: dict[str, int],
+    *,
+    preemptions: int = 0,
+) -> RunResult:
+    run = _run(mode, round_no, shots, preemptions=preemptions)
+    run.valve = valve
+    run.admission_rejections = rejections
+    return run
+
+
+def test_503s_are_refusals_counted_by_valve_beside_vllms_counter() -> None:
+    counter = {"max_num_queued_reqs": 2, "max_num_queued_tokens": 1}
+    s = _valve_run("direct", 1, VALVE_SHOTS, "reqs=2", counter).summary()
+    assert s["label"] == s["arm"] == "valve:reqs=2"
+    assert (s["mode"], s["valve"]) == ("direct", "reqs=2")
+    assert s["ok"] == 2 and s["shed_429"] == 1
+    assert s["refused_503"] == 4
+    assert s["refused_503_by_valve"] == {"reqs": 2, "-": 1, "tokens": 1}
+    assert s["valve_rejections"] == {"reqs": 2, "tokens": 1}
+    # a 503 is not "other"; nothing else went wrong
+    assert (s["other"], s["other_by_status"]) == (0, {})
+    assert by_valve(VALVE_SHOTS) == {"reqs": 2, "-": 1, "tokens": 1}
+    # a valve arm shows its counter even when it never fired; an arm without a valve only
+    # what happened
+    quiet = {"max_num_queued_reqs": 0, "max_num_queued_tokens": 0}
+    assert _valve_run("ice", 1, [], "tokens=512", quiet).summary()["valve_rejections"] == {
+        "reqs": 0,
+        "tokens": 0,
+    }
+    assert _valve_run("ice", 1, [], "", quiet).summary()["valve_rejections"] == {}
+    line = one_line(_valve_run("direct", 1, VALVE_SHOTS, "reqs=2", counter))
+    assert "1 × 429 (kv_exhausted:1), 4 × 503 (reqs:2 -:1 tokens:1)" in line
+
+
+def _heads(markdown: str) -> list[str]:
+    return [c.strip() for c in markdown.splitlines()[0].strip("|").split("|")]
+
+
+# The per-arm table's columns for runs without a valve, as before valves existed.
+PLAIN_HEADS = [
+    "mode",
+    "runs",
+    "requests",
+    "200",
+    "429",
+    "429 kv_exhausted",
+    "queued",
+    "queued ms p95",
+    "queued ms max",
+    "preemptions",
+    "TTFT p50 s",
+    "TTFT p95 s",
+    "e2e p50 s",
+    "e2e p95 s",
+    "e2e max s",
+    "drain s",
+    "tok/s",
+    "goodput tok/s",
+    "fail-open",
+]
+
+
+def test_the_arms_table_adds_the_valve_columns_only_when_a_run_has_them() -> None:
+    kv = "kv_exhausted"
+    plain = [
+        _run("direct", 1, [_ok(0, 4.0, 3.0)], preemptions=5),
+        _run("ice", 1, [_ok(0, 1.0, 0.5), _shot(1, 429, 0.1, reason=kv)], preemptions=1),
+    ]
+    text = totals(plain)
+    assert _heads(text) == PLAIN_HEADS
+    assert "valve Δ" not in text
+    quiet = {"max_num_queued_reqs": 0, "max_num_queued_tokens": 0}
+
+    def reqs2(round_no: int, refused: int) -> RunResult:
+        shots = [_ok(0, 1.0, 0.5)] + [
+            _shot(i, 503, 0.02, ttft=0.02, error=REQS_503) for i in range(1, refused + 1)
+        ]
+        counter = {**quiet, "max_num_queued_reqs": refused}
+        return _valve_run("direct", round_no, shots, "reqs=2", counter)
+
+    results = [
+        *plain,
+        reqs2(1, 3),
+        reqs2(2, 1),
+        _valve_run("ice", 1, [_ok(0, 1.0, 0.5)], "reqs=2", quiet),
+        _valve_run("direct", 1, [_ok(0, 2.0, 0.5)], "tokens=1024", quiet, preemptions=4),
+        _valve_run("direct", 1, [_ok(0, 2.0, 0.5)], "reqs=16", quiet),
+    ]
+    text = totals(results)
+    heads = _heads(text)
+    assert heads[:6] == ["mode", "runs", "requests", "200", "429", "429 kv_exhausted"]
+    assert heads[6:10] == ["503", "503 reqs", "valve Δ reqs", "valve Δ tokens"]
+    lines = [line for line in text.splitlines() if line.startswith("| ")]
+    # no valve first, then by valve (reqs by limit, then tokens), the modes as in MODES
+    assert [line.split("|")[1].strip() for line in lines[1:]] == [
+        "direct",
+        "ice",
+        "valve:reqs=2",
+        "ice+valve:reqs=2",
+        "valve:reqs=16",
+        "valve:tokens=1024",
+    ]
+    valve = _row(text, "valve:reqs=2")
+    assert (valve["runs"], valve["503"], valve["503 reqs"]) == ("2", "2 [1–3]", "2 [1–3]")
+    assert (valve["valve Δ reqs"], valve["valve Δ tokens"]) == ("2 [1–3]", "0")
+    assert _row(text, "direct")["503"] == "0"
+    assert _row(text, "direct")["valve Δ reqs"] == "0"  # no counter delta: counts 0
+    assert _row(text, "valve:tokens=1024")["preemptions"] == "4"
+    assert "valve Δ <valve>: vllm:admission_rejections_total" in text.splitlines()[-1]
+
+
+def test_the_per_run_table_shows_the_valve_rows_only_when_a_run_has_them() -> None:
+    plain = [_run("direct", 1, SHOTS[:2]), _run("ice", 1, SHOTS[:2])]
+    labels = [line.split("|")[1].strip() for line in table(plain).splitlines()[2:]]
+    assert labels == [label for key, label in ROWS if not key.startswith(("refused", "valve"))]
+    counter = {"max_num_queued_reqs": 2, "max_num_queued_tokens": 1}
+    text = table([*plain, _valve_run("direct", 1, VALVE_SHOTS, "reqs=2", counter)])
+    assert [c.strip() for c in text.splitlines()[0].split("|")[2:5]] == [
+        "r1 direct",
+        "r1 ice",
+        "r1 valve:reqs=2",
+    ]
+    refused = _row(text, "503 refused")
+    assert (refused["r1 direct"], refused["r1 valve:reqs=2"]) == ("0", "4")
+    assert _row(text, "503 by valve (body)")["r1 valve:reqs=2"] == "reqs:2 -:1 toke:1"
+    assert _row(text, "vLLM admission rejections (delta)")["r1 valve:reqs=2"] == "reqs:2 toke:1"
+    assert _row(text, "vLLM admission rejections (delta)")["r1 direct"] == "-"
+
+
+def _kind_shot(i: int, kind: str, status: int, ttft: float, latency: float, tokens: int) -> Shot:
+    shot = _shot(i, status, latency, ttft=ttft, tokens=tokens)
+    shot.kind = kind
+    return shot
+
+
+def test_the_mixed_workload_is_broken_down_by_size_class() -> None:
+    def run(round_no: int, short_ttft: float) -> RunResult:
+        return _run(
+            "ice",
+            round_no,
+            [
+                _kind_shot(0, "short", 200, short_ttft, 1.0, 30),
+                _kind_shot(1, "long", 200, 2.5, 5.75, 300),  # ends 6.0: the drain
+                _kind_shot(2, "short", 429, 0.1, 0.1, 0),
+                _kind_shot(3, "long", 503, 0.02, 0.02, 0),
+            ],
+        )
+
+    s = run(1, 0.5).summary()
+    assert s["kinds"] == {
+        "short": {
+            "requests": 2,
+            "ok": 1,
+            "shed_429": 1,
+            "refused_503": 0,
+            "ttft_p50_s": 0.5,
+            "ttft_p95_s": 0.5,
+            "e2e_p95_s": 1.0,
+            "goodput_tok_per_s": 5.0,  # 30 tokens within the SLO / the run's 6.0 s drain
+        },
+        "long": {
+            "requests": 2,
+            "ok": 1,
+            "shed_429": 0,
+            "refused_503": 1,
+            "ttft_p50_s": 2.5,
+            "ttft_p95_s": 2.5,
+            "e2e_p95_s": 5.75,
+            "goodput_tok_per_s": 0.0,  # its first token came after the 2 s SLO
+        },
+    }
+    assert s["goodput_tok_per_s"] == 5.0  # the classes add up to the run's goodput
+    assert kind_breakdown(SHOTS, 2.0) == {}  # the burst has no classes
+    text = kind_table([run(1, 0.5), run(2, 1.5)])
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()[2:]]
+    assert _heads(text)[:3] == ["mode", "class", "runs"]
+    assert [r[:3] for r in rows] == [["ice", "short", "2"], ["ice", "long", "2"]]
+    assert rows[0][_heads(text).index("TTFT p50 s")] == "1 [0.5–1.5]"
+    assert rows[1][_heads(text).index("503")] == "1"
+    assert kind_table([_run("ice", 1, SHOTS)]) == ""
+
+
+def test_the_report_keeps_the_plan_and_its_sizes() -> None:
+    plan = plan_mixed(10, 0, "standard=1", seed=2)
+    full = json.loads(json.dumps(report([_run("ice", 1, SHOTS)], plan, {"workload": "mixed"})))
+    assert full["burst"]["workload"] == "mixed"
+    assert [p["kind"] for p in full["burst"]["plan"]] == [p.kind for p in plan]
+    assert full["burst"]["sizes"]["long"]["requests"] == 3
+    assert "refused_503_by_valve.-" in full["spread"]["ice"]
+
+
+def test_a_503_that_ice_answered_for_the_backend_counts_under_ices_reason() -> None:
+    # an ICE that answers a backend's overload 503 itself: its own body, x-ice-reason
+    ice_503 = _shot(0, 503, 0.05, reason="backend_overloaded", error='{"error":{"code":"x"}}')
+    envoy_503 = _shot(1, 503, 0.5, error="no healthy upstream")
+    valve_503 = _shot(2, 503, 0.02, reason="backend_overloaded", error=REQS_503)
+    assert by_valve([ice_503, envoy_503, valve_503]) == {"-": 1, "backend_overloaded": 1, "reqs": 1}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -308,3 +309,130 @@ def test_new_prefixes_spread_over_equally_good_endpoints() -> None:
     assert chosen == {"10.0.0.1:8000", "10.0.0.2:8000"}
     # the same prefix always lands on the same one
     assert pick(idle, prefix="p") == pick(list(reversed(idle)), prefix="p")
+
+
+# -- sleeping endpoints (vLLM sleep mode: vllm:engine_sleep_state awake = 0) ------------------
+
+
+def asleep(url: str, usage: float = 0.0, state: str = "weights_offloaded") -> BackendSignals:
+    """A backend whose engine sleeps; its gauge may read idle (its KV cache was released)."""
+    return replace(backend(url, usage), sleep_state=state)
+
+
+def snap_of(*backends: BackendSignals) -> PoolSnapshot:
+    return PoolSnapshot(pool="default", backends=backends, taken_at_s=time.monotonic())
+
+
+@pytest.mark.parametrize("max_tokens", [100, 1900], ids=["fits-the-awake-one", "fits-nowhere"])
+def test_ice_never_picks_a_sleeping_endpoint(max_tokens: int) -> None:
+    # the awake one has 8 free blocks; the sleeping one's gauge says 100 free
+    _, v = judge("ice", snap_of(backend(FULL, 0.92), asleep(IDLE)), max_tokens=max_tokens)
+    h = headers_of(v)
+    assert h["x-ice-endpoint"] == h["x-gateway-destination-endpoint"] == "10.0.0.1:8000"
+    if max_tokens == 1900:  # 15 blocks fit nowhere awake: downgraded to the 8 free blocks
+        assert v.decision.decision == "downgrade"  # type: ignore[attr-defined]
+        assert v.decision.max_tokens == 1024 - 8  # type: ignore[attr-defined]
+    else:
+        assert v.decision.decision == "pass"  # type: ignore[attr-defined]
+
+
+def test_a_prefix_does_not_follow_its_endpoint_into_sleep() -> None:
+    awake = snap_of(backend(FULL, 0.5), backend(IDLE, 0.0))
+    pipeline, first = judge("ice", awake, max_tokens=100, system="Shared.")
+    assert headers_of(first)["x-ice-endpoint"] == "10.0.0.2:8000"  # the most room
+    pipeline.lookup = lambda _p: snap_of(backend(FULL, 0.5), asleep(IDLE))
+    again = judge_with(pipeline, max_tokens=100, system="Shared.")
+    assert headers_of(again)["x-ice-endpoint"] == "10.0.0.1:8000"
+
+
+def test_a_sleeping_endpoint_has_no_room() -> None:
+    snap = snap_of(backend(FULL, 0.0), asleep(IDLE))
+    pipeline = Pipeline(parse_policy(policy_text("ice")), lambda _p: snap)
+    profile = pipeline.router.resolve([]).profile
+    views = {e.endpoint: e for e in pipeline.views.endpoints(profile, snap)}
+    assert views["10.0.0.2:8000"].asleep and views["10.0.0.2:8000"].fit.free_blocks == 0
+    assert views["10.0.0.1:8000"].fit.free_blocks == 100
+    assert [e.endpoint for e, _ in pipeline.views.candidates(profile, snap)] == ["10.0.0.1:8000"]
+    # Envoy's balancer may send a request to either: judged against no free blocks
+    none = Pipeline(parse_policy(policy_text("none")), lambda _p: snap)
+    fit = none.views.room(profile, snap)
+    assert fit is not None and fit.free_blocks == 0
+
+
+@pytest.mark.parametrize(
+    ("mode", "headers"),
+    [("none", {}), ("header", {"x-gateway-destination-endpoint": "10.0.0.2:8000"})],
+    ids=["none", "header-names-the-sleeping-one"],
+)
+def test_a_request_that_may_land_on_a_sleeping_endpoint_is_shed(
+    mode: str, headers: dict[str, str]
+) -> None:
+    _, v = judge(mode, snap_of(backend(FULL, 0.0), asleep(IDLE)), headers=headers)
+    # input + min_output_tokens: 1 block > 0 free
+    assert (v.decision.decision, v.decision.reason) == ("reject", "kv_exhausted")  # type: ignore[attr-defined]
+    assert v.outcome.status == 429  # type: ignore[attr-defined]
+
+
+ALL_ASLEEP = (asleep(FULL, 0.5, "paused"), asleep(IDLE, 0.0, "discard_all"))
+
+
+@pytest.mark.parametrize("mode", ["none", "ice", "header"])
+@pytest.mark.parametrize("priority", ["critical", "standard", "sheddable"])
+def test_a_pool_whose_every_endpoint_sleeps_answers_503_at_once(mode: str, priority: str) -> None:
+    headers = {"x-priority": priority}
+    if mode == "header":
+        headers["x-gateway-destination-endpoint"] = "10.0.0.2:8000"
+    pipeline, v = judge(mode, snap_of(*ALL_ASLEEP), headers=headers)
+    out = v.outcome  # type: ignore[attr-defined]
+    assert out.status == 503
+    h = dict(out.headers)
+    assert h["retry-after"] == "2"  # the profile's retry_after_s
+    assert (h["x-ice-decision"], h["x-ice-reason"]) == ("reject", "backend_asleep")
+    assert "x-gateway-destination-endpoint" not in h and "x-ice-endpoint" not in h
+    error = json.loads(out.body)["error"]
+    assert (error["type"], error["code"]) == ("server_error", "backend_asleep")
+    assert "asleep" in error["message"]
+    assert pipeline.views.ledger(snap_of(*ALL_ASLEEP)) == {}  # nothing went upstream
+
+
+def _answer(pipeline: Pipeline, path: str, body: dict[str, object]) -> object:
+    route = pipeline.router.resolve([])
+    facts = pipeline.on_headers(route, [(":path", path.encode()), (":method", b"POST")], False)
+    return pipeline.on_body(route, facts, json.dumps(body).encode())
+
+
+def test_the_503_is_in_the_apis_own_error_format() -> None:
+    pipeline = Pipeline(parse_policy(policy_text("none")), lambda _p: snap_of(*ALL_ASLEEP))
+    body = {"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]}
+    v = _answer(pipeline, "/v1/messages", body)
+    out = v.outcome  # type: ignore[attr-defined]
+    doc = json.loads(out.body)
+    assert out.status == 503 and doc["type"] == "error"
+    assert (doc["error"]["type"], doc["error"]["code"]) == ("overloaded_error", "backend_asleep")
+    resp = render.render_body_outcome(out)
+    assert resp.immediate_response.status.code == 503
+
+
+def test_a_coarse_verdict_of_a_sleeping_pool_is_the_503() -> None:
+    pipeline = Pipeline(parse_policy(policy_text("ice")), lambda _p: snap_of(*ALL_ASLEEP))
+    route = pipeline.router.resolve([])
+    facts = pipeline.on_headers(route, [(":path", b"/v1/chat/completions")], False)
+    v = pipeline.on_size(route, facts, 2000)
+    assert v.outcome.status == 503  # type: ignore[union-attr]
+    assert dict(v.outcome.headers)["x-ice-judged"] == "headers"
+
+
+def test_a_shadow_profile_forwards_and_says_it_would_answer_503() -> None:
+    text = policy_text("none").replace(
+        "min_output_tokens: 16}", "min_output_tokens: 16, mode: shadow}"
+    )
+    pipeline = Pipeline(parse_policy(text), lambda _p: snap_of(*ALL_ASLEEP))
+    v = judge_with(pipeline)
+    h = headers_of(v)
+    assert (h["x-ice-decision"], h["x-ice-shadow-reason"]) == ("pass", "backend_asleep")
+
+
+def test_one_awake_endpoint_is_enough_to_serve() -> None:
+    _, v = judge("ice", snap_of(asleep(FULL), backend(IDLE, 0.0)))
+    assert v.decision.decision == "pass"  # type: ignore[attr-defined]
+    assert headers_of(v)["x-ice-endpoint"] == "10.0.0.2:8000"

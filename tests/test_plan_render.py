@@ -158,3 +158,36 @@ def test_the_access_log_fields_ride_in_metadata_never_as_headers() -> None:
     assert md["x-ice-decision"].string_value == "downgrade"
     immediate = render.render_body_outcome(shed).dynamic_metadata.fields["ice"].struct_value
     assert immediate.fields["input_tokens"].string_value == tokens
+
+
+def test_watch_asks_for_the_response_headers_and_restates_every_mode() -> None:
+    # Envoy takes a mode override whole (body modes literally): every mode is restated
+    plain, watched = render.headers_continue(), render.headers_continue(watch=True)
+    assert not plain.HasField("mode_override")
+    mode = watched.mode_override
+    assert (mode.request_header_mode, mode.request_body_mode, mode.request_trailer_mode) == (
+        1,  # SEND
+        2,  # BUFFERED: the body still comes to ICE
+        2,  # SKIP
+    )
+    assert (mode.response_header_mode, mode.response_body_mode, mode.response_trailer_mode) == (
+        1,  # SEND: the one change
+        0,  # NONE
+        2,  # SKIP
+    )
+    stripped = render.headers_continue(["x-ice-foo"], watch=True)
+    assert stripped.mode_override == mode
+    assert list(stripped.request_headers.response.header_mutation.remove_headers) == ["x-ice-foo"]
+    skipped = render.skip_body(watch=True).mode_override
+    assert (skipped.request_body_mode, skipped.response_header_mode) == (0, 1)
+    assert render.skip_body().mode_override.response_header_mode == 0  # DEFAULT: the config's
+
+
+def test_the_response_phase_replies() -> None:
+    assert render.response_headers_continue() == pb.ProcessingResponse(
+        response_headers=pb.HeadersResponse()
+    )
+    respond = Respond(503, [("x-ice-decision", "reject")], b"{}", log=(("profile", "p"),))
+    ir = render.render_immediate(respond, "ice_backend_overloaded").immediate_response
+    assert ir.details == "ice_backend_overloaded"
+    assert render.render_immediate(respond).immediate_response.details == "ice_503"

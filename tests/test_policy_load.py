@@ -54,6 +54,11 @@ def test_empty_file_gives_a_default_profile_and_pool() -> None:
         ("profiles: {a: {default_priority: vip}}", "profiles.a.default_priority: unknown priority"),
         ("profiles: {a: {fail_mode: maybe}}", "profiles.a.fail_mode: must be 'open' or 'closed'"),
         ("profiles: {a: {retry_after_s: 0}}", "profiles.a.retry_after_s: must be ≥ 1"),
+        (
+            "profiles: {a: {backend_overload_status: 500}}",
+            "profiles.a.backend_overload_status: must be 503, 429 or 0 (off), got 500",
+        ),
+        ("profiles: {a: {backend_overload_status: -1}}", "backend_overload_status"),
         ("pools: {a: {metrics_urls: [foo]}}", "pools.a.metrics_urls[0]: not an http(s) URL"),
         ("pools: {a: {scrape_interval_s: 0}}", "pools.a.scrape_interval_s: must be a number > 0"),
         ("default_profile: nope", "default_profile: no profile named 'nope'"),
@@ -150,3 +155,13 @@ def test_kv_hold_defaults_to_done_and_takes_only_done_or_seen() -> None:
     assert parse_policy(pool % ", kv_hold: seen").pools["p"].kv_hold == "seen"
     with pytest.raises(PolicyError, match="kv_hold: must be done or seen"):
         parse_policy(pool % ", kv_hold: forever")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("", 503), ("backend_overload_status: 429", 429), ("backend_overload_status: 0", 0)],
+    ids=["default", "429", "off"],
+)
+def test_backend_overload_status(text: str, expected: int) -> None:
+    policy = parse_policy(f"profiles: {{default: {{{text}}}}}")
+    assert policy.profiles["default"].backend_overload_status == expected

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from ext_proc.policy.model import Level, PressureModel
-from ext_proc.policy.pressure import level_for, pressure_of
+from ext_proc.policy.pressure import level_for, pressure_of, queue_term
+from ext_proc.signals.model import Derived
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
 
 DEFAULT = PressureModel()
@@ -119,3 +122,90 @@ def test_pcie_term_joins_when_the_pool_has_gpus() -> None:
     assert snap.pcie_utilization == pytest.approx(0.375)
     p = pressure_of(snap, DEFAULT)
     assert p is not None and p.score == pytest.approx(39.38, abs=0.01)
+
+
+# -- vLLM's own valve and sleep mode --------------------------------------------------------
+
+
+def v(
+    usage: float | None,
+    waiting: float | None = None,
+    *,
+    rejected: bool | None = None,
+    sleep: str | None = None,
+    blocks: int | None = None,
+) -> BackendSignals:
+    """A backend whose valve rejected a request since its previous scrape (``rejected``)
+    and whose engine is in ``sleep``."""
+    derived = None
+    if rejected is not None:
+        derived = Derived(window_s=1.0, admission_rejected_recently=rejected)
+    return replace(b(usage, waiting, blocks), derived=derived, sleep_state=sleep)
+
+
+@pytest.mark.parametrize(
+    ("snapshot", "s_queue", "score", "level"),
+    [
+        # one backend, 2 waiting, its valve refused a request: q = max(2, 8) → s_queue 1
+        # 100 × (0.40 × 0.5 + 0.25 × 1) / 0.65 = 69.23
+        (pool(v(0.5, 2, rejected=True)), 1.0, 69.23, Level.HIGH),
+        # the same without a rejection: 100 × (0.40 × 0.5 + 0.25 × 2/8) / 0.65 = 40.38
+        (pool(v(0.5, 2, rejected=False)), 0.25, 40.38, Level.MEDIUM),
+        # more waiting than the saturation: q = max(12, 8) = 12, s_queue = min(1, 12/8) = 1
+        (pool(v(0.5, 12, rejected=True)), 1.0, 69.23, Level.HIGH),
+        # the module's worked example: q = (max(2, 8), 0) → 4/8; s_kv 0.5
+        # 100 × (0.40 × 0.5 + 0.25 × 0.5) / 0.65 = 50.0; without the rejection 35.58
+        (pool(v(0.5, 2, rejected=True), v(0.5, 0, rejected=False)), 0.5, 50.0, Level.MEDIUM),
+        (pool(v(0.5, 2, rejected=False), v(0.5, 0, rejected=False)), 0.125, 35.58, Level.LOW),
+        # a rejecting backend that does not report its queue counts as saturated:
+        # q = (8, 0) → 0.5 → 50.0
+        (pool(v(0.5, None, rejected=True), v(0.5, 0)), 0.5, 50.0, Level.MEDIUM),
+        # no queue gauge and no rejection: it drops out of the mean, (4) → 0.5
+        (pool(v(0.5, None, rejected=False), v(0.5, 4)), 0.5, 50.0, Level.MEDIUM),
+        # the flag unknown (fewer than two scrapes) counts as no rejection
+        (pool(v(0.5, 2)), 0.25, 40.38, Level.MEDIUM),
+    ],
+    ids=[
+        "rejected",
+        "not-rejected",
+        "rejected-over-saturation",
+        "worked-example",
+        "worked-example-without",
+        "rejected-no-gauge",
+        "no-gauge-no-rejection",
+        "flag-unknown",
+    ],
+)
+def test_valve_rejections_saturate_the_backends_queue(
+    snapshot: PoolSnapshot, s_queue: float, score: float, level: Level
+) -> None:
+    assert queue_term(snapshot, DEFAULT.queue_saturation_requests) == pytest.approx(s_queue)
+    p = pressure_of(snapshot, DEFAULT)
+    assert p is not None
+    assert p.score == pytest.approx(score, abs=0.01) and p.level is level
+
+
+def test_sleeping_backends_take_no_part() -> None:
+    # awake: usage 0.9 with 4 waiting; asleep (level 1): usage 0, nothing waiting.
+    # Only the awake one counts: 100 × (0.40 × 0.9 + 0.25 × 4/8) / 0.65 = 74.62; counting
+    # both would be 100 × (0.40 × 0.45 + 0.25 × 2/8) / 0.65 = 37.31
+    snap = pool(v(0.9, 4, blocks=101), v(0.0, 0, sleep="weights_offloaded", blocks=101))
+    p = pressure_of(snap, DEFAULT)
+    assert p is not None and p.score == pytest.approx(74.62, abs=0.01)
+    assert snap.serving.backends == snap.backends[:1] and not snap.asleep
+
+
+def test_a_pool_whose_every_backend_sleeps_is_scored_over_all() -> None:
+    snap = pool(v(0.2, 0, sleep="discard_all"), v(0.4, 0, sleep="paused"))
+    assert snap.asleep and snap.serving is snap
+    p = pressure_of(snap, DEFAULT)
+    # plain mean 0.3: 100 × 0.40 × 0.3 / 0.65 = 18.46
+    assert p is not None and p.score == pytest.approx(18.46, abs=0.01)
+
+
+@pytest.mark.parametrize(
+    ("state", "asleep"),
+    [(None, False), ("awake", False), ("paused", True), ("weights_offloaded", True)],
+)
+def test_asleep_is_any_state_but_awake(state: str | None, asleep: bool) -> None:
+    assert v(0.1, sleep=state).asleep is asleep

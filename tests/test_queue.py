@@ -250,6 +250,28 @@ def test_tenants_take_turns_so_a_flood_does_not_starve_a_light_tenant() -> None:
     asyncio.run(run())
 
 
+def test_the_tenant_with_fewer_requests_in_flight_goes_first() -> None:
+    async def run() -> None:
+        rig = Rig()
+        # heavy's first request went straight in (room then) and is still running
+        first_facts = rig.facts(tenant="heavy")
+        verdict = rig.judge(first_facts)
+        first_facts.hold = rig.pipeline.record(rig.route, verdict)
+        rig.queue.count_started(rig.route, first_facts, verdict)
+        assert rig.queue.inflight == {("default", "heavy"): 1}
+        heavy = rig.offer(rig.facts(tenant="heavy"))
+        light = rig.offer(rig.facts(tenant="light"))
+        rig.pipeline.views.release(first_facts.hold)  # type: ignore[arg-type]
+        rig.view = PoolSnapshot("default", (IDLE,), time.monotonic())
+        rig.queue.tick()  # room for one: light (0 in flight) before heavy (1), FIFO or not
+        assert outcome(light) == "pass:ok" and not heavy.future.done()
+        assert rig.queue.inflight == {("default", "heavy"): 1, ("default", "light"): 1}
+        rig.queue.ended(*first_facts.inflight)  # type: ignore[misc]
+        assert rig.queue.inflight == {("default", "light"): 1}
+
+    asyncio.run(run())
+
+
 def test_a_cancelled_wait_leaves_the_queue_and_holds_no_blocks() -> None:
     async def run() -> None:
         rig = Rig()

@@ -9,10 +9,12 @@ import pytest
 from ext_proc.policy.scores import (
     DrainInputs,
     cache_efficiency_ratio,
+    drain_inputs,
     retry_after_s,
     tokenize_latency_risk,
 )
 from ext_proc.signals.model import Derived, Histogram
+from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
 from ext_proc.signals.window import exceedance
 
 INF = math.inf
@@ -78,3 +80,23 @@ def test_cache_efficiency_ratio_weights_by_queries_and_falls_back_to_gauges() ->
 )
 def test_retry_after_from_drain_rate(drain: DrainInputs | None, need: int, expected: int) -> None:
     assert retry_after_s(drain, need, min_s=1, max_s=30, fallback_s=2) == expected
+
+
+def test_drain_leaves_out_sleeping_backends_unless_all_sleep() -> None:
+    rates = Derived(
+        window_s=10.0, prompt_tokens_per_s=300.0, generation_tokens_per_s=100.0,
+        completions_per_s=2.0,
+    )  # fmt: skip
+    # 11 blocks of 16 tokens: 10 usable; usage 0.5 → 5 free = 80 tokens; asleep: 10 free
+    awake = BackendSignals(
+        url="a", kv_cache_usage=0.5, num_requests_waiting=3, num_gpu_blocks=11, block_size=16,
+        derived=rates,
+    )  # fmt: skip
+    asleep = BackendSignals(
+        url="b", kv_cache_usage=0.0, num_requests_waiting=0, num_gpu_blocks=11, block_size=16,
+        derived=Derived(window_s=10.0, completions_per_s=0.0), sleep_state="discard_all",
+    )  # fmt: skip
+    both = PoolSnapshot(pool="p", backends=(awake, asleep), taken_at_s=0.0)
+    assert drain_inputs(both) == DrainInputs(300.0, 100.0, 2.0, 3.0, 80.0)  # not 80 + 160
+    only_asleep = PoolSnapshot(pool="p", backends=(asleep,), taken_at_s=0.0)
+    assert drain_inputs(only_asleep) == DrainInputs(0.0, 0.0, 0.0, 0.0, 160.0)

@@ -224,3 +224,111 @@ def test_each_answered_message_is_timed_by_phase() -> None:
     assert len(responses) == 2
     assert _processed("request_headers") == before["request_headers"] + 1
     assert _processed("request_body") == before["request_body"] + 1
+
+
+# --- the response phase: a backend's overload 503 (ext_proc.backend_overload) ---------------
+
+VALVE_BODY_HEADERS = {"server": "uvicorn", "content-type": "application/json"}
+BASE_SEND, BUFFERED = 1, 2  # ProcessingMode: HeaderSendMode.SEND, BodySendMode.BUFFERED
+
+
+def response_msg(
+    status: str = "503", details: str | None = "via_upstream", **extra: str
+) -> pb.ProcessingRequest:
+    pairs = {":status": status, **VALVE_BODY_HEADERS, **extra}
+    hs = [base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs.items()]
+    msg = pb.ProcessingRequest(
+        response_headers=pb.HttpHeaders(headers=base_pb2.HeaderMap(headers=hs))
+    )
+    if details is not None:
+        fields = msg.attributes["envoy.filters.http.ext_proc"].fields
+        fields["response.code_details"].string_value = details
+    return msg
+
+
+def _policy(profile: str) -> Pipeline:
+    text = f"profiles:\n  default: {{max_model_len: 8192, {profile}}}\nroutes:\n  chat: {{}}\n"
+    return Pipeline(parse_policy(text), lambda _pool: snapshot(0.2, 0))
+
+
+def test_a_request_ice_judges_asks_envoy_for_its_response_headers() -> None:
+    out = run([headers_msg(), body_msg(CHAT)], snapshot(0.2, 0))
+    mode = out[0].mode_override
+    assert (mode.response_header_mode, mode.request_body_mode) == (BASE_SEND, BUFFERED)
+    assert mode.response_body_mode == 0  # NONE: the response body never comes to ICE
+
+
+@pytest.mark.parametrize(
+    "profile", ["backend_overload_status: 0", "mode: shadow"], ids=["off", "shadow"]
+)
+def test_a_profile_that_does_not_watch_asks_for_nothing(profile: str) -> None:
+    out = run([headers_msg(), body_msg(CHAT)], pipeline=_policy(profile))
+    assert not out[0].HasField("mode_override")
+
+
+def test_a_backends_overload_503_becomes_ices_answer() -> None:
+    out = run([headers_msg(), body_msg(CHAT), response_msg()], snapshot(0.2, 0))
+    assert [r.WhichOneof("response") for r in out] == [
+        "request_headers",
+        "request_body",
+        "immediate_response",
+    ]
+    ir = out[2].immediate_response
+    assert ir.status.code == 503 and ir.details == "ice_backend_overloaded"
+    headers = set_headers(ir.headers)
+    assert headers["retry-after"] == "2"  # no drain rate in the snapshot: retry_after_s
+    assert headers["x-ice-decision"] == "reject"
+    assert headers["x-ice-reason"] == "backend_overloaded"
+    assert headers["x-mem-pressure"] == "low"
+    err = json.loads(ir.body)["error"]
+    assert err["code"] == "backend_overloaded" and err["type"] == "server_error"
+    md = out[2].dynamic_metadata.fields["ice"].struct_value.fields
+    assert md["x-ice-decision"].string_value == "reject"  # the access log's decision too
+    assert md["profile"].string_value == "default"
+
+
+def test_the_profile_maps_the_503_to_429() -> None:
+    out = run(
+        [headers_msg(), body_msg(CHAT), response_msg()],
+        pipeline=_policy("backend_overload_status: 429"),
+    )
+    ir = out[2].immediate_response
+    assert ir.status.code == 429
+    assert json.loads(ir.body)["error"]["type"] == "rate_limit_error"
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        response_msg("200"),
+        response_msg("500"),
+        response_msg(details="upstream_reset_before_response_started{connection_failure}"),
+        response_msg(details="via_upstream", **{"content-type": "text/plain"}),
+    ],
+    ids=["200", "500", "envoys-own-503", "plain-text-503"],
+)
+def test_any_other_response_goes_on_untouched(message: pb.ProcessingRequest) -> None:
+    out = run([headers_msg(), body_msg(CHAT), message], snapshot(0.2, 0))
+    assert out[2] == pb.ProcessingResponse(response_headers=pb.HeadersResponse())
+
+
+def test_a_fault_in_the_response_phase_continues_even_when_failing_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from prometheus_client import REGISTRY
+
+    from ext_proc import backend_overload
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(backend_overload, "answer", broken)
+    labels = {"phase": "response_headers", "fail_mode": "open"}  # whatever the profile says
+    before = REGISTRY.get_sample_value("ice_internal_errors_total", labels) or 0.0
+    out = run(
+        [headers_msg(), body_msg(CHAT), response_msg()],
+        snapshot(0.2, 0),
+        metadata=(("x-ice-route", "chat"), ("x-ice-profile", "strict")),
+    )
+    assert out[2] == pb.ProcessingResponse(response_headers=pb.HeadersResponse())
+    assert REGISTRY.get_sample_value("ice_internal_errors_total", labels) == before + 1

@@ -19,6 +19,7 @@ from test_servicer import (  # type: ignore[import-not-found]
     FakeContext,
     body_msg,
     headers_msg,
+    response_msg,
     set_headers,
     snapshot,
 )
@@ -103,7 +104,9 @@ def test_an_admitted_body_is_judged_in_full_and_releases_its_promise() -> None:
         between=lambda: seen.append(backlog.inflight_bytes),
     )
     assert seen == [len(CHAT)]  # promised at the headers
-    assert not out[0].HasField("mode_override")
+    # the body phase stays on (BUFFERED); the override only asks for the response headers
+    assert out[0].mode_override.request_body_mode == 2
+    assert out[0].mode_override.response_header_mode == 1  # SEND: ext_proc.backend_overload
     headers = set_headers(out[1].request_body.response.header_mutation)
     assert headers["x-ice-decision"] == "pass" and "x-ice-judged" not in headers
     assert backlog.idle
@@ -226,3 +229,15 @@ def test_exact_counting_past_its_budget_is_judged_from_the_size() -> None:
     assert metric("ice_coarse_verdicts_total", route="chat", why="budget") == before + 1
     assert helper.cancelled  # the 5 s helper was not waited for
     assert s.backlog.idle
+
+
+def test_a_coarse_pass_asks_for_its_response_headers_too() -> None:
+    backlog = Backlog(max_inflight_bytes=1 * MIB)
+    backlog.admit(700_000, "inline")  # the window is taken: judged from its headers
+    out = stream(servicer(backlog), [headers_msg(**{"content-length": "500000"}), response_msg()])
+    assert set_headers(out[0].request_headers.response.header_mutation)["x-ice-judged"] == "headers"
+    mode = out[0].mode_override
+    assert (mode.request_body_mode, mode.response_header_mode) == (0, 1)  # NONE; SEND
+    # a backend's overload 503 after a coarse pass: ICE's answer, as after a full verdict
+    ir = out[1].immediate_response
+    assert ir.status.code == 503 and set_headers(ir.headers)["x-ice-reason"] == "backend_overloaded"

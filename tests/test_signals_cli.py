@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,8 @@ from ext_proc.signals.cli import main
 DATA = Path(__file__).parent / "data"
 PREEMPTING = DATA / "vllm_cpu" / "metrics_preempting.txt"
 SGLANG = DATA / "signals" / "sglang_metrics.txt"
+VALVE = DATA / "signals" / "vllm_valve_metrics.txt"  # metrics_preempting + 7 + 2 rejections
+ASLEEP = DATA / "signals" / "vllm_asleep_metrics.txt"  # metrics_idle after sleep level 1
 DCGM = DATA / "signals" / "dcgm_metrics.txt"
 
 
@@ -25,6 +28,30 @@ def test_table_for_a_saved_vllm_page(capsys: pytest.CaptureFixture[str]) -> None
     assert rows["kind"] == "vllm" and rows["kv_cache_usage"] == "0.9565"
     assert rows["num_requests_waiting"] == "13" and rows["num_gpu_blocks"] == "24"
     assert "28 observations, p50 3.75 s" in out  # le=2.5 → 10, le=5 → 18: 2.5 + 2.5·4/8
+
+
+def _rows(out: str) -> dict[str, str]:
+    """The table's rows: name, two or more spaces, value."""
+    return dict(re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in out.splitlines() if line)
+
+
+def test_table_shows_the_valve_and_the_sleep_state(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(VALVE)]) == 0
+    rows = _rows(capsys.readouterr().out)
+    assert rows["sleep_state"] == "awake"
+    assert rows["admission_rejections (total)"] == "9"
+    assert main([str(ASLEEP)]) == 0
+    rows = _rows(capsys.readouterr().out)
+    assert rows["sleep_state"] == "weights_offloaded (asleep)"
+    assert rows["admission_rejections (total)"] == "0"
+
+
+def test_json_shows_the_valve_and_the_sleep_state(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(VALVE), "--json"]) == 0
+    scrape = json.loads(capsys.readouterr().out)["scrape"]
+    assert (scrape["admission_rejections"], scrape["sleep_state"]) == (9, "awake")
+    assert main([str(ASLEEP), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["scrape"]["sleep_state"] == "weights_offloaded"
 
 
 def test_json_has_every_field(capsys: pytest.CaptureFixture[str]) -> None:
@@ -124,6 +151,22 @@ def test_url_with_window_adds_rates(
     d = doc["derived"]
     assert d["window_s"] > 0 and d["preemptions_per_s"] > 0
     assert d["ttft_delta"]["count"] == 28 - 5
+
+
+def test_url_with_window_shows_the_valves_rate_and_recent_flag(
+    served: tuple[str, list[bytes]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, pages = served
+    pages += [(DATA / "vllm_cpu" / "metrics_loaded.txt").read_bytes(), VALVE.read_bytes()]
+    assert main([url, "--json", "--window", "0.05"]) == 0
+    d = json.loads(capsys.readouterr().out)["derived"]
+    # 0 → 9 rejections between the two scrapes: 9 / window_s per second, and recent
+    assert d["admission_rejections_per_s"] == pytest.approx(9 / d["window_s"])
+    assert d["admission_rejected_recently"] is True
+    pages[:] = [VALVE.read_bytes()]  # the same page twice: nothing new
+    assert main([url, "--window", "0.05"]) == 0
+    rows = _rows(capsys.readouterr().out)
+    assert (rows["admission_rejections_per_s"], rows["admission_rejected_recently"]) == ("0", "no")
 
 
 def test_url_table(served: tuple[str, list[bytes]], capsys: pytest.CaptureFixture[str]) -> None:

@@ -18,7 +18,13 @@ from ext_proc.signals.parse import (
 )
 
 DATA = Path(__file__).parent / "data"
-VLLM_PAGES = [*sorted((DATA / "vllm_cpu").glob("metrics_*.txt")), DATA / "vllm_v1_metrics.txt"]
+VLLM_PAGES = [
+    *sorted((DATA / "vllm_cpu").glob("metrics_*.txt")),
+    DATA / "vllm_v1_metrics.txt",
+    # recorded pages with the valve's and sleep mode's values set (signals/make_pages.py)
+    DATA / "signals" / "vllm_valve_metrics.txt",
+    DATA / "signals" / "vllm_asleep_metrics.txt",
+]
 SGLANG = DATA / "signals" / "sglang_metrics.txt"
 DCGM = DATA / "signals" / "dcgm_metrics.txt"
 MIB = 1024.0 * 1024.0
@@ -89,6 +95,69 @@ def test_recorded_vllm_032_pages(page: str, expected: dict[str, object]) -> None
     for field, value in expected.items():
         assert getattr(s, field) == value, field
     assert s.cache_hit_rate is None
+
+
+@pytest.mark.parametrize("page", ["idle", "loaded", "preempting"])
+def test_recorded_032_pages_are_awake_and_their_valve_refused_nothing(page: str) -> None:
+    s = _vllm(_page(page))
+    assert (s.sleep_state, s.admission_rejections) == ("awake", 0)
+
+
+def test_valve_page_sums_the_rejections_of_both_reasons() -> None:
+    s = _vllm((DATA / "signals" / "vllm_valve_metrics.txt").read_text())
+    assert s.admission_rejections == 7 + 2  # max_num_queued_reqs, max_num_queued_tokens
+    assert (s.sleep_state, s.num_requests_waiting) == ("awake", 13)
+    # the counter's _created series is another family: never read as the counter
+    assert _vllm(_page("preempting")).admission_rejections == 0
+
+
+def test_asleep_page_says_the_level() -> None:
+    s = _vllm((DATA / "signals" / "vllm_asleep_metrics.txt").read_text())
+    assert s.sleep_state == "weights_offloaded"  # sleep level 1
+    assert s.admission_rejections == 0 and s.kv_cache_usage == 0.0
+
+
+def _sleep_lines(engine: str, awake: str, offloaded: str = "0", discard: str = "0") -> str:
+    lab = f'engine="{engine}",model_name="m"'
+    return (
+        f'vllm:engine_sleep_state{{{lab},sleep_state="awake"}} {awake}\n'
+        f'vllm:engine_sleep_state{{{lab},sleep_state="weights_offloaded"}} {offloaded}\n'
+        f'vllm:engine_sleep_state{{{lab},sleep_state="discard_all"}} {discard}\n'
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "state"),
+    [
+        (_sleep_lines("0", "1"), "awake"),
+        (_sleep_lines("0", "0", offloaded="1"), "weights_offloaded"),
+        (_sleep_lines("0", "0", discard="1"), "discard_all"),
+        # awake 0 without a level: sleep level 0 (scheduler paused) or the KV cache released
+        (_sleep_lines("0", "0"), "paused"),
+        # two data-parallel engines: the deepest state is the server's
+        (_sleep_lines("0", "1") + _sleep_lines("1", "0", discard="1"), "discard_all"),
+        (_sleep_lines("0", "0") + _sleep_lines("1", "0", offloaded="1"), "weights_offloaded"),
+        # no awake series: the page does not say
+        ('vllm:engine_sleep_state{engine="0",sleep_state="discard_all"} 0\n', None),
+        ("vllm:num_requests_running 1\n", None),
+        # a family declared with another type is ignored
+        ("# TYPE vllm:engine_sleep_state counter\n" + _sleep_lines("0", "0"), None),
+    ],
+    ids=[
+        "awake",
+        "level-1",
+        "level-2",
+        "paused",
+        "dp-one-asleep",
+        "dp-deepest",
+        "no-awake-series",
+        "absent",
+        "wrong-type",
+    ],
+)
+def test_sleep_state(text: str, state: str | None) -> None:
+    assert _vllm(text).sleep_state == state
+    assert _vllm(text, reference=True).sleep_state == state
 
 
 def test_recorded_preempting_page_histograms() -> None:

@@ -204,6 +204,52 @@ def test_counter_missing_in_some_scrapes_uses_those_that_have_it() -> None:
     assert derive(hist, 10.0).preemptions_per_s == pytest.approx(2.0)
 
 
+# -- vLLM's admission valve: the rejection rate and the "recent" flag ----------------------
+
+_R = "admission_rejections"
+
+
+@pytest.mark.parametrize(
+    ("values", "rate", "recent"),
+    [
+        # at 0, 1, 2, 3 s: +4 in 3 s; the newest two (4 → 4) are equal
+        ([0.0, 1.0, 4.0, 4.0], 4 / 3, False),
+        # the newest step rose: 2 → 7
+        ([0.0, 0.0, 2.0, 7.0], 7 / 3, True),
+        # a restart between the newest two: 9 → 3 counts the 3 since (reset rule)
+        ([5.0, 9.0, 9.0, 3.0], (4 + 3) / 3, True),
+        # a restart to 0: nothing new
+        ([5.0, 6.0, 6.0, 0.0], 1 / 3, False),
+        # the newest scrape does not carry it: the newest two that do (1 s, 2 s: 1 → 3)
+        ([0.0, 1.0, 3.0, None], 3 / 2, True),
+        # only one scrape carries it
+        ([None, None, 2.0, None], None, None),
+    ],
+    ids=["flat-last", "rising", "reset", "reset-to-zero", "last-missing", "one-carrier"],
+)
+def test_admission_rejections_rate_and_recent_flag(
+    values: list[float | None], rate: float | None, recent: bool | None
+) -> None:
+    history = [
+        _scrape(float(t), **({_R: v} if v is not None else {})) for t, v in enumerate(values)
+    ]
+    for d in (derive(history, 10.0), _window_of(history, 10.0).derived()):
+        assert d is not None
+        if rate is None:
+            assert d.admission_rejections_per_s is None
+        else:
+            assert d.admission_rejections_per_s == pytest.approx(rate)
+        assert d.admission_rejected_recently is recent
+
+
+def test_recent_flag_looks_only_inside_the_window() -> None:
+    # 0 s: 0, 5 s: 3, 6 s: 3; a 2 s window holds 5 s and 6 s only → +0: not recent
+    history = [_scrape(0.0, **{_R: 0.0}), _scrape(5.0, **{_R: 3.0}), _scrape(6.0, **{_R: 3.0})]
+    for d in (derive(history, 2.0), _window_of(history, 2.0).derived()):
+        assert d is not None
+        assert (d.admission_rejections_per_s, d.admission_rejected_recently) == (0.0, False)
+
+
 # -- Window: the collector's incremental derive ---------------------------------------------
 
 
@@ -217,6 +263,7 @@ _DERIVED_FIELDS = (
     "ttft_p50_s",
     "ttft_p95_s",
     "queue_time_p95_s",
+    "admission_rejections_per_s",
 )
 
 
@@ -231,6 +278,8 @@ def _same_derived(a: Derived | None, b: Derived | None) -> bool:
     if a is None or b is None:
         return a is b
     if not all(_close(getattr(a, f), getattr(b, f)) for f in _DERIVED_FIELDS):
+        return False
+    if a.admission_rejected_recently is not b.admission_rejected_recently:
         return False
     ha, hb = a.ttft_delta, b.ttft_delta
     if ha is None or hb is None:
@@ -289,6 +338,7 @@ def _random_history(rng: random.Random) -> list[EngineScrape]:
             "prompt_tokens",
             "generation_tokens",
             "request_success",
+            "admission_rejections",
         ),
         0.0,
     )

@@ -509,6 +509,7 @@ class Profile(_message.Message):
     MODE_FIELD_NUMBER: _builtins.int
     COMPACT_SYSTEM_JSON_FIELD_NUMBER: _builtins.int
     QUEUE_FIELD_NUMBER: _builtins.int
+    BACKEND_OVERLOAD_STATUS_FIELD_NUMBER: _builtins.int
     max_model_len: _builtins.int
     """The model's context length in tokens. Unset: no context checks."""
     output_buffer_tokens: _builtins.int
@@ -566,6 +567,14 @@ class Profile(_message.Message):
     compact_system_json: _builtins.bool
     """Compact the JSON embedded in system prompts and tool definitions (whitespace only,
     lossless); marked x-ice-compacted: tokens=<n>. Default false.
+    """
+    backend_overload_status: _builtins.int
+    """A backend's own overload answer (a 503 from vLLM's admission valve,
+    --max-num-queued-reqs / --max-num-queued-tokens) reaches the client as ICE's: this
+    status (503, the default, or 429), Retry-After from the pool's drain rate, the verdict
+    headers and the API's error format. ICE asks Envoy for the response headers of every
+    request it sends on (one more ext_proc message each); 0 turns that off (the backend's
+    answers pass as they are). Not in mode: shadow.
     """
     @_builtins.property
     def pressure(self) -> Global___Pressure: ...
@@ -627,11 +636,14 @@ class Profile(_message.Message):
         mode: _builtins.str = ...,
         compact_system_json: _builtins.bool = ...,
         queue: Global___Queue | None = ...,
+        backend_overload_status: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_embedding_inputs", b"_max_embedding_inputs", "_max_media_parts", b"_max_media_parts", "_max_model_len", b"_max_model_len", "_max_sequences", b"_max_sequences", "_min_output_tokens", b"_min_output_tokens", "_output_buffer_tokens", b"_output_buffer_tokens", "_retry_after_max_s", b"_retry_after_max_s", "_retry_after_min_s", b"_retry_after_min_s", "_retry_after_s", b"_retry_after_s", "_ttft_target_s", b"_ttft_target_s", "kv_model", b"kv_model", "max_embedding_inputs", b"max_embedding_inputs", "max_media_parts", b"max_media_parts", "max_model_len", b"max_model_len", "max_sequences", b"max_sequences", "max_tokens_cap", b"max_tokens_cap", "media", b"media", "min_output_tokens", b"min_output_tokens", "output_buffer_tokens", b"output_buffer_tokens", "pressure", b"pressure", "queue", b"queue", "retry_after_max_s", b"retry_after_max_s", "retry_after_min_s", b"retry_after_min_s", "retry_after_s", b"retry_after_s", "shed", b"shed", "truncation", b"truncation", "ttft_target_s", b"ttft_target_s"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_backend_overload_status", b"_backend_overload_status", "_max_embedding_inputs", b"_max_embedding_inputs", "_max_media_parts", b"_max_media_parts", "_max_model_len", b"_max_model_len", "_max_sequences", b"_max_sequences", "_min_output_tokens", b"_min_output_tokens", "_output_buffer_tokens", b"_output_buffer_tokens", "_retry_after_max_s", b"_retry_after_max_s", "_retry_after_min_s", b"_retry_after_min_s", "_retry_after_s", b"_retry_after_s", "_ttft_target_s", b"_ttft_target_s", "backend_overload_status", b"backend_overload_status", "kv_model", b"kv_model", "max_embedding_inputs", b"max_embedding_inputs", "max_media_parts", b"max_media_parts", "max_model_len", b"max_model_len", "max_sequences", b"max_sequences", "max_tokens_cap", b"max_tokens_cap", "media", b"media", "min_output_tokens", b"min_output_tokens", "output_buffer_tokens", b"output_buffer_tokens", "pressure", b"pressure", "queue", b"queue", "retry_after_max_s", b"retry_after_max_s", "retry_after_min_s", b"retry_after_min_s", "retry_after_s", b"retry_after_s", "shed", b"shed", "truncation", b"truncation", "ttft_target_s", b"ttft_target_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_embedding_inputs", b"_max_embedding_inputs", "_max_media_parts", b"_max_media_parts", "_max_model_len", b"_max_model_len", "_max_sequences", b"_max_sequences", "_min_output_tokens", b"_min_output_tokens", "_output_buffer_tokens", b"_output_buffer_tokens", "_retry_after_max_s", b"_retry_after_max_s", "_retry_after_min_s", b"_retry_after_min_s", "_retry_after_s", b"_retry_after_s", "_ttft_target_s", b"_ttft_target_s", "compact_system_json", b"compact_system_json", "content_types", b"content_types", "default_priority", b"default_priority", "fail_mode", b"fail_mode", "kv_model", b"kv_model", "max_embedding_inputs", b"max_embedding_inputs", "max_media_parts", b"max_media_parts", "max_model_len", b"max_model_len", "max_sequences", b"max_sequences", "max_tokens_cap", b"max_tokens_cap", "media", b"media", "min_output_tokens", b"min_output_tokens", "mode", b"mode", "on_kv_shortfall", b"on_kv_shortfall", "output_buffer_tokens", b"output_buffer_tokens", "pressure", b"pressure", "queue", b"queue", "retry_after_max_s", b"retry_after_max_s", "retry_after_min_s", b"retry_after_min_s", "retry_after_s", b"retry_after_s", "shed", b"shed", "stored_context", b"stored_context", "truncation", b"truncation", "ttft_target_s", b"ttft_target_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_backend_overload_status", b"_backend_overload_status", "_max_embedding_inputs", b"_max_embedding_inputs", "_max_media_parts", b"_max_media_parts", "_max_model_len", b"_max_model_len", "_max_sequences", b"_max_sequences", "_min_output_tokens", b"_min_output_tokens", "_output_buffer_tokens", b"_output_buffer_tokens", "_retry_after_max_s", b"_retry_after_max_s", "_retry_after_min_s", b"_retry_after_min_s", "_retry_after_s", b"_retry_after_s", "_ttft_target_s", b"_ttft_target_s", "backend_overload_status", b"backend_overload_status", "compact_system_json", b"compact_system_json", "content_types", b"content_types", "default_priority", b"default_priority", "fail_mode", b"fail_mode", "kv_model", b"kv_model", "max_embedding_inputs", b"max_embedding_inputs", "max_media_parts", b"max_media_parts", "max_model_len", b"max_model_len", "max_sequences", b"max_sequences", "max_tokens_cap", b"max_tokens_cap", "media", b"media", "min_output_tokens", b"min_output_tokens", "mode", b"mode", "on_kv_shortfall", b"on_kv_shortfall", "output_buffer_tokens", b"output_buffer_tokens", "pressure", b"pressure", "queue", b"queue", "retry_after_max_s", b"retry_after_max_s", "retry_after_min_s", b"retry_after_min_s", "retry_after_s", b"retry_after_s", "shed", b"shed", "stored_context", b"stored_context", "truncation", b"truncation", "ttft_target_s", b"ttft_target_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__backend_overload_status: _TypeAlias = _typing.Literal["backend_overload_status"]  # noqa: Y015
+    _WhichOneofArgType__backend_overload_status: _TypeAlias = _typing.Literal["_backend_overload_status", b"_backend_overload_status"]  # noqa: Y015
     _WhichOneofReturnType__max_embedding_inputs: _TypeAlias = _typing.Literal["max_embedding_inputs"]  # noqa: Y015
     _WhichOneofArgType__max_embedding_inputs: _TypeAlias = _typing.Literal["_max_embedding_inputs", b"_max_embedding_inputs"]  # noqa: Y015
     _WhichOneofReturnType__max_media_parts: _TypeAlias = _typing.Literal["max_media_parts"]  # noqa: Y015
@@ -652,6 +664,8 @@ class Profile(_message.Message):
     _WhichOneofArgType__retry_after_s: _TypeAlias = _typing.Literal["_retry_after_s", b"_retry_after_s"]  # noqa: Y015
     _WhichOneofReturnType__ttft_target_s: _TypeAlias = _typing.Literal["ttft_target_s"]  # noqa: Y015
     _WhichOneofArgType__ttft_target_s: _TypeAlias = _typing.Literal["_ttft_target_s", b"_ttft_target_s"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__backend_overload_status) -> _WhichOneofReturnType__backend_overload_status | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_embedding_inputs) -> _WhichOneofReturnType__max_embedding_inputs | None: ...
     @_typing.overload

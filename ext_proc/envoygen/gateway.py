@@ -31,10 +31,12 @@ EG's filter names or order (a patched header_mutation filter would have to be in
 index of ``http_filters`` that EG may change), and prefixes cover headers ICE adds later. A
 route's RequestHeaderModifier would run at the router, after ext_proc, and strip ICE's own.
 
-What the patch adds (EG's ExtProc API has neither): on each judged route, EG's ext_proc
+What the patch adds (EG's ExtProc API has none of them): on each judged route, EG's ext_proc
 filter's per-route ``config`` becomes ``pieces.judged_route_config`` (``x-ice-route``, and
 ``x-ice-profile`` when the route names one, as gRPC metadata); on each ext_proc filter,
-``max_message_timeout`` (ICE extends one message's deadline for semantic truncation).
+``max_message_timeout`` (ICE extends one message's deadline for semantic truncation) and
+``response_attributes`` (``pieces.RESPONSE_ATTRIBUTES``: where a response ICE asked for came
+from; EG's ``processingMode.response.attributes`` would also send every response's headers).
 Operations select by ``jsonPath`` with a name filter, never by array index.
 
 Envoy Gateway facts relied on (github.com/envoyproxy/gateway v1.9.0, 39763b1c, and main
@@ -443,7 +445,8 @@ def _ice_backend_settings(spec: MeshSpec) -> dict[str, Any]:
 
 
 def _ext_proc_entry(spec: MeshSpec) -> dict[str, Any]:
-    """``pieces.ext_proc_config`` in EG's ExtProc API (less max_message_timeout: patched)."""
+    """``pieces.ext_proc_config`` in EG's ExtProc API (less max_message_timeout and
+    response_attributes: patched)."""
     cfg = as_dict(pieces.ext_proc_config("ice"))
     metadata = cfg["metadata_options"]
     processing = _processing_mode(cfg["processing_mode"])
@@ -537,21 +540,22 @@ def _patches(spec: MeshSpec) -> list[dict[str, Any]]:
             for i, r in enumerate(routes):
                 config = as_dict(PbAny.pack(pieces.judged_route_config(r.name, r.profile)))
                 patches.append(_route_patch(spec, xds_route_name(ns, name, i), config, flt))
-    max_timeout = as_dict(pieces.ext_proc_config("ice"))["max_message_timeout"]
+    cfg = as_dict(pieces.ext_proc_config("ice"))
     for group in judged_groups(spec):
         flt = ext_proc_filter_name(ns, group.policy)
-        patches.append(
-            {
-                "type": LISTENER_TYPE,
-                "name": listener_name(spec),
-                "operation": {
-                    "op": "add",
-                    "jsonPath": f"..http_filters[?(@.name=='{flt}')]",
-                    "path": "/typed_config/max_message_timeout",
-                    "value": max_timeout,
-                },
-            }
-        )
+        for field in ("max_message_timeout", "response_attributes"):
+            patches.append(
+                {
+                    "type": LISTENER_TYPE,
+                    "name": listener_name(spec),
+                    "operation": {
+                        "op": "add",
+                        "jsonPath": f"..http_filters[?(@.name=='{flt}')]",
+                        "path": f"/typed_config/{field}",
+                        "value": cfg[field],
+                    },
+                }
+            )
     return patches
 
 

@@ -9,9 +9,16 @@ renders these files with other ports and endpoints; the names it keys on (listen
 ``ingress``/``fast_upstream``, clusters ``ice``/``backend``/``fast_upstream``, the route
 ``closed``) are set here.
 
+Retries (``envoy.yaml`` only): a failed connection is retried once on another endpoint (the
+virtual host's policy). A judged route whose pool has several endpoints
+(``RouteSpec.several_endpoints``) also retries a 503 once on another endpoint (its own
+policy: vLLM's valve answers 503 "retry on a different instance"; the body is buffered
+already for ext_proc); with one endpoint the retry would meet the same full backend, so the
+503 goes to the client (as ICE's answer: ``ext_proc.backend_overload``).
+
 The benchmark's config has the same HCM filters and ``ice`` cluster (the benchmark measures
 the production configuration), its routes go to ``fast_upstream`` (a static, very fast
-inference server in Envoy itself), plus the ICE-off baseline ``chat_direct``.
+inference server in Envoy itself), plus the ICE-off baseline ``chat_direct``; no retries.
 """
 
 from __future__ import annotations
@@ -114,13 +121,18 @@ def overload_manager() -> OverloadManager:
     )
 
 
-def inference_routes(spec: MeshSpec, cluster: str, timeout_s: int = 600) -> list[Route]:
-    """Closed by default, in this order: the judged endpoints, the read-only paths, the 404."""
+def inference_routes(
+    spec: MeshSpec, cluster: str, timeout_s: int = 600, *, retry_503: bool = False
+) -> list[Route]:
+    """Closed by default, in this order: the judged endpoints, the read-only paths, the 404.
+    ``retry_503``: judged routes whose pool has several endpoints retry a 503 on another."""
     routes = [pieces.judged_route(r.name, r.path, cluster, r.profile) for r in spec.routes]
-    if timeout_s != 600:
-        for route in routes:
-            assert route.route is not None
+    for route, r in zip(routes, spec.routes, strict=True):
+        assert route.route is not None
+        if timeout_s != 600:
             route.route.timeout = datetime.timedelta(seconds=timeout_s)
+        if retry_503 and r.several_endpoints:
+            route.route.retry_policy = _retry_once(status_503=True)
     routes += [pieces.read_only_route(read_only_name(p), p, cluster) for p in spec.read_only]
     routes.append(pieces.closed_route())
     return routes
@@ -165,11 +177,13 @@ def _hcm(
     return Filter(name=HCM, typed_config=PbAny.pack(hcm))
 
 
-def _retry_once() -> RetryPolicy:
+def _retry_once(*, status_503: bool = False) -> RetryPolicy:
     """A failed connection to an endpoint (ICE's pick or round robin's) is retried once on
-    another: previous_hosts makes the backend cluster's policy choose again without it."""
+    another: previous_hosts makes the backend cluster's policy choose again without it;
+    ``status_503``: a 503 from the endpoint too (at most one retry in all)."""
     return RetryPolicy(
-        retry_on="connect-failure",
+        retry_on="connect-failure,retriable-status-codes" if status_503 else "connect-failure",
+        retriable_status_codes=[503] if status_503 else [],
         num_retries=1,
         retry_host_predicate=[
             RetryPolicyRetryHostPredicate(
@@ -207,9 +221,8 @@ def _ingress(
 
 def local_bootstrap(spec: MeshSpec) -> dict[str, Any]:
     """``envoy/envoy.yaml``."""
-    listener = _ingress(
-        10000, "llm", inference_routes(spec, "backend"), retry=True, local_reply=True, log=True
-    )
+    routes = inference_routes(spec, "backend", retry_503=True)
+    listener = _ingress(10000, "llm", routes, retry=True, local_reply=True, log=True)
     bootstrap = Bootstrap(
         admin=Admin(address=_address(9901)),
         overload_manager=overload_manager(),

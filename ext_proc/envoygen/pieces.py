@@ -6,8 +6,10 @@ and clusters from here, so that the ways ICE runs in each proxy cannot drift apa
 
 - ``strip_spoofed_headers``: the header_mutation filter ahead of ext_proc: a client cannot set
   ICE's verdict headers nor pick the endpoint (also while ICE is down).
-- ``ext_proc_filter``: fail-open, headers then the buffered body, responses never sent to ICE,
-  the metadata namespaces ICE writes (``ice``: the verdict; ``envoy.lb``: its endpoint pick).
+- ``ext_proc_filter``: fail-open, headers then the buffered body; responses are sent to ICE
+  only when ICE asks for a request's response headers (a mode override, for a backend's
+  overload 503: ``ext_proc.backend_overload``), with Envoy's ``response.code_details``; the
+  metadata namespaces ICE writes (``ice``: the verdict; ``envoy.lb``: its endpoint pick).
 - ``judged_route_config`` / ``ice_off``: per-route ext_proc config: the route's name (and
   profile) as gRPC metadata, or ICE off.
 - ``verdict_response_headers``: the client-side verdict headers, from dynamic metadata.
@@ -116,6 +118,7 @@ __all__ = [
     "EXT_PROC",
     "HEADER_MUTATION",
     "MAX_BODY_BYTES",
+    "RESPONSE_ATTRIBUTES",
     "ROUTER",
     "access_log",
     "backend_cluster",
@@ -168,6 +171,9 @@ ECHOED_HEADERS = (
     "x-ice-compacted",
     "x-ice-queued-ms",
 )
+# Sent with the response headers ICE asks for: where the response came from (``via_upstream``:
+# the backend's own; ext_proc.backend_overload.CODE_DETAILS).
+RESPONSE_ATTRIBUTES = ("response.code_details",)
 # What a client may not send: ICE's own headers (prefixes and names) and the endpoint pick.
 SPOOF_PREFIXES = ("x-ice-", "x-mem-pressure", DESTINATION)
 SPOOF_NAMES = ("x-downgraded",)
@@ -193,9 +199,11 @@ def strip_spoofed_headers() -> HttpFilter:
 
 def ext_proc_config(cluster: str) -> ExternalProcessor:
     """ICE's ext_proc settings (README "Round trips"): two messages per inference request,
-    headers (answered at once) then the buffered body (the verdict); responses never sent;
-    fail-open; ICE may turn the body phase off (``allow_mode_override``) and extend one
-    message's timeout for truncation and queueing up to ``MAX_MESSAGE_TIMEOUT``."""
+    headers (answered at once) then the buffered body (the verdict); responses not sent
+    unless ICE asks for them per request (``allow_mode_override``: a third message, the
+    response headers, with ``RESPONSE_ATTRIBUTES``), and ICE may turn the body phase off;
+    fail-open; ICE may extend one message's timeout for truncation and queueing up to
+    ``MAX_MESSAGE_TIMEOUT``."""
     return ExternalProcessor(
         grpc_service=GrpcService(envoy_grpc=GrpcServiceEnvoyGrpc(cluster_name=cluster)),
         failure_mode_allow=True,
@@ -210,6 +218,7 @@ def ext_proc_config(cluster: str) -> ExternalProcessor:
             response_trailer_mode=ProcessingModeHeaderSendMode.SKIP,
         ),
         allow_mode_override=True,
+        response_attributes=list(RESPONSE_ATTRIBUTES),
         metadata_options=MetadataOptions(
             receiving_namespaces=MetadataOptionsMetadataNamespaces(
                 untyped=[VERDICT_NAMESPACE, LB_NAMESPACE]

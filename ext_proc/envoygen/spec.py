@@ -10,6 +10,11 @@ where ICE and the backend run (``envoy/mesh.yaml`` is the shipped one).
     - {name: completions, path: /v1/completions, profile: batch}   # profile: optional
     read_only: [/v1/models, /health, /version, /ping]
 
+Each route also learns from the policy whether its pool (the policy's binding for the route,
+else its default pool) has several endpoints: more than one ``metrics_urls``, or endpoints
+found by DNS or Prometheus (``RouteSpec.several_endpoints``; the local bootstrap retries a
+backend's 503 on another endpoint there).
+
 Invariants: ``load_spec`` either returns a complete, checked ``MeshSpec`` or raises
 ``SpecError`` with one line naming the field (``routes[2].profile: ...``); a route's name is
 one of the policy's routes and its profile (when given) one of its profiles; paths are
@@ -41,6 +46,7 @@ class RouteSpec:
     name: str  # the policy's route (x-ice-route)
     path: str  # exact, after Envoy's path normalisation
     profile: str | None = None  # x-ice-profile; None: the policy's binding for the route
+    several_endpoints: bool = False  # the route's pool has more than one endpoint
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,14 +138,26 @@ def _labels(value: Any, where: str) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-def _policy_names(path: Path) -> tuple[set[str], set[str]]:
+_PolicyFacts = tuple[set[str], set[str], set[str]]
+
+
+def _policy_facts(path: Path | None) -> _PolicyFacts:
+    """The policy's route and profile names, and the routes whose pool has several endpoints
+    (``path`` None: the built-in default policy)."""
     from ext_proc.policy.load import PolicyError, load_policy
 
     try:
         policy = load_policy(path)
     except (PolicyError, OSError) as e:
         raise SpecError(f"policy: {e}") from None
-    return set(policy.routes), set(policy.profiles)
+    several = set()
+    for name, binding in policy.routes.items():
+        pool = policy.pools.get(binding.pool or policy.default_pool)
+        if pool is not None and (
+            len(pool.metrics_urls) > 1 or pool.dns_name or pool.prometheus_url
+        ):
+            several.add(name)
+    return set(policy.routes), set(policy.profiles), several
 
 
 def parse_spec(doc: Any, base: Path | None = None) -> MeshSpec:
@@ -151,7 +169,7 @@ def parse_spec(doc: Any, base: Path | None = None) -> MeshSpec:
         if not isinstance(doc["policy"], str):
             raise SpecError("policy: expected a file path")
         policy = (base or Path.cwd()) / doc["policy"]
-    routes_known, profiles_known = _policy_names(policy) if policy else _policy_names_default()
+    routes_known, profiles_known, several = _policy_facts(policy)
 
     ice_doc = _mapping(doc.get("ice"), "ice")
     _only(ice_doc, "ice.", {"service", "namespace", "port"})
@@ -209,7 +227,9 @@ def parse_spec(doc: Any, base: Path | None = None) -> MeshSpec:
             raise SpecError(f"{where}.path: {path!r} appears twice")
         names.add(name)
         paths.add(path)
-        routes.append(RouteSpec(name=name, path=path, profile=profile))
+        routes.append(
+            RouteSpec(name=name, path=path, profile=profile, several_endpoints=name in several)
+        )
 
     read_only = doc.get("read_only", list(MeshSpec(routes=()).read_only))
     if not isinstance(read_only, list):
@@ -226,13 +246,6 @@ def parse_spec(doc: Any, base: Path | None = None) -> MeshSpec:
         gateway=gateway,
         policy=policy,
     )
-
-
-def _policy_names_default() -> tuple[set[str], set[str]]:
-    from ext_proc.policy.load import load_policy
-
-    policy = load_policy(None)
-    return set(policy.routes), set(policy.profiles)
 
 
 def load_spec(path: Path) -> MeshSpec:

@@ -42,6 +42,10 @@ from ext_proc.schemas import SCHEMAS, schema_for_path
 
 __all__ = ["PolicyError", "default_policy_text", "load_policy", "parse_policy"]
 
+# What a backend's own overload 503 may become for the client (ext_proc.backend_overload): the
+# status as it is, ICE's shedding status, or 0: the response phase off.
+BACKEND_OVERLOAD_STATUSES = (503, 429, 0)
+
 
 def default_policy_text() -> str:
     """The built-in default policy (``ext_proc/default_policy.yaml``)."""
@@ -195,6 +199,11 @@ def _profile(name: str, msg: policy_pb2.Profile, base_dir: Path) -> Profile:
     mode = msg.mode or d.mode
     if mode not in ("enforce", "shadow"):
         raise PolicyError(f"{where}.mode: must be 'enforce' or 'shadow', got {mode!r}")
+    overload_status = _opt(msg, "backend_overload_status", d.backend_overload_status)
+    if overload_status not in BACKEND_OVERLOAD_STATUSES:
+        raise PolicyError(
+            f"{where}.backend_overload_status: must be 503, 429 or 0 (off), got {overload_status}"
+        )
     caps_per_request = {}
     for cap in ("max_sequences", "max_media_parts", "max_embedding_inputs"):
         caps_per_request[cap] = _opt(msg, cap, getattr(d, cap))
@@ -228,6 +237,7 @@ def _profile(name: str, msg: policy_pb2.Profile, base_dir: Path) -> Profile:
         mode="shadow" if mode == "shadow" else "enforce",
         compact_system_json=msg.compact_system_json,
         queue=queue_spec(msg.queue, f"{where}.queue"),
+        backend_overload_status=overload_status,
     )
 
 

@@ -141,6 +141,9 @@ class Profile:
     mode: Literal["enforce", "shadow"] = "enforce"  # shadow: judge and record, change nothing
     compact_system_json: bool = False  # lossless whitespace compaction of system-prompt JSON
     queue: QueueSpec | None = None  # None: requests shed for memory are refused at once
+    # the status a backend's own overload 503 reaches the client with (503 or 429;
+    # ext_proc.backend_overload); 0: off, ICE never asks for the response headers
+    backend_overload_status: int = 503
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,8 @@
     tokens_per_request = drain_tokens_per_s / completions_per_s
     backlog_tokens     = waiting × tokens_per_request + need_tokens − free_tokens
     retry_after_s      = clamp(ceil(backlog_tokens / drain_tokens_per_s), min_s, max_s)
-    summed over the pool's backends (rates, waiting and free tokens add up). Without rates
+    summed over the pool's backends (rates, waiting and free tokens add up; backends whose
+    engine sleeps are left out unless all do: their free blocks serve nobody). Without rates
     (no completions yet, or a fresh start) the profile's constant ``retry_after_s`` is used.
 """
 
@@ -115,10 +116,11 @@ def retry_after_s(
 
 
 def drain_inputs(snapshot: PoolSnapshot) -> DrainInputs | None:
-    """Pool totals for ``retry_after_s``: rates summed over backends with a derived window."""
+    """Pool totals for ``retry_after_s``: rates summed over backends with a derived window
+    (sleeping ones left out, unless every backend sleeps)."""
     prompt = gen = done = waiting = free = 0.0
     seen = False
-    for b in snapshot.backends:
+    for b in snapshot.serving.backends:
         d = b.derived
         if d is None or d.completions_per_s is None:
             continue

@@ -4,7 +4,9 @@ SOURCE is a ``/metrics`` URL, a saved page (``-`` for stdin), or ``nvml`` (this 
 The page's kind (vLLM, SGLang, DCGM exporter) is detected unless ``--kind`` says it. Prints
 the normalised record(s) as a table, or with ``--json`` every field as JSON (histogram bounds
 as numbers, the last one ``"+Inf"``). ``--window S`` (URLs) scrapes twice, S seconds apart,
-and adds the rates and windowed quantiles ICE derives.
+and adds the rates and windowed quantiles ICE derives (among them vLLM's own valve:
+admission rejections per second, and whether it rejected any between the two scrapes).
+``sleep_state`` is vLLM's engine sleep state (anything but ``awake``: asleep).
 
 Exit status: 0 shown; 1 the source could not be read or parsed (one line on stderr);
 2 bad arguments.
@@ -108,6 +110,16 @@ def _hist(h: Histogram | None) -> str:
     return f"{_num(h.count)} observations, p50 {_num(p50, 's')}, p95 {_num(p95, 's')}"
 
 
+def _sleep(state: str | None) -> str:
+    if state is None:
+        return "-"
+    return state if state == "awake" else f"{state} (asleep)"
+
+
+def _flag(value: bool | None) -> str:
+    return "-" if value is None else ("yes" if value else "no")
+
+
 def _engine_table(s: EngineScrape) -> list[tuple[str, str]]:
     return [
         ("source", s.source),
@@ -117,6 +129,7 @@ def _engine_table(s: EngineScrape) -> list[tuple[str, str]]:
         ("num_requests_running", _num(s.num_requests_running)),
         ("num_requests_waiting", _num(s.num_requests_waiting)),
         ("waiting_by_reason", ", ".join(f"{r}={_num(v)}" for r, v in s.waiting_by_reason) or "-"),
+        ("sleep_state", _sleep(s.sleep_state)),
         ("num_gpu_blocks", _num(s.num_gpu_blocks)),
         ("block_size", _num(s.block_size, "tokens")),
         ("kv_capacity_tokens", _num(s.kv_capacity_tokens)),
@@ -127,6 +140,7 @@ def _engine_table(s: EngineScrape) -> list[tuple[str, str]]:
         ("prompt_tokens (total)", _num(s.prompt_tokens)),
         ("generation_tokens (total)", _num(s.generation_tokens)),
         ("request_success (total)", _num(s.request_success)),
+        ("admission_rejections (total)", _num(s.admission_rejections)),
         ("ttft_s (since start)", _hist(s.ttft_s)),
         ("queue_time_s (since start)", _hist(s.queue_time_s)),
     ]
@@ -144,6 +158,8 @@ def _derived_table(d: Derived) -> list[tuple[str, str]]:
         ("ttft_p95_s", _num(d.ttft_p95_s, "s")),
         ("queue_time_p95_s", _num(d.queue_time_p95_s, "s")),
         ("ttft observations in window", _num(d.ttft_delta.count if d.ttft_delta else None)),
+        ("admission_rejections_per_s", _num(d.admission_rejections_per_s)),
+        ("admission_rejected_recently", _flag(d.admission_rejected_recently)),
     ]
 
 

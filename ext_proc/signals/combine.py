@@ -8,8 +8,13 @@ from a ``/metrics`` page (``ext_proc.signals.parse`` reads it) or from Prometheu
 How: several engines / data-parallel ranks / ``model_name`` series of one server → usage
 averaged (block-weighted when every engine's ``cache_config_info`` is known), counts and
 counters summed, histograms summed bucket by bucket over the bounds all series share.
-Series that differ only by a rank label of one replica (``tp_rank``, ...) count once. DCGM:
-one record per GPU (per MIG instance), ordered by GPU index.
+Series that differ only by a rank label of one replica (``tp_rank``, ...) count once.
+vLLM's ``vllm:engine_sleep_state`` (one series per engine and ``sleep_state``): an engine
+sleeps when its ``awake`` series is 0, at the level its ``discard_all`` (2) or
+``weights_offloaded`` (1) series says, else ``paused`` (level 0, or its KV cache released);
+the server's ``sleep_state`` is its deepest engine's (``model.SLEEP_STATES``), so a server
+with one sleeping engine counts as asleep; engines without an ``awake`` series say nothing.
+DCGM: one record per GPU (per MIG instance), ordered by GPU index.
 
 Invariants:
 - NaN and ±Inf samples are ignored. A family whose ``# TYPE`` contradicts what ICE expects is
@@ -28,7 +33,7 @@ from functools import lru_cache
 from typing import Final
 
 from ext_proc.signals import names as N
-from ext_proc.signals.model import EngineScrape, GpuScrape, Histogram
+from ext_proc.signals.model import SLEEP_STATES, EngineScrape, GpuScrape, Histogram
 
 __all__ = [
     "Sample",
@@ -243,6 +248,7 @@ def engine_from_samples(
         num_requests_running=total("num_requests_running"),
         num_requests_waiting=total("num_requests_waiting"),
         waiting_by_reason=tuple(sorted(reasons.items())),
+        sleep_state=_sleep_state(rows("sleep_state")),
         num_gpu_blocks=blocks,
         block_size=block_size,
         kv_capacity_tokens=capacity,
@@ -253,10 +259,38 @@ def engine_from_samples(
         prompt_tokens=total("prompt_tokens"),
         generation_tokens=total("generation_tokens"),
         request_success=total("request_success"),
+        admission_rejections=total("admission_rejections"),
         ttft_s=_histogram(ttft, _histogram_rows(by_name, ttft, dedupe)) if ttft else None,
         queue_time_s=_histogram(queue, _histogram_rows(by_name, queue, dedupe)) if queue else None,
         cache_hit_rate=mean("cache_hit_rate", weighted=False),
     )
+
+
+def _sleep_state(rows: Iterable[tuple[Mapping[str, str], float]]) -> str | None:
+    """The server's sleep state from vLLM's per-engine series (see the module docstring);
+    None when no engine has an ``awake`` series."""
+    engines: dict[tuple[tuple[str, str], ...], dict[str, float]] = defaultdict(dict)
+    for labels, value in rows:
+        state = labels.get("sleep_state")
+        if state is not None:
+            engine = tuple(sorted((k, v) for k, v in labels.items() if k != "sleep_state"))
+            engines[engine].setdefault(state, value)
+    deepest: str | None = None
+    for states in engines.values():
+        awake = states.get("awake")
+        if awake is None:
+            continue
+        if awake > 0:
+            state = "awake"
+        elif states.get("discard_all", 0.0) > 0:
+            state = "discard_all"
+        elif states.get("weights_offloaded", 0.0) > 0:
+            state = "weights_offloaded"
+        else:
+            state = "paused"
+        if deepest is None or SLEEP_STATES.index(state) > SLEEP_STATES.index(deepest):
+            deepest = state
+    return deepest
 
 
 def _same(

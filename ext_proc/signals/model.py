@@ -8,13 +8,23 @@ Units are in the names: ``_s`` seconds, ``_bytes`` bytes, ``_tokens`` tokens; fr
 0-1. ``None`` always means "the source did not say", never zero. Counters are cumulative
 since the source started (a decrease is a reset). ``at_s`` is ``time.monotonic()`` of the
 scrape.
+
+``sleep_state`` (vLLM's ``vllm:engine_sleep_state``, one of ``SLEEP_STATES``): ``awake``
+when every engine says ``awake`` = 1; otherwise the deepest state of an engine whose
+``awake`` = 0: ``paused`` (its scheduler is paused: sleep level 0, or the KV cache released),
+``weights_offloaded`` (level 1), ``discard_all`` (level 2). Any state but ``awake`` means
+the server does not serve now.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
-__all__ = ["Derived", "EngineScrape", "GpuScrape", "Histogram"]
+__all__ = ["SLEEP_STATES", "Derived", "EngineScrape", "GpuScrape", "Histogram"]
+
+# vLLM's engine sleep states, shallowest first (``EngineScrape.sleep_state``)
+SLEEP_STATES: Final = ("awake", "paused", "weights_offloaded", "discard_all")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +50,7 @@ class EngineScrape:
     num_requests_running: float | None = None
     num_requests_waiting: float | None = None
     waiting_by_reason: tuple[tuple[str, float], ...] = ()
+    sleep_state: str | None = None  # vllm:engine_sleep_state, see the module docstring
     # capacity (vllm:cache_config_info, sglang:max_total_num_tokens)
     num_gpu_blocks: int | None = None
     block_size: int | None = None
@@ -53,6 +64,9 @@ class EngineScrape:
     prompt_tokens: float | None = None
     generation_tokens: float | None = None
     request_success: float | None = None
+    # requests the API server's own valve answered 503 (vLLM --max-num-queued-reqs /
+    # --max-num-queued-tokens: vllm:admission_rejections_total, every reason summed)
+    admission_rejections: float | None = None
     # histograms, cumulative
     ttft_s: Histogram | None = None
     queue_time_s: Histogram | None = None
@@ -94,3 +108,8 @@ class Derived:
     ttft_p95_s: float | None = None
     queue_time_p95_s: float | None = None
     ttft_delta: Histogram | None = None  # the window's own TTFT observations
+    # the backend's own admission valve (vllm:admission_rejections_total): requests it
+    # answered 503 per second over the window, and whether it answered any between the
+    # newest two scrapes that carry the counter (None: fewer than two)
+    admission_rejections_per_s: float | None = None
+    admission_rejected_recently: bool | None = None

@@ -32,7 +32,9 @@ __all__ = [
     "sample_names",
 ]
 
-How = Literal["mean", "sum", "counter", "histogram", "by_reason", "cache_config", "info_sum"]
+How = Literal[
+    "mean", "sum", "counter", "histogram", "by_reason", "cache_config", "info_sum", "sleep_state"
+]
 
 ENGINE_KINDS: Final = ("vllm", "sglang")
 KIND_PREFIX: Final[dict[str, str]] = {"vllm": "vllm:", "sglang": "sglang:", "dcgm": "DCGM_FI_"}
@@ -42,7 +44,9 @@ KIND_PREFIX: Final[dict[str, str]] = {"vllm": "vllm:", "sglang": "sglang:", "dcg
 #   mean: averaged (kv_cache_usage: block-weighted when every engine's cache_config is known)
 #   sum: gauges summed; counter: counters summed; histogram: summed bucket by bucket
 #   by_reason: summed per ``reason`` label; cache_config: vLLM's info labels (blocks summed
-#   over engines, block size of the first); info_sum: a capacity gauge summed over replicas.
+#   over engines, block size of the first); info_sum: a capacity gauge summed over replicas;
+#   sleep_state: vLLM's per-engine ``sleep_state`` label set (awake / weights_offloaded /
+#   discard_all), the deepest engine's state (model.SLEEP_STATES).
 HOW: Final[dict[str, How]] = {
     "kv_cache_usage": "mean",
     "num_requests_running": "sum",
@@ -56,6 +60,8 @@ HOW: Final[dict[str, How]] = {
     "prompt_tokens": "counter",
     "generation_tokens": "counter",
     "request_success": "counter",
+    "admission_rejections": "counter",
+    "sleep_state": "sleep_state",
     "ttft_s": "histogram",
     "queue_time_s": "histogram",
     "cache_hit_rate": "mean",
@@ -81,6 +87,11 @@ ENGINE_NAMES: Final[dict[str, dict[str, tuple[str, ...]]]] = {
         "generation_tokens": ("vllm:generation_tokens_total",),
         # every finished_reason (stop, length, abort, error, ...) summed
         "request_success": ("vllm:request_success_total",),
+        # the API server's valve (--max-num-queued-reqs / --max-num-queued-tokens, vLLM
+        # 0.32+): requests it answered 503, labels model_name and reason, summed
+        "admission_rejections": ("vllm:admission_rejections_total",),
+        # one gauge per engine and sleep_state (awake, weights_offloaded, discard_all)
+        "sleep_state": ("vllm:engine_sleep_state",),
         "ttft_s": ("vllm:time_to_first_token_seconds",),
         "queue_time_s": ("vllm:request_queue_time_seconds",),
     },
@@ -112,6 +123,7 @@ EXPECTED_TYPE: Final[dict[How, str]] = {
     "by_reason": "gauge",
     "cache_config": "gauge",
     "info_sum": "gauge",
+    "sleep_state": "gauge",
     "counter": "counter",
     "histogram": "histogram",
 }

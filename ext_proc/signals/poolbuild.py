@@ -80,6 +80,7 @@ def backend_signals(
         derived=derived,
         cache_hit_rate=scrape.cache_hit_rate,
         prefix_caching=scrape.prefix_caching,
+        sleep_state=scrape.sleep_state,
         age_s=age_s,
     )
 

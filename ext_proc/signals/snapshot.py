@@ -2,11 +2,17 @@
 
 Invariant: a ``PoolSnapshot`` is never mutated; the store swaps whole snapshots by
 reference, so a reader always sees one consistent scrape.
+
+A backend is ``asleep`` when its engine sleeps (vLLM sleep mode: ``sleep_state`` other than
+``awake``): it serves nothing now, so the evaluator gives it no room, and a pool whose every
+backend is asleep is not ready (``PoolSnapshot.asleep``). ``admission_rejected``: the
+backend's own valve answered a request 503 between its two newest scrapes (its queue is at
+its cap).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ext_proc.signals.model import Derived, GpuScrape
 
@@ -27,8 +33,21 @@ class BackendSignals:
     cache_hit_rate: float | None = None  # an engine's own prefix-cache hit gauge (SGLang)
     # vllm:cache_config_info enable_prefix_caching (None: the page does not say)
     prefix_caching: bool | None = None
+    # vllm:engine_sleep_state: awake, paused, weights_offloaded, discard_all (None: not said)
+    sleep_state: str | None = None
     age_s: float = 0.0  # age of the scrape these values come from, when the view was built
     stale: bool = False  # the values are older than the pool's stale_after_s
+
+    @property
+    def asleep(self) -> bool:
+        """The backend's engine sleeps (any state but ``awake``; unknown counts as awake)."""
+        return self.sleep_state is not None and self.sleep_state != "awake"
+
+    @property
+    def admission_rejected(self) -> bool:
+        """Its valve (vLLM ``--max-num-queued-reqs`` / ``--max-num-queued-tokens``) refused
+        a request between its two newest scrapes (unknown counts as no)."""
+        return self.derived is not None and self.derived.admission_rejected_recently is True
 
     @property
     def kv_capacity_tokens(self) -> int | None:
@@ -61,6 +80,19 @@ class PoolSnapshot:
     stale: bool = False  # some source is stale (kept as last known or saturated, or left out)
     gpus: tuple[GpuScrape, ...] = ()  # the pool's GPUs (DCGM), when configured
     pcie_bandwidth_bytes_s: float = 32e9
+
+    @property
+    def asleep(self) -> bool:
+        """Every backend of the pool sleeps: nothing can serve a request now."""
+        return bool(self.backends) and all(b.asleep for b in self.backends)
+
+    @property
+    def serving(self) -> PoolSnapshot:
+        """This view less its sleeping backends (itself when none sleeps, or all do)."""
+        awake = tuple(b for b in self.backends if not b.asleep)
+        if not awake or len(awake) == len(self.backends):
+            return self
+        return replace(self, backends=awake)
 
     @property
     def pcie_utilization(self) -> float | None:

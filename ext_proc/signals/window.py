@@ -15,6 +15,11 @@ Formulas (the ones Prometheus uses, so ICE and a dashboard agree):
   that carry the counter.
 - ``prefix_cache_hit_ratio = increase(hits) / increase(queries)`` (tokens), None when no
   token was queried in the window; clamped to [0, 1].
+- ``admission_rejections_per_s``: the rate of vLLM's ``vllm:admission_rejections_total``
+  (requests its own valve answered 503) as above; ``admission_rejected_recently``:
+  ``increase`` of that counter between the newest two scrapes of the window that carry it
+  is > 0 (a reset whose new value is > 0 counts, by the rule above); None with fewer than
+  two such scrapes.
 - Histogram delta: the newest minus the oldest, bucket by bucket, with the same reset rule on
   the observation count (a scrape whose count fell, or whose bucket bounds changed, starts a
   new segment that counts from zero). Bounds that changed inside the window: only the
@@ -192,6 +197,7 @@ def derive(history: Sequence[EngineScrape], window_s: float) -> Derived:
         ratio = min(1.0, max(0.0, hits[0] / queries[0]))
     ttft = histogram_delta([s.ttft_s for s in window if s.ttft_s is not None])
     queue = histogram_delta([s.queue_time_s for s in window if s.queue_time_s is not None])
+    rejections = [v for s in window if (v := s.admission_rejections) is not None]
     return Derived(
         window_s=window[-1].at_s - window[0].at_s,
         prefix_cache_hit_ratio=ratio,
@@ -203,6 +209,10 @@ def derive(history: Sequence[EngineScrape], window_s: float) -> Derived:
         ttft_p95_s=histogram_quantile(0.95, ttft) if ttft else None,
         queue_time_p95_s=histogram_quantile(0.95, queue) if queue else None,
         ttft_delta=ttft,
+        admission_rejections_per_s=_rate(window, lambda s: s.admission_rejections),
+        admission_rejected_recently=(
+            increase(rejections[-2:]) > 0 if len(rejections) >= 2 else None
+        ),
     )
 
 
@@ -215,8 +225,9 @@ _COUNTERS: Final = (
     "prompt_tokens",
     "generation_tokens",
     "request_success",
+    "admission_rejections",
 )
-_HITS, _QUERIES, _PREEMPTIONS, _PROMPT, _GENERATION, _SUCCESS = range(len(_COUNTERS))
+_HITS, _QUERIES, _PREEMPTIONS, _PROMPT, _GENERATION, _SUCCESS, _REJECTIONS = range(len(_COUNTERS))
 
 
 @dataclass(frozen=True, slots=True)
@@ -347,6 +358,8 @@ class Window:
                 ttft_p95_s=histogram_quantile(0.95, ttft) if ttft else None,
                 queue_time_p95_s=histogram_quantile(0.95, queue) if queue else None,
                 ttft_delta=ttft,
+                admission_rejections_per_s=self._rate(_REJECTIONS),
+                admission_rejected_recently=self._rose_last(_REJECTIONS),
             )
         self._derived, self._fresh = result, True
         return result
@@ -370,6 +383,21 @@ class Window:
     def _rate(self, i: int) -> float | None:
         found = self._counter(i)
         return found[0] / found[1] if found else None
+
+    def _rose_last(self, i: int) -> bool | None:
+        """Whether counter ``i`` rose between the newest two scrapes that carry it (None:
+        fewer than two): their running totals differ by exactly ``increase`` of the two."""
+        if self._last_values[i] is None:  # never reported: no scan
+            return None
+        newer: float | None = None
+        for entry in reversed(self._entries):
+            total = entry.counters[i]
+            if total is None:
+                continue
+            if newer is not None:
+                return newer > total
+            newer = total
+        return None
 
     def _histogram(self, field: str) -> Histogram | None:
         """``histogram_delta`` of the window's histograms of one field (``ttft``/``queue``)."""

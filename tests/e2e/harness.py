@@ -368,6 +368,12 @@ class E2E:
         self.backend("PUT", "/_dev/state", json.dumps(state).encode())
         self.wait_pressure(level, score)
 
+    def shut_valve(self, reason: str = "max_num_queued_reqs") -> None:
+        """Shut the backend's imitation of vLLM's admission valve: every request it gates gets
+        vLLM's 503 (``reset`` opens it again)."""
+        self._dirty = True
+        self.backend("PUT", "/_dev/state", json.dumps({"valve": reason}).encode())
+
     def set_raw_metrics(self, text: bytes) -> None:
         """Serve ``text`` verbatim as the backend's /metrics page."""
         self._dirty = True

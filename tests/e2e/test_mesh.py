@@ -5,8 +5,9 @@ Per flavour (Istio ingress gateway, Istio sidecar, Envoy Gateway): the bootstrap
 ``envoy --mode validate``; a pass carries the verdict on the request and the response; a
 downgrade rewrites only the limit; a sheddable request gets a 429 with ``retry-after``; the
 route's name reaches ICE (completions default to sheddable); an oversized input gets a 400 in
-the API's format; spoofed verdict headers never reach the backend; a read-only route and an
-unknown path never meet ICE; with ICE down, requests fail open.
+the API's format; a backend's valve 503 is answered as ICE's; spoofed verdict headers never
+reach the backend; a read-only route and an unknown path never meet ICE; with ICE down,
+requests fail open.
 """
 
 from __future__ import annotations
@@ -130,6 +131,20 @@ def test_a_sheddable_request_gets_429_with_retry_after(mesh: E2E) -> None:
     assert reply.header("retry-after") == str(RETRY_AFTER_S)
     assert reply.json()["error"]["code"] == "memory_pressure"
     assert mesh.received() == []
+
+
+@pytest.mark.parametrize("path", [CHAT, MESSAGES], ids=["openai", "anthropic"])
+def test_a_backends_valve_503_is_answered_as_ices(mesh: E2E, path: str) -> None:
+    """The response phase in each mesh's proxy (Envoy Gateway gets response_attributes from
+    the patch): vLLM's own 503 reaches the client as ICE's overload answer."""
+    mesh.shut_valve()
+    body = {"model": "dev-model", "messages": MSGS, "max_tokens": 8}
+    reply = mesh.post(path, body, {"x-priority": "critical"})
+    assert reply.status == 503, reply
+    assert reply.header("retry-after") == str(RETRY_AFTER_S)
+    assert reply.header("x-ice-reason") == "backend_overloaded"
+    assert reply.json()["error"]["code"] == "backend_overloaded"
+    assert len(mesh.received()) == 1
 
 
 def test_the_route_name_reaches_ice(mesh: E2E) -> None:

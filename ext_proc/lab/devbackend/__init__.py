@@ -29,6 +29,10 @@ Invariants:
   [[name, value], ...], "body_b64", "time"}``; the last 1000 are kept; ``DELETE`` clears).
   So is any request no route takes (another method or path, answered 200): only
   ``/health``, ``/v1/models``, ``/metrics`` and the ``/_dev/*`` controls go unrecorded.
+* ``PUT /_dev/state`` ``{"valve": "max_num_queued_reqs"|"max_num_queued_tokens"}`` shuts an
+  imitation of vLLM 0.32's admission valve: every request vLLM gates with it gets vLLM's own
+  503, byte for byte (``answers.valve_answer``), and counts in
+  ``vllm:admission_rejections_total{reason}``; ``""`` opens it.
 * Streams send each SSE event in its own write, with ``asyncio.sleep(delay)`` between events,
   ``delay`` being request header ``x-dev-stream-delay-ms`` (default 0).
 """

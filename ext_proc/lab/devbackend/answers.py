@@ -18,6 +18,12 @@
   when ``encoding_format`` is ``"base64"``).
 - ``_openai_error`` / ``_anthropic_error``: a 400 in each API's error format; ``_Invalid`` is
   what parsing raises to ask for one.
+- ``valve_answer``: vLLM 0.32's admission valve refusing a request, byte for byte as its API
+  server sends it (``vllm/exceptions.py`` QueueOverflowError / MaxQueuedTokensError, a
+  GracefulHTTPError rendered by ``create_error_response``: type = the status's phrase,
+  ``code`` the status as a number; Starlette's compact JSON, ``server: uvicorn``, no
+  Retry-After); on ``/v1/messages`` translated as vLLM's Anthropic router does
+  (``{"type": "error", "error": {"type", "message"}}``).
 
 Invariants: deterministic apart from ids and ``created`` (``uuid4``, the clock): ``n`` words
 ``"tok0 tok1 ..."`` give the same text, usage and finish reason every time, and the streamed
@@ -97,6 +103,32 @@ def _openai_error(message: str) -> web.Response:
 def _anthropic_error(message: str) -> web.Response:
     error = {"type": "invalid_request_error", "message": message}
     return web.json_response({"type": "error", "error": error}, status=400)
+
+
+# vLLM 0.32's valve messages (vllm/exceptions.py), by vllm:admission_rejections_total reason.
+VALVE_MESSAGES = {
+    "max_num_queued_reqs": "The engine is currently busy and cannot accept new requests. "
+    "Please try again later or on a different instance.",
+    "max_num_queued_tokens": "The engine has reached its prefill token backlog limit. "
+    "Please try again later or on a different instance.",
+}
+
+
+def valve_answer(reason: str, anthropic: bool) -> web.Response:
+    """vLLM's 503 for a request its admission valve refuses for ``reason``."""
+    message = VALVE_MESSAGES[reason]
+    if anthropic:
+        doc: dict[str, Any] = {
+            "type": "error",
+            "error": {"type": "Service Unavailable", "message": message},
+        }
+    else:
+        error = {"message": message, "type": "Service Unavailable", "param": None, "code": 503}
+        doc = {"error": error}
+    body = json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
+    return web.Response(
+        status=503, body=body, content_type="application/json", headers={"server": "uvicorn"}
+    )
 
 
 # Each renderer returns (the non-streamed reply, the SSE events of the streamed one).

@@ -8,6 +8,11 @@ This module: the ``aiohttp`` application, its control endpoints and the entry po
   tell that a request never reached the backend: it would have been recorded).
 - ``metrics``: the backend's registry rendered as text, or the verbatim page ``PUT
   /_dev/metrics`` set, after ``DevState.metrics_delay_s``.
+- ``_valved``: vLLM's admission valve in front of the endpoints vLLM 0.32 gates with it
+  (``_preflight``: chat, completions, Responses, Anthropic messages, batch chat,
+  ``/invocations``, ``/inference/v1/generate``; not embeddings, not SGLang's ``/generate``):
+  while ``DevState.valve`` names a reason, each request is recorded, counted in
+  ``vllm:admission_rejections_total`` and answered ``answers.valve_answer``.
 - ``dev_state`` / ``dev_metrics`` / ``dev_requests``: set or read ``DevState``, set or clear
   the page override, list or clear the recorded requests.
 - ``main`` / ``_serve``: ``--host``/``--port``/``--model``; serve until SIGINT/SIGTERM.
@@ -16,7 +21,8 @@ Invariants: every route but ``unrouted`` wins over it (aiohttp tries the exact p
 first), so control and metrics requests are never recorded, and an unknown ``/_dev/*``
 request is a 404, not recorded; a ``PUT /_dev/state`` is applied whole or not at all:
 every key must be a ``DevState`` field and every value of its field's type (bools are not
-numbers; ints are taken for float fields), else 400 and nothing changes; once the site
+numbers; ints are taken for float fields; ``valve`` "" or a ``VALVE_REASONS`` value), else 400
+and nothing changes; once the site
 accepts connections ``_serve`` prints exactly one line ``devbackend listening on
 http://H:P`` (the real port for ``--port 0``); the first line of this docstring is
 ``--help``'s description.
@@ -34,7 +40,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import generate_latest
 
-from ext_proc.lab.devbackend.answers import _anthropic_error, _openai_error
+from ext_proc.lab.devbackend.answers import _anthropic_error, _openai_error, valve_answer
 from ext_proc.lab.devbackend.inference import (
     Handler,
     chat_batch,
@@ -48,7 +54,13 @@ from ext_proc.lab.devbackend.inference import (
     responses,
     sglang_generate,
 )
-from ext_proc.lab.devbackend.state import _DEFAULTS, BACKEND, METRICS_CONTENT_TYPE, _Backend
+from ext_proc.lab.devbackend.state import (
+    _DEFAULTS,
+    BACKEND,
+    METRICS_CONTENT_TYPE,
+    VALVE_REASONS,
+    _Backend,
+)
 
 
 async def health(request: web.Request) -> web.Response:
@@ -86,7 +98,11 @@ async def dev_state(request: web.Request) -> web.Response:
             update = json.loads(await request.read())
         except ValueError as exc:
             return web.json_response({"error": f"invalid JSON body: {exc}"}, status=400)
-        if not isinstance(update, dict) or not all(_fits(k, v) for k, v in update.items()):
+        if (
+            not isinstance(update, dict)
+            or not all(_fits(k, v) for k, v in update.items())
+            or update.get("valve", "") not in ("", *VALVE_REASONS)
+        ):
             return web.json_response({"error": f"invalid state update: {update!r}"}, status=400)
         update = {k: float(v) if type(_DEFAULTS[k]) is float else v for k, v in update.items()}
         backend.state = dataclasses.replace(backend.state, **update)
@@ -133,6 +149,36 @@ def _readable(handler: Handler, anthropic: bool) -> Handler:
     return guarded
 
 
+def _valved(handler: Handler, anthropic: bool) -> Handler:
+    """``handler`` behind vLLM's admission valve: shut (``DevState.valve`` set), the request
+    is recorded and refused with vLLM's 503; open, ``handler`` answers."""
+
+    async def gated(request: web.Request) -> web.StreamResponse:
+        backend = request.app[BACKEND]
+        reason = backend.state.valve
+        if not reason:
+            return await handler(request)
+        await record(request)
+        backend.refused(reason)
+        return valve_answer(reason, anthropic)
+
+    return gated
+
+
+# The endpoints vLLM 0.32 gates with its valve (their servers call _preflight).
+VALVED = frozenset(
+    (
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/messages",
+        "/v1/responses",
+        "/v1/chat/completions/batch",
+        "/invocations",
+        "/inference/v1/generate",
+    )
+)
+
+
 def build_app(model: str) -> web.Application:
     """The devbackend application serving ``model``, with fresh state and metrics."""
     app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -148,7 +194,9 @@ def build_app(model: str) -> web.Application:
         ("/inference/v1/generate", generate_tokens),
         ("/generate", sglang_generate),
     ]:
-        app.router.add_post(path, _readable(handler, path == "/v1/messages"))
+        anthropic = path == "/v1/messages"
+        served = _readable(handler, anthropic)
+        app.router.add_post(path, _valved(served, anthropic) if path in VALVED else served)
     for path, handler in [("/health", health), ("/v1/models", models), ("/metrics", metrics)]:
         app.router.add_get(path, handler)  # and HEAD
     for method, path, handler in [

@@ -1,17 +1,19 @@
 """The dev backend's state: what ``/metrics`` reports, what was served, what was received.
 
 - ``DevState``: the controller-set numbers behind the vLLM gauges (``PUT``/``GET
-  /_dev/state``, see ``app.dev_state``), ``legacy`` (the pre-V1 usage name) and
-  ``metrics_delay_s``; ``_DEFAULTS`` is its field → default table used to type-check updates.
+  /_dev/state``, see ``app.dev_state``), ``legacy`` (the pre-V1 usage name),
+  ``metrics_delay_s`` and ``valve`` (vLLM 0.32's admission valve, closed: every request it
+  gates is answered 503 as vLLM's API server answers it, ``answers.valve_answer``);
+  ``_DEFAULTS`` is its field → default table used to type-check updates.
 - ``_Backend``: all mutable server state of one app (its ``DevState``, the verbatim
-  ``/metrics`` override, the last ``MAX_RECORDED`` requests, the token and finished-request
-  counters) and, as a collector, the vLLM-style families rendered from them.
+  ``/metrics`` override, the last ``MAX_RECORDED`` requests, the token, finished-request and
+  valve-rejection counters) and, as a collector, the vLLM-style families rendered from them.
 - ``BACKEND``: the ``aiohttp`` app key every handler reads its ``_Backend`` from.
 
 Invariants: the collector is registered on the backend's own ``CollectorRegistry`` (never the
 global one), so two apps in one process never share metrics; gauges mirror ``DevState`` only;
-the counters change only through ``_Backend.served`` and only grow; ``collect`` reads state and
-changes nothing. No I/O here.
+the counters change only through ``_Backend.served`` and ``_Backend.refused`` and only grow;
+``collect`` reads state and changes nothing. No I/O here.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 MAX_RECORDED = 1000
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 FINISH_REASONS = ("stop", "length", "abort")
+# vLLM's admission valve (--max-num-queued-reqs, --max-num-queued-tokens): the reason label of
+# vllm:admission_rejections_total, and DevState.valve's values besides "" (open)
+VALVE_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
 
 
 @dataclasses.dataclass
@@ -42,6 +47,9 @@ class DevState:
     legacy: bool = False
     num_preemptions_total: int = 0
     metrics_delay_s: float = 0.0
+    # "": open; a VALVE_REASONS value: the valve is shut for that reason (every request it
+    # gates gets vLLM's 503)
+    valve: str = ""
 
 
 _DEFAULTS: dict[str, Any] = dataclasses.asdict(DevState())
@@ -59,6 +67,7 @@ class _Backend:
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.success = dict.fromkeys(FINISH_REASONS, 0)
+        self.rejections = dict.fromkeys(VALVE_REASONS, 0)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
@@ -66,6 +75,10 @@ class _Backend:
         self.prompt_tokens += prompt
         self.generation_tokens += generated
         self.success[reason] += 1
+
+    def refused(self, reason: str) -> None:
+        """The valve answered a request 503 for ``reason`` (a ``VALVE_REASONS`` value)."""
+        self.rejections[reason] += 1
 
     def collect(self) -> Iterator[Metric]:
         s, labels, base = self.state, ["model_name", "engine"], [self.model, "0"]
@@ -92,6 +105,15 @@ class _Backend:
         for reason, count in self.success.items():
             success.add_metric([*base, reason], count)
         yield success
+        # the API server's counter: model_name and reason, no engine label
+        rejected = CounterMetricFamily(
+            "vllm:admission_rejections",
+            "Number of admission attempts rejected by a queue limit, by reason.",
+            labels=["model_name", "reason"],
+        )
+        for reason, count in self.rejections.items():
+            rejected.add_metric([self.model, reason], count)
+        yield rejected
 
 
 BACKEND = web.AppKey("backend", _Backend)

@@ -1,5 +1,5 @@
-"""One overload burst against a real vLLM: straight to it, through Envoy + ICE, and through
-Envoy + an ICE that queues.
+"""One overload burst against a real vLLM: straight to it, through Envoy + ICE, through
+Envoy + an ICE that queues, and against vLLM's own admission valve.
 
 ```
 burst ─┬─ direct ──────────────────────────────────────► vllm serve (tiny model, 24 KV blocks)
@@ -7,6 +7,8 @@ burst ─┬─ direct ───────────────────
        │             └─────────────────────────────────► same vllm serve
        └─ queue ─► 2nd Envoy ─ext_proc─► 2nd ICE (same policy + `queue:` in every profile)
                      └─────────────────────────────────► same vllm serve
+ then, per valve setting, the same with a vllm serve --max-num-queued-reqs N (or -tokens T):
+       valve:reqs=N (direct), ice+valve:reqs=N, queue+valve:reqs=N
 ```
 
 Job: the reusable half of ``bench/overload.py`` (its command line), also used by ``ice demo``
@@ -25,8 +27,14 @@ Job: the reusable half of ``bench/overload.py`` (its command line), also used by
   by weight, the tenant sent as ``x-tenant``; the same burst in each mode (``MODES``: direct,
   ice, queue; ``DEFAULT_MODES``: direct, ice), the order rotated per round; ``alone`` (a
   tenant's requests only, same times) for control runs (``compare(controls=...)``).
-- ``RunResult.summary``, ``table``, ``totals``, ``tenant_table``, ``report``: per-run numbers
-  (vLLM's preemption delta and queue time, 429s by reason, other answers by status, requests
+- ``arms`` / ``sweep``: an arm is a mode and the valve of its vLLM (``valve:reqs=4``,
+  ``ice+valve:tokens=2048``; ``parse_arms``, ``sweep_arms``); ``group_arms`` groups the arms
+  by the vLLM they need and ``sweep`` starts one stack per group and runs ``compare`` there.
+- ``plan_mixed`` (``workload``): the mixed workload (70 % short, 30 % long prompts, heavy-
+  tailed outputs, seeded), beside ``plan_burst``.
+- ``RunResult.summary``, ``table``, ``totals``, ``tenant_table``, ``kind_table``, ``report``:
+  per-run numbers (vLLM's preemption delta and queue time, 429s by reason, 503s by valve and
+  vLLM's admission-rejection delta, other answers by status, requests
   ICE queued and how long, TTFT and end-to-end latency quantiles of the 200s, drain time,
   tokens per second and goodput, sampled peaks of waiting / running / KV usage, Envoy's
   fail-open count, a per-tenant breakdown), their side-by-side table, one row per mode with
@@ -39,11 +47,14 @@ its last request, 429s included).
 One module per job, each stating its invariants at the top:
 
 - ``burst``: the defaults, the plan of a burst (priorities, tenants) and each request's body.
+- ``workload``: the mixed workload's plan and its parameters (``MixedSpec``).
+- ``arms``: arms, valves and their grouping by vLLM config.
 - ``metrics``: readings of vLLM's ``/metrics``, ICE's histogram and Envoy's counters.
 - ``run``: one run of a burst against one target (``Shot``, ``RunResult``, ``run_burst``) and
   the pure reductions of its shots (``drain_s``, ``goodput``, ``by_reason``, ``by_status``,
   ``tenant_breakdown``).
 - ``setup``: vLLM + ICE(s) + Envoy(s) started and stopped together; ``compare`` runs the modes.
+- ``sweep``: one setup and one ``compare`` per vLLM config, one after the other.
 - ``results``: the one-line, table, spread, per-tenant and JSON views of finished runs.
 
 Invariants:
@@ -56,11 +67,25 @@ Invariants:
 - each run of ``compare`` starts with vLLM idle (nothing running or waiting on two samples in
   a row) and uses fresh prompt text (seeded per round, mode and control), so no run inherits
   another's queue or prefix cache; the plan (sizes, priorities, tenants, schedule) is the
-  same for every mode;
+  same for every mode; in a sweep one vLLM runs at a time, and every run's label names the
+  valve its vLLM was started with;
 - a ``Shot`` never raises: a transport error is recorded in ``Shot.error``;
 - importing needs only ICE's own dependencies: vLLM runs in its own venv as a subprocess.
 """
 
+from ext_proc.lab.overload.arms import (
+    Arm,
+    Valve,
+    VllmGroup,
+    arm_name,
+    group_arms,
+    parse_arm,
+    parse_arms,
+    parse_limits,
+    sweep_arms,
+    valve_in_args,
+    valve_reason,
+)
 from ext_proc.lab.overload.burst import (
     CHAT,
     DEFAULT_MODES,
@@ -86,6 +111,7 @@ from ext_proc.lab.overload.burst import (
 )
 from ext_proc.lab.overload.metrics import (
     Sample,
+    admission_rejections,
     bucket_quantile,
     ext_proc_stats,
     fetch,
@@ -94,9 +120,11 @@ from ext_proc.lab.overload.metrics import (
     wait_idle,
 )
 from ext_proc.lab.overload.results import (
+    KIND_COLS,
     ROWS,
     SPREAD_COLS,
     TENANT_COLS,
+    kind_table,
     one_line,
     report,
     spread,
@@ -110,8 +138,10 @@ from ext_proc.lab.overload.run import (
     Shot,
     by_reason,
     by_status,
+    by_valve,
     drain_s,
     goodput,
+    kind_breakdown,
     quantile,
     run_burst,
     tenant_breakdown,
@@ -128,10 +158,26 @@ from ext_proc.lab.overload.setup import (
     render_policy,
     warm_up,
 )
+from ext_proc.lab.overload.sweep import (
+    GroupRun,
+    SweepError,
+    estimate_s,
+    group_workdir,
+    sweep,
+)
+from ext_proc.lab.overload.workload import (
+    WORKLOADS,
+    LogNormal,
+    MixedSpec,
+    describe,
+    plan_mixed,
+    plan_text,
+)
 
 __all__ = [
     "CHAT",
     "DEFAULT_MODES",
+    "KIND_COLS",
     "MAX_TENANTS",
     "MAX_TOKENS",
     "MIX",
@@ -150,29 +196,51 @@ __all__ = [
     "TTFT_SLO_S",
     "VLLM_ARGS",
     "VLLM_NICE",
+    "WORKLOADS",
+    "Arm",
+    "GroupRun",
+    "LogNormal",
+    "MixedSpec",
     "Planned",
     "QueuePolicyError",
     "RunResult",
     "Sample",
     "Setup",
     "Shot",
+    "SweepError",
+    "Valve",
+    "VllmGroup",
+    "admission_rejections",
     "alone",
+    "arm_name",
     "bucket_quantile",
     "by_reason",
     "by_status",
+    "by_valve",
     "compare",
+    "describe",
     "drain_s",
+    "estimate_s",
     "ext_proc_stats",
     "fetch",
     "goodput",
+    "group_arms",
+    "group_workdir",
     "ice_body_buckets",
     "interleave",
+    "kind_breakdown",
+    "kind_table",
     "metric_sum",
     "one_line",
     "overload_setup",
+    "parse_arm",
+    "parse_arms",
+    "parse_limits",
     "parse_mix",
     "parse_tenants",
     "plan_burst",
+    "plan_mixed",
+    "plan_text",
     "quantile",
     "queue_policy",
     "render_policy",
@@ -181,10 +249,14 @@ __all__ = [
     "run_burst",
     "spread",
     "spreads",
+    "sweep",
+    "sweep_arms",
     "table",
     "tenant_breakdown",
     "tenant_table",
     "totals",
+    "valve_in_args",
+    "valve_reason",
     "wait_idle",
     "warm_up",
 ]

@@ -14,8 +14,9 @@
 
 Invariants: a plan is pure data and deterministic (no clock, no randomness), so every mode and
 every round send the same sizes, priorities, tenants and schedule; only the prompt text
-changes, with ``seed``; ``alone`` keeps each request's index and time. A body asks for exactly
-``max_tokens`` (``ignore_eos``) at temperature 0, streamed, with a final usage chunk.
+changes, with ``seed``; ``alone`` keeps each request's index and time. A body asks for
+exactly ``max_tokens`` (``ignore_eos``) at temperature 0, streamed, with a final usage chunk.
+The mixed workload is planned in ``workload`` (seeded, same invariants).
 ``POLICY`` is ``ext_proc/lab/vllm_tiny_policy.yaml``.
 """
 
@@ -85,6 +86,9 @@ class Planned:
     prompt_tokens: int
     max_tokens: int
     tenant: str | None = None  # sent as TENANT_HEADER; None: no such header
+    # The request's size class in its workload: "short" or "long" (``workload.plan_mixed``);
+    # "" in the burst, where every request has the same size.
+    kind: str = ""
 
 
 def parse_mix(spec: str) -> dict[str, int]:

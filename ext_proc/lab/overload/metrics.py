@@ -6,6 +6,9 @@
   every ``every_s`` until ``stop`` is set.
 - ``ice_body_buckets`` / ``bucket_quantile``: ICE's ``ice_processing_seconds`` buckets of the
   ``request_body`` phase, and the bucket bound that holds a quantile.
+- ``admission_rejections`` / ``rejection_delta``: vLLM's ``vllm:admission_rejections_total``
+  by its ``reason`` label (its admission valve's 503s; ``arms``), summed over the other
+  labels; and a run's rejections, from the readings before and after it.
 - ``ext_proc_stats``: Envoy's ``http.ingress.ext_proc.*`` counters from its admin port.
 - ``wait_idle``: block until vLLM has nothing running or waiting on two samples in a row.
 
@@ -30,12 +33,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from ext_proc.lab import vllm_local as vl
 
 __all__ = [
+    "ADMISSION_REJECTIONS",
     "Sample",
+    "admission_rejections",
     "bucket_quantile",
     "ext_proc_stats",
     "fetch",
     "ice_body_buckets",
     "metric_sum",
+    "rejection_delta",
     "sample_metrics",
     "wait_idle",
 ]
@@ -82,6 +88,27 @@ async def sample_metrics(
             )
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), every_s)
+
+
+ADMISSION_REJECTIONS = "vllm:admission_rejections_total"
+
+
+def admission_rejections(page: str) -> dict[str, float]:
+    """``vllm:admission_rejections_total`` by ``reason`` on a page (``{}``: a vLLM without
+    the valve's counter)."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(page):
+        for sample in family.samples:
+            if sample.name == ADMISSION_REJECTIONS:
+                reason = sample.labels.get("reason", "-")
+                out[reason] = out.get(reason, 0.0) + float(sample.value)
+    return out
+
+
+def rejection_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, int]:
+    """The rejections by reason between two ``admission_rejections`` readings: every reason
+    of ``after`` (a reason first seen after counts from 0)."""
+    return {reason: int(n - before.get(reason, 0.0)) for reason, n in after.items()}
 
 
 def ice_body_buckets(page: str) -> dict[float, float]:

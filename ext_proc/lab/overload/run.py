@@ -5,12 +5,22 @@
   times to the headers, to the first token and to the end, the usage, and ICE's answer
   headers (decision, reason, ``retry-after``, ``x-downgraded``, ``x-ice-queued-ms``).
 - ``run_burst``: every request of the burst as its own task, plus a sampler (``metrics``);
-  readings of the counters before and after give the run's deltas (``RunResult``).
+  readings of the counters before and after give the run's deltas (``RunResult``), vLLM's
+  admission rejections by reason among them.
 - ``RunResult.summary``: the run's numbers, flat, under the keys ``results.ROWS`` names, and
-  ``tenants`` (``tenant_breakdown``). Pure helpers over shots: ``drain_s`` (t0 to the end of
-  the last request), ``goodput`` (Σ completion tokens of the 200s whose time to first token
-  was ≤ the SLO, over the drain time), ``by_reason`` (429s by ``x-ice-reason``),
-  ``by_status`` (the other answers by status; ``0``: no answer, a transport error).
+  ``tenants`` (``tenant_breakdown``) and ``kinds`` (``kind_breakdown``). Pure helpers over
+  shots: ``drain_s`` (t0 to the end of the last request), ``goodput`` (Σ completion tokens of
+  the 200s whose time to first token was ≤ the SLO, over the drain time), ``by_reason``
+  (429s by ``x-ice-reason``), ``by_valve`` (503s by the valve their body names,
+  ``arms.valve_reason``, or ICE's reason when ICE gave the 503), ``by_status`` (the other
+  answers by status; ``0``: no answer, a transport error).
+
+Refusals: a 429 is ICE's (``x-ice-reason``), a 503 is vLLM's admission valve (or ICE's
+answer for it, ``backend_overloaded``; ``-``: another 503, Envoy without an upstream);
+"other" is everything else that was not ok. vLLM's own count of its valve's refusals
+(``RunResult.admission_rejections``) holds whatever the 503 became on its way back.
+``RunResult.label`` is the arm's name (``arms.arm_name``: the mode, and the valve of the
+vLLM behind it) and the control's name.
 
 Invariants: open loop: each request starts at ``t0 + at_s`` whatever the others do, on a
 connection of its own (no pooling, no limit); a ``Shot`` never raises: a transport error is
@@ -30,6 +40,7 @@ from typing import Any
 
 import aiohttp
 
+from ext_proc.lab.overload.arms import arm_name, short_reason, valve_reason
 from ext_proc.lab.overload.burst import (
     CHAT,
     PRIORITIES,
@@ -40,11 +51,13 @@ from ext_proc.lab.overload.burst import (
 )
 from ext_proc.lab.overload.metrics import (
     Sample,
+    admission_rejections,
     bucket_quantile,
     ext_proc_stats,
     fetch,
     ice_body_buckets,
     metric_sum,
+    rejection_delta,
     sample_metrics,
 )
 
@@ -54,9 +67,11 @@ __all__ = [
     "Shot",
     "by_reason",
     "by_status",
+    "by_valve",
     "drain_s",
     "goodput",
     "is_ok",
+    "kind_breakdown",
     "quantile",
     "run_burst",
     "send",
@@ -92,6 +107,7 @@ class Shot:
     start_s: float | None = None
     # x-ice-queued-ms: how long ICE's admission queue held it (None: not queued).
     queued_ms: float | None = None
+    kind: str = ""  # Planned.kind: the workload's size class ("" in the burst)
 
     @property
     def end_s(self) -> float:
@@ -104,7 +120,7 @@ async def send(
 ) -> Shot:
     await asyncio.sleep(max(0.0, t0 + p.at_s - time.monotonic()))
     start = time.monotonic()
-    shot = Shot(p.index, p.priority, p.at_s, tenant=p.tenant, start_s=start - t0)
+    shot = Shot(p.index, p.priority, p.at_s, tenant=p.tenant, start_s=start - t0, kind=p.kind)
     headers = {"x-priority": p.priority}
     if p.tenant is not None:
         headers[TENANT_HEADER] = p.tenant
@@ -179,12 +195,30 @@ def by_reason(shots: Sequence[Shot]) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
+def by_valve(shots: Sequence[Shot]) -> dict[str, int]:
+    """The 503s by the valve their body names (``reqs``, ``tokens``), else by ICE's
+    ``x-ice-reason`` (an ICE that answers a backend's 503 itself says ``backend_overloaded``;
+    ``backend_asleep``), else ``-`` (another 503: Envoy's own); most first, then by name."""
+    counts: dict[str, int] = {}
+    for s in shots:
+        if s.status == 503:
+            reason = valve_reason(s.error)
+            if reason == "-" and s.reason:
+                reason = s.reason
+            counts[reason] = counts.get(reason, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def _refused(s: Shot) -> bool:
+    return s.status in (429, 503)
+
+
 def by_status(shots: Sequence[Shot]) -> dict[str, int]:
-    """The answers neither ok nor 429, by status (``"0"``: no status, a transport error; a
-    200 whose stream failed counts as ``"200"``), by status code."""
+    """The answers neither ok nor refused (429, 503), by status (``"0"``: no status, a
+    transport error; a 200 whose stream failed counts as ``"200"``), by status code."""
     counts: dict[int, int] = {}
     for s in shots:
-        if not is_ok(s) and s.status != 429:
+        if not is_ok(s) and not _refused(s):
             counts[s.status] = counts.get(s.status, 0) + 1
     return {str(k): v for k, v in sorted(counts.items())}
 
@@ -210,6 +244,31 @@ def tenant_breakdown(shots: Sequence[Shot]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def kind_breakdown(
+    shots: Sequence[Shot], ttft_slo_s: float, drain: float | None = None
+) -> dict[str, dict[str, Any]]:
+    """Per size class (``Shot.kind``, in order of first appearance; none in the burst): its
+    requests, ok, 429s, 503s, TTFT p50 / p95 and end-to-end p95 of its ok requests (s), and
+    its goodput (its tokens within the SLO over the whole run's ``drain``)."""
+    drain = drain_s(shots) if drain is None else drain
+    out: dict[str, dict[str, Any]] = {}
+    for kind in dict.fromkeys(s.kind for s in shots if s.kind):
+        mine = [s for s in shots if s.kind == kind]
+        ok = [s for s in mine if is_ok(s)]
+        waits = [s.ttft_s for s in ok if s.ttft_s is not None]
+        out[kind] = {
+            "requests": len(mine),
+            "ok": len(ok),
+            "shed_429": sum(1 for s in mine if s.status == 429),
+            "refused_503": sum(1 for s in mine if s.status == 503),
+            "ttft_p50_s": quantile(waits, 0.5),
+            "ttft_p95_s": quantile(waits, 0.95),
+            "e2e_p95_s": quantile([s.latency_s for s in ok], 0.95),
+            "goodput_tok_per_s": round(goodput(mine, ttft_slo_s, drain), 1),
+        }
+    return out
+
+
 @dataclass
 class RunResult:
     mode: str
@@ -228,16 +287,33 @@ class RunResult:
     ice_body_buckets: dict[float, float] = field(default_factory=dict)
     ttft_slo_s: float = TTFT_SLO_S  # what goodput counts against
     variant: str = ""  # "" for the whole burst; e.g. "light alone" for a control run
+    valve: str = ""  # the vLLM's admission valve (arms.Valve.name: "reqs=4"); "": none
+    # vllm:admission_rejections_total over the run, by vLLM's reason label
+    admission_rejections: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def arm(self) -> str:
+        """The mode before its vLLM: ``ice``, ``valve:reqs=4``, ``ice+valve:reqs=4``."""
+        return arm_name(self.mode, self.valve)
 
     @property
     def label(self) -> str:
-        """The mode, and the variant when there is one: ``queue``, ``queue light alone``."""
-        return f"{self.mode} {self.variant}" if self.variant else self.mode
+        """The arm, and the variant when there is one: ``queue``, ``queue light alone``."""
+        return f"{self.arm} {self.variant}" if self.variant else self.arm
+
+    def valve_rejections(self) -> dict[str, int]:
+        """The admission rejections by valve kind (``reqs``, ``tokens``): every reason for a
+        run with a valve (zeros too), only those that happened for one without."""
+        return {
+            short_reason(reason): n
+            for reason, n in sorted(self.admission_rejections.items())
+            if n or self.valve
+        }
 
     def summary(self) -> dict[str, Any]:
         ok = [s for s in self.shots if is_ok(s)]
         shed = [s for s in self.shots if s.status == 429]
-        other = [s for s in self.shots if not is_ok(s) and s.status != 429]
+        other = [s for s in self.shots if not is_ok(s) and not _refused(s)]
         ok_lat = [s.latency_s for s in ok]
         waits = [s.ttft_s for s in ok if s.ttft_s is not None]
         tokens = sum(s.completion_tokens for s in ok)
@@ -245,6 +321,8 @@ class RunResult:
         drain = drain_s(self.shots)
         return {
             "mode": self.mode,
+            "valve": self.valve,
+            "arm": self.arm,
             "variant": self.variant,
             "label": self.label,
             "round": self.round,
@@ -252,6 +330,9 @@ class RunResult:
             "ok": len(ok),
             "shed_429": len(shed),
             "shed_by_reason": by_reason(self.shots),
+            "refused_503": sum(1 for s in self.shots if s.status == 503),
+            "refused_503_by_valve": by_valve(self.shots),
+            "valve_rejections": self.valve_rejections(),
             "other": len(other),
             "other_by_status": by_status(self.shots),
             "downgraded": sum(1 for s in self.shots if s.downgraded),
@@ -293,6 +374,7 @@ class RunResult:
             "ice_body_p50_s": bucket_quantile(self.ice_body_buckets, 0.5),
             "ice_body_max_s": bucket_quantile(self.ice_body_buckets, 1.0),
             "tenants": tenant_breakdown(self.shots),
+            "kinds": kind_breakdown(self.shots, self.ttft_slo_s, drain),
         }
 
 
@@ -319,9 +401,11 @@ async def run_burst(
     ice_metrics_url: str | None = None,
     ttft_slo_s: float = TTFT_SLO_S,
     variant: str = "",
+    valve: str = "",
 ) -> RunResult:
     """Send ``burst`` to ``target`` (a base URL) and watch vLLM's ``metrics_url`` meanwhile
-    (and, given ``ice_metrics_url``, how long ICE took over each body)."""
+    (and, given ``ice_metrics_url``, how long ICE took over each body). ``valve``: the name
+    of the admission valve that vLLM was started with ("": none), for the label only."""
     connector = aiohttp.TCPConnector(limit=0, force_close=True)
     timeout = aiohttp.ClientTimeout(total=600)
     async with (
@@ -353,6 +437,7 @@ async def run_burst(
         after = await fetch(probe, metrics_url)
         ice1 = ice_body_buckets(await fetch(probe, ice_metrics_url)) if ice_metrics_url else {}
     stats1 = ext_proc_stats(admin_port)
+    refused0, refused1 = admission_rejections(before), admission_rejections(after)
     q_sum = metric_sum(after, "vllm:request_queue_time_seconds_sum") - metric_sum(
         before, "vllm:request_queue_time_seconds_sum"
     )
@@ -375,4 +460,6 @@ async def run_burst(
         ice_body_buckets={b: n - ice0.get(b, 0.0) for b, n in ice1.items()},
         ttft_slo_s=ttft_slo_s,
         variant=variant,
+        valve=valve,
+        admission_rejections=rejection_delta(refused0, refused1),
     )

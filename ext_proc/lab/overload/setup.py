@@ -6,10 +6,13 @@
   blocks of 128 tokens), ICE with the rendered policy and real Envoy in front of vLLM
   (``ext_proc.lab.stack``); with ``queue=True`` also a second ICE with ``queue_policy`` of it
   behind a second Envoy (its own listener and admin port); ``ice_workers`` worker processes
-  per ICE; free ports unless given; ``warm_up`` unless ``warm=False``; yields a ``Setup``.
+  per ICE; ``valve``: vLLM started with that admission valve (``arms.Valve``), recorded in
+  ``Setup.valve``; free ports unless given; ``warm_up`` unless ``warm=False``; yields a
+  ``Setup``.
 - ``compare``: ``rounds`` × (the burst in each of ``modes``: direct, ice, queue; then each
   control burst of ``controls`` in each mode), the order rotated by one per round (with two
-  modes: alternating, as before).
+  modes: alternating, as before); each run labelled with the setup's valve. Several vLLM
+  configs (valves) are ``sweep``'s job: one setup, and one ``compare``, per config.
 
 Invariants:
 
@@ -22,6 +25,8 @@ Invariants:
   a row) and uses fresh prompt text (seeded per round, mode and control), so no run inherits
   another's queue or prefix cache; the plan (sizes, priorities, tenants, schedule) is the same
   for every mode;
+- a ``Setup``'s valve is the one its vLLM was started with, so a run's label cannot name
+  another; ``vllm_args`` that set a valve flag themselves are refused (``ValueError``);
 - vLLM runs in its own venv as a subprocess: importing this needs ICE's dependencies only.
 """
 
@@ -41,6 +46,7 @@ from typing import Any
 import yaml
 
 from ext_proc.lab import vllm_local as vl
+from ext_proc.lab.overload.arms import Valve, valve_in_args
 from ext_proc.lab.overload.burst import (
     CHAT,
     DEFAULT_MODES,
@@ -191,6 +197,7 @@ class Setup:
     queue_ice_metrics_url: str | None = None
     queue_policy: Path | None = None
     ice_workers: int = 1
+    valve: Valve | None = None  # vLLM's admission valve (None: started without one)
 
     @property
     def metrics_url(self) -> str:
@@ -230,21 +237,28 @@ def overload_setup(
     queue_wait_ms: int = QUEUE_WAIT_MS,
     queue_length: int = QUEUE_LENGTH,
     tenant_header: str = TENANT_HEADER,
+    valve: Valve | None = None,
 ) -> Iterator[Setup]:
     """Start vLLM (tiny model, 24 blocks), ICE with ``policy`` and Envoy; stop all on exit.
 
     ``queue``: also ICE with ``queue_policy`` of the rendered policy (``queue_wait_ms``,
     ``queue_length``, ``tenant_header``) behind a second Envoy (``Setup.queue_url``); raises
     ``QueuePolicyError`` before starting anything when that policy does not load.
-    ``ice_workers``: ICE's ``--workers`` (each ICE; Envoy balances over them). Ports not given
+    ``ice_workers``: ICE's ``--workers`` (each ICE; Envoy balances over them). ``valve``:
+    ``vllm serve`` also gets ``valve.vllm_args`` (ValueError when ``vllm_args`` set a valve
+    flag themselves: the runs' labels would not say so). Ports not given
     are free ones (``ice_address``: the first worker's; the others follow it). Logs
     (``vllm.log``, ``ice.log``, ``envoy.log``, ``ice-queue.log``, ``envoy-queue.log``) and the
     rendered policies go to ``workdir``. ``warm``: one short request each way first, then wait
     until vLLM is idle.
     """
+    own = valve_in_args(vllm_args)
+    if own is not None:
+        raise ValueError(f"vllm_args set the admission valve ({own}): give it as valve=")
     workdir.mkdir(parents=True, exist_ok=True)
     vl.ensure_model(vl.DEFAULT_MODEL_DIR)
-    cfg = vl.ServeConfig(port=vllm_port or vl.free_port(), extra_args=tuple(vllm_args))
+    extra = (*vllm_args, *(valve.vllm_args if valve else ()))
+    cfg = vl.ServeConfig(port=vllm_port or vl.free_port(), extra_args=extra)
     rendered = render_policy(policy, workdir / "policy.yaml", cfg.port, cfg.model_dir)
     queued: Path | None = None
     if queue:
@@ -313,6 +327,7 @@ def overload_setup(
             else f"http://{queue_metrics}/metrics",
             queue_policy=queued,
             ice_workers=ice_workers,
+            valve=valve,
         )
         if warm:
             warm_up(setup)
@@ -355,14 +370,18 @@ def compare(
     progress: Callable[[str], None] | None = _to_stderr,
     ttft_slo_s: float = TTFT_SLO_S,
     controls: Mapping[str, Sequence[Planned]] | None = None,
+    seed_offset: int = 0,
 ) -> list[RunResult]:
     """``rounds`` × (the burst in each of ``modes``, then each of ``controls`` (variant name →
     a burst, e.g. ``{"light alone": alone(burst, "light")}``) in each of ``modes``); the order
     of those runs is rotated by one per round (two runs: alternating).
 
     ``progress`` gets one line per finished run (default: stderr; None: silent);
-    ``ttft_slo_s``: the time-to-first-token SLO of each run's goodput.
+    ``ttft_slo_s``: the time-to-first-token SLO of each run's goodput; ``seed_offset``: added
+    to every run's prompt seed (``sweep`` gives each vLLM config its own). Each run carries
+    ``setup.valve`` (``RunResult.valve``).
     """
+    valve = setup.valve.name if setup.valve else ""
     for mode in modes:
         setup.target(mode)  # an unknown mode, or queue without it, fails before any run
     jobs: list[tuple[str, str, Sequence[Planned], int]] = [(m, "", burst, 0) for m in modes]
@@ -374,7 +393,7 @@ def compare(
         for mode, variant, planned, offset in jobs[shift:] + jobs[:shift]:
             wait_idle(setup.metrics_url)
             target, admin_port, ice_metrics_url = setup.target(mode)
-            seed = 100_000 * (r + 1) + _SEED[mode] + offset
+            seed = seed_offset + 100_000 * (r + 1) + _SEED[mode] + offset
             result = asyncio.run(
                 run_burst(
                     mode=mode,
@@ -389,6 +408,7 @@ def compare(
                     ice_metrics_url=ice_metrics_url,
                     ttft_slo_s=ttft_slo_s,
                     variant=variant,
+                    valve=valve,
                 )
             )
             results.append(result)

@@ -12,6 +12,13 @@ No SGLang server or GPU runs here, so the pages are built from the sources' own 
   Kubernetes container/namespace/pod when mapped) with the fields of its
   ``etc/default-counters.csv`` plus DCGM_FI_DEV_FB_RESERVED and the DCP PCIe/activity fields:
   two H100s, one serving a vLLM pod.
+- ``vllm_valve_metrics.txt`` and ``vllm_asleep_metrics.txt``: the recorded vLLM 0.32 CPU pages
+  (``../vllm_cpu/``) with only the values of the series vLLM 0.32 writes for its own valve
+  and sleep mode changed (names, labels and order as recorded; ``vllm/v1/metrics/loggers.py``
+  ``record_admission_rejection`` / ``record_sleep_state``): the valve page is
+  ``metrics_preempting.txt`` after the API server answered 7 requests 503 for
+  ``--max-num-queued-reqs`` and 2 for ``--max-num-queued-tokens``; the asleep page is
+  ``metrics_idle.txt`` after ``POST /sleep?level=1`` (awake 0, weights_offloaded 1).
 """
 
 from __future__ import annotations
@@ -221,6 +228,38 @@ def dcgm_page() -> str:
     return "\n".join(out) + "\n"
 
 
+VLLM_CPU = HERE.parent / "vllm_cpu"
+
+
+def _edited(page: str, values: dict[str, str]) -> str:
+    """A recorded vLLM page with the samples named in ``values`` (the line up to its value)
+    set to new values; every such line must be on the page."""
+    lines = (VLLM_CPU / page).read_text().split("\n")
+    for head, value in values.items():
+        hits = [i for i, line in enumerate(lines) if line.startswith(head + " ")]
+        assert len(hits) == 1, head
+        lines[hits[0]] = f"{head} {value}"
+    return "\n".join(lines)
+
+
+def vllm_valve_page() -> str:
+    rejections = 'vllm:admission_rejections_total{model_name="tiny",reason="%s"}'
+    return _edited(
+        "metrics_preempting.txt",
+        {rejections % "max_num_queued_reqs": "7.0", rejections % "max_num_queued_tokens": "2.0"},
+    )
+
+
+def vllm_asleep_page() -> str:
+    state = 'vllm:engine_sleep_state{engine="0",model_name="tiny",sleep_state="%s"}'
+    return _edited(
+        "metrics_idle.txt",
+        {state % "awake": "0.0", state % "weights_offloaded": "1.0", state % "discard_all": "0.0"},
+    )
+
+
 if __name__ == "__main__":
     (HERE / "sglang_metrics.txt").write_bytes(sglang_page())
     (HERE / "dcgm_metrics.txt").write_text(dcgm_page())
+    (HERE / "vllm_valve_metrics.txt").write_text(vllm_valve_page())
+    (HERE / "vllm_asleep_metrics.txt").write_text(vllm_asleep_page())
