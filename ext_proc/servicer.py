@@ -177,12 +177,22 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                 telemetry.COARSE_VERDICTS.labels(route=route.name, why=admitted).inc()
                 outcome = _with_profile(verdict.outcome, route)
                 self._watch(route, facts, verdict)
-                watch = facts.need_tokens is not None
+                watch = facts.need_tokens is not None and self._watching(route)
                 return facts, render.headers_outcome(outcome, facts.strip, watch=watch)
             facts.ticket = admitted
             telemetry.BACKLOG_BYTES.set(self.backlog.inflight_bytes)
-        watch = facts.adapter is not None and backend_overload.watches(route.profile)
+        watch = facts.adapter is not None and self._watching(route)
         return facts, render.headers_continue(facts.strip, watch=watch)
+
+    def _watching(self, route: Route) -> bool:
+        """Ask for this request's response headers (``ext_proc.backend_overload``); a fault
+        reading the pool asks (the response phase fails open), it never fails the request."""
+        if not backend_overload.watches(route.profile):
+            return False
+        try:
+            return backend_overload.strained(self.pipeline, route)
+        except Exception:
+            return True
 
     @staticmethod
     def _watch(route: Route, facts: HeaderFacts, verdict: BodyVerdict | None) -> None:

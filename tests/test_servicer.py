@@ -44,6 +44,11 @@ def snapshot(usage: float, waiting: float) -> PoolSnapshot:
     return PoolSnapshot(pool="default", backends=(backend,), taken_at_s=time.monotonic())
 
 
+def STRAINED() -> PoolSnapshot:  # a value, built fresh per test
+    """Medium pressure, 100 × 0.40 × 0.7 / 0.65 = 43.08: ICE asks for response headers."""
+    return snapshot(0.7, 0)
+
+
 def headers_msg(
     path: str = "/v1/chat/completions", eos: bool = False, **extra: str
 ) -> pb.ProcessingRequest:
@@ -248,14 +253,29 @@ def response_msg(
 
 def _policy(profile: str) -> Pipeline:
     text = f"profiles:\n  default: {{max_model_len: 8192, {profile}}}\nroutes:\n  chat: {{}}\n"
-    return Pipeline(parse_policy(text), lambda _pool: snapshot(0.2, 0))
+    return Pipeline(parse_policy(text), lambda _pool: STRAINED())
 
 
 def test_a_request_ice_judges_asks_envoy_for_its_response_headers() -> None:
-    out = run([headers_msg(), body_msg(CHAT)], snapshot(0.2, 0))
+    out = run([headers_msg(), body_msg(CHAT)], STRAINED())
     mode = out[0].mode_override
     assert (mode.response_header_mode, mode.request_body_mode) == (BASE_SEND, BUFFERED)
     assert mode.response_body_mode == 0  # NONE: the response body never comes to ICE
+
+
+def test_at_low_pressure_without_valve_refusals_no_response_headers_are_asked() -> None:
+    out = run([headers_msg(), body_msg(CHAT)], snapshot(0.2, 0))  # 12.31: low
+    assert not out[0].HasField("mode_override")
+
+
+def test_a_valve_that_refused_within_the_window_is_watched_even_at_low_pressure() -> None:
+    from ext_proc.signals.model import Derived
+
+    derived = Derived(window_s=10.0, admission_rejections_per_s=0.5)
+    backend = BackendSignals(url="u", kv_cache_usage=0.2, num_requests_waiting=0, derived=derived)
+    snap = PoolSnapshot(pool="default", backends=(backend,), taken_at_s=time.monotonic())
+    out = run([headers_msg(), body_msg(CHAT)], snap)
+    assert out[0].mode_override.response_header_mode == BASE_SEND
 
 
 @pytest.mark.parametrize(
@@ -267,7 +287,7 @@ def test_a_profile_that_does_not_watch_asks_for_nothing(profile: str) -> None:
 
 
 def test_a_backends_overload_503_becomes_ices_answer() -> None:
-    out = run([headers_msg(), body_msg(CHAT), response_msg()], snapshot(0.2, 0))
+    out = run([headers_msg(), body_msg(CHAT), response_msg()], STRAINED())
     assert [r.WhichOneof("response") for r in out] == [
         "request_headers",
         "request_body",
@@ -279,7 +299,7 @@ def test_a_backends_overload_503_becomes_ices_answer() -> None:
     assert headers["retry-after"] == "2"  # no drain rate in the snapshot: retry_after_s
     assert headers["x-ice-decision"] == "reject"
     assert headers["x-ice-reason"] == "backend_overloaded"
-    assert headers["x-mem-pressure"] == "low"
+    assert headers["x-mem-pressure"] == "medium"  # STRAINED: 43.08
     err = json.loads(ir.body)["error"]
     assert err["code"] == "backend_overloaded" and err["type"] == "server_error"
     md = out[2].dynamic_metadata.fields["ice"].struct_value.fields
@@ -308,7 +328,7 @@ def test_the_profile_maps_the_503_to_429() -> None:
     ids=["200", "500", "envoys-own-503", "plain-text-503"],
 )
 def test_any_other_response_goes_on_untouched(message: pb.ProcessingRequest) -> None:
-    out = run([headers_msg(), body_msg(CHAT), message], snapshot(0.2, 0))
+    out = run([headers_msg(), body_msg(CHAT), message], STRAINED())
     assert out[2] == pb.ProcessingResponse(response_headers=pb.HeadersResponse())
 
 
@@ -327,7 +347,7 @@ def test_a_fault_in_the_response_phase_continues_even_when_failing_closed(
     before = REGISTRY.get_sample_value("ice_internal_errors_total", labels) or 0.0
     out = run(
         [headers_msg(), body_msg(CHAT), response_msg()],
-        snapshot(0.2, 0),
+        STRAINED(),
         metadata=(("x-ice-route", "chat"), ("x-ice-profile", "strict")),
     )
     assert out[2] == pb.ProcessingResponse(response_headers=pb.HeadersResponse())

@@ -96,7 +96,7 @@ def test_a_busy_worker_refuses_at_the_headers_under_pressure_in_the_api_format()
 
 def test_an_admitted_body_is_judged_in_full_and_releases_its_promise() -> None:
     backlog = Backlog(max_inflight_bytes=1 * MIB)
-    s = servicer(backlog)
+    s = servicer(backlog, usage=0.7)  # medium: ICE asks for the response headers
     seen: list[int] = []
     out = stream(
         s,
@@ -234,7 +234,10 @@ def test_exact_counting_past_its_budget_is_judged_from_the_size() -> None:
 def test_a_coarse_pass_asks_for_its_response_headers_too() -> None:
     backlog = Backlog(max_inflight_bytes=1 * MIB)
     backlog.admit(700_000, "inline")  # the window is taken: judged from its headers
-    out = stream(servicer(backlog), [headers_msg(**{"content-length": "500000"}), response_msg()])
+    out = stream(
+        servicer(backlog, usage=0.7),  # medium: ICE asks for the response headers
+        [headers_msg(**{"content-length": "500000"}), response_msg()],
+    )
     assert set_headers(out[0].request_headers.response.header_mutation)["x-ice-judged"] == "headers"
     mode = out[0].mode_override
     assert (mode.request_body_mode, mode.response_header_mode) == (0, 1)  # NONE; SEND

@@ -95,6 +95,9 @@ KV_TIGHT = {
     "num_gpu_blocks": 101,
 }
 CRITICAL = {"kv_cache_usage_perc": 1.0, "num_requests_running": 32, "num_requests_waiting": 12}
+# A backend whose valve is about to refuse: 100 × (0.40 × 0.7 + 0.25 × 4/8) / 0.65 = 62.31,
+# medium (the valve's first refusal then saturates the queue term: 81.54, high)
+VALVE_STRAINED = {"kv_cache_usage_perc": 0.7, "num_requests_running": 8, "num_requests_waiting": 4}
 LOW_SCORE = "12"  # 100 × 0.08 / 0.65 = 12.3
 HIGH_SCORE = "74"  # 100 × (0.388 + 0.09375) / 0.65 = 74.1
 CRITICAL_SCORE = "100"
@@ -370,7 +373,10 @@ class E2E:
 
     def shut_valve(self, reason: str = "max_num_queued_reqs") -> None:
         """Shut the backend's imitation of vLLM's admission valve: every request it gates gets
-        vLLM's 503 (``reset`` opens it again)."""
+        vLLM's 503 (``reset`` opens it again). A valve refuses when its queue is at its cap,
+        so first the backend reports such a queue (``VALVE_STRAINED``: pressure medium, when
+        ICE asks for the response headers of the requests it sends on)."""
+        self.set_state(VALVE_STRAINED, level="medium")
         self._dirty = True
         self.backend("PUT", "/_dev/state", json.dumps({"valve": reason}).encode())
 

@@ -25,7 +25,17 @@ from ext_proc.envoygen.cli import render_all
 from ext_proc.lab.devbackend.answers import VALVE_MESSAGES
 from ext_proc.lab.stack import Stack, free_port, render_envoy_config
 
-from .harness import CHAT, E2E, MESSAGES, RETRY_AFTER_S, Reply, request, running_stack
+from .harness import (
+    CHAT,
+    E2E,
+    IDLE,
+    MESSAGES,
+    RETRY_AFTER_S,
+    VALVE_STRAINED,
+    Reply,
+    request,
+    running_stack,
+)
 
 CRITICAL = {"x-priority": "critical"}
 CHAT_BODY = {"model": "dev-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
@@ -81,6 +91,8 @@ def _response_phases(e2e: E2E) -> float:
 
 
 def test_the_backends_other_answers_are_left_alone_at_one_message_each(stack: E2E) -> None:
+    stack.reset()
+    stack.set_state(VALVE_STRAINED, level="medium")  # strained: the response headers are asked
     before = _response_phases(stack)
     reply = stack.post(CHAT, CHAT_BODY, CRITICAL)
     assert reply.status == 200, reply
@@ -90,6 +102,16 @@ def test_the_backends_other_answers_are_left_alone_at_one_message_each(stack: E2
     bad = stack.post(CHAT, {"model": "dev-model", "messages": "nope"}, CRITICAL)
     assert bad.status == 400  # ICE's own answer at the body: Envoy sends no response phase
     assert _response_phases(stack) == before + 1
+
+
+def test_an_idle_pool_costs_no_response_phase(tmp_path: Path) -> None:
+    # a stack of its own: the module's has seen valve refusals within its window
+    with running_stack(tmp_path) as e2e:
+        e2e.set_state(IDLE, level="low")
+        before = _response_phases(e2e)
+        reply = e2e.post(CHAT, CHAT_BODY, CRITICAL)
+        assert reply.status == 200 and reply.header("x-ice-decision") == "pass", reply
+        assert _response_phases(e2e) == before  # low pressure, no refusals: two messages
 
 
 # --- a profile that maps the 503 to 429, a fault in the response phase, Envoy's own 503 ------
