@@ -107,3 +107,40 @@ def test_a_client_that_leaves_while_queued_never_reaches_the_backend(queued: E2E
     queued.set_state(IDLE, level="low", score="0")  # room now: nothing may go on
     time.sleep(0.3)
     assert ours(queued) == []
+
+
+def test_a_queued_request_goes_on_when_the_running_one_ends_not_when_the_gauge_says(
+    queued: E2E,
+) -> None:
+    # 100 usable blocks of 16 tokens, and the gauge reads them all free the whole time (the
+    # dev backend's KV usage never moves): only the first request's reservation (96 blocks,
+    # kv_hold: done) keeps the second waiting, until the first one's stream ends
+    queued.set_state({**IDLE, "num_gpu_blocks": 101}, level="low", score="0")
+    ended: dict[str, float] = {}
+    slow = {**BODY, "stream": True}
+
+    def first() -> None:
+        reply = request(
+            queued.envoy_port,
+            "POST",
+            CHAT,
+            json.dumps(slow).encode(),
+            {"content-type": "application/json", "x-dev-stream-delay-ms": "60"},
+        )
+        ended["first"] = time.monotonic()
+        ended["status"] = reply.status
+
+    runner = threading.Thread(target=first)
+    runner.start()
+    deadline = time.monotonic() + 5
+    while not ours(queued) and time.monotonic() < deadline:  # the first is at the backend
+        time.sleep(0.02)
+    time.sleep(0.3)  # newer views than its arrival: the unseen ledger no longer counts it
+    _, reply = post(queued)
+    ended["second"] = time.monotonic()
+    runner.join(10)
+    assert ended["status"] == 200
+    assert reply.status == 200, reply  # type: ignore[attr-defined]
+    assert int(reply.header("x-ice-queued-ms")) > 0  # type: ignore[attr-defined]
+    assert ended["second"] > ended["first"]  # admitted only once the first one was over
+    assert len(ours(queued)) == 2
