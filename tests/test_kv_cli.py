@@ -48,6 +48,8 @@ def test_json_for_the_public_llama_log(capsys: pytest.CaptureFixture[str]) -> No
     assert out["estimated_max_model_len"] == 1951 * 16
     assert out["max_num_seqs_safe"] == 10  # 1951 // ceil(3000 / 16) = 1951 // 188
     assert out["fragmentation"] == pytest.approx(8 / 3008)
+    # 2 × 10 safe sequences; one full cache, 1952 × 16 = 31,232 tokens
+    assert out["valve"] == {"max_num_queued_reqs": 20, "max_num_queued_tokens": 31_232}
     assert out["geometry"]["kv_heads_per_rank"] == 8
     assert out["geometry"]["groups"] == [{"sliding_window": None, "num_layers": 32}]
 
@@ -157,6 +159,10 @@ def test_table(capsys: pytest.CaptureFixture[str]) -> None:
             ["--config", LLAMA, "--kv-memory", "1GiB", "--lengths", str(DATA / "README.md")],
             "lengths",
         ),
+        (
+            ["--config", LLAMA, "--kv-memory", "1GiB", "--data-parallel-size", "0"],
+            "data_parallel_size",
+        ),
     ],
     ids=[
         "nothing",
@@ -178,6 +184,7 @@ def test_table(capsys: pytest.CaptureFixture[str]) -> None:
         "missing-config",
         "not-json",
         "bad-lengths-file",
+        "dp-zero",
     ],
 )
 def test_bad_inputs_exit_2_naming_the_field(
@@ -229,3 +236,65 @@ def test_capacity_without_max_model_len_is_printed_and_the_rest_left_out(
     )
     for key in ("max_model_len", "max_concurrency", "blocks_per_request", "fits_max_model_len"):
         assert data[key] is None
+
+
+README_PLAN = [
+    *("--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--kv-dtype", "bf16"),
+    *("--kv-memory", "3.8125GiB", "--max-model-len", "20000", "--avg-seq-len", "2000"),
+]
+
+
+def _row(line: str) -> tuple[str, str]:
+    key, _, value = line.partition("  ")
+    return key, value.strip()
+
+
+def test_valve_rows_of_the_readme_example(capsys: pytest.CaptureFixture[str]) -> None:
+    # 1952 blocks; avg 2000 → 125 blocks, 1951 // 125 = 15 safe → 2 × 15 = 30; 1952 × 16.
+    assert main(README_PLAN) == 0
+    rows = dict(_row(line) for line in capsys.readouterr().out.splitlines())
+    assert rows["safe max_num_seqs"] == "15"
+    assert (
+        rows["vLLM valve (behind ICE)"] == "--max-num-queued-reqs 30 --max-num-queued-tokens 31232"
+    )
+    assert rows["valve rule"] == (
+        "2 × 15 safe sequences (a full batch running, one waiting); "
+        "one full cache of prompts (31,232 tokens)"
+    )
+
+
+def test_valve_over_data_parallel_ranks(capsys: pytest.CaptureFixture[str]) -> None:
+    # 2 ranks behind one API server: 2 × 2 × 15 = 60, 2 × 31,232 = 62,464.
+    out = _json(capsys, [*README_PLAN, "--dp", "2"])
+    assert out["valve"] == {"max_num_queued_reqs": 60, "max_num_queued_tokens": 62_464}
+    assert out["max_num_seqs_safe"] == 15  # the per-rank figures stay per rank
+    assert main([*README_PLAN, "--data-parallel-size", "2"]) == 0
+    rows = dict(_row(line) for line in capsys.readouterr().out.splitlines())
+    assert rows["valve rule"].startswith("2 × 2 ranks × 15 safe sequences")
+    assert rows["valve rule"].endswith("2 ranks × one full cache of prompts (31,232 tokens)")
+
+
+def test_valve_without_a_sequence_length_leaves_the_request_count_out(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Only max_model_len: 2 × max(1, 1951 // 1250) = 2 would refuse ordinary traffic behind
+    # ICE, so no figure; the token figure needs no length.
+    argv = README_PLAN[:-2]  # without --avg-seq-len 2000
+    assert main(argv) == 0
+    rows = dict(_row(line) for line in capsys.readouterr().out.splitlines())
+    assert rows["vLLM valve (behind ICE)"] == "--max-num-queued-tokens 31232"
+    assert rows["valve rule"].startswith("reqs left out (give --avg-seq-len or --lengths); ")
+    out = _json(capsys, argv)
+    assert out["valve"] == {"max_num_queued_reqs": None, "max_num_queued_tokens": 31_232}
+
+
+def test_valve_of_a_sliding_only_model_without_max_model_len(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = [*NUMBERS, "--sliding-window", "64", "--kv-memory", "1GiB"]
+    out = _json(capsys, argv)
+    assert out["valve"] == {"max_num_queued_reqs": None, "max_num_queued_tokens": None}
+    assert main(argv) == 0
+    rows = dict(_row(line) for line in capsys.readouterr().out.splitlines())
+    assert rows["vLLM valve (behind ICE)"] == "n/a"
+    assert "tokens left out (sliding-window-only model: give --max-model-len" in rows["valve rule"]

@@ -10,6 +10,8 @@ Modules, each with one job (formulas in their docstrings):
   ``request_blocks`` the evaluator calls.
 - ``capacity``: ``KVGeometry`` + memory → ``CapacityPlan`` (blocks, tokens, concurrency,
   longest request, safe sequence count, fragmentation) as vLLM computes and logs them.
+- ``valve``: ``CapacityPlan`` → ``ValveAdvice``, vLLM's own admission valve
+  (``--max-num-queued-reqs``, ``--max-num-queued-tokens``) sized to sit behind ICE.
 - ``cli``: ``ice plan``.
 
 Errors: ``KVInputError`` (``field`` names the input), ``NotModelledError`` (a recognised cache

@@ -11,13 +11,17 @@ Inputs: the model as ``--config`` (a Hugging Face config.json) or ``--layers``, 
 ``--head-dim`` (+ ``--attention-heads``, ``--sliding-window``, ``--dtype``); serving options
 ``--kv-dtype`` (auto), ``--block-size`` (16), ``--tp`` (1), ``--max-num-batched-tokens``
 (8192), ``--in-flight-batches`` (1; 2 matches vLLM 0.32's async scheduling),
-``--disable-hybrid-kv-cache-manager``; memory per rank as ``--kv-memory`` or ``--gpu-memory`` +
+``--disable-hybrid-kv-cache-manager``, ``--data-parallel-size`` (1; the ranks behind one vLLM
+API server, for the valve); memory per rank as ``--kv-memory`` or ``--gpu-memory`` +
 ``--gpu-memory-utilization`` + ``--non-kv-memory`` (sizes: ``ext_proc.kv.units``), or
 ``--num-gpu-blocks-override``; ``--max-model-len`` (default: derived from config.json),
 ``--avg-seq-len``, ``--lengths FILE`` (one length per line, ``#`` comments).
 
-Output: a table, or with ``--json`` one object (keys listed in ``plan_to_dict``). Formulas:
-``ext_proc.kv.geometry`` and ``ext_proc.kv.capacity``.
+Output: a table, or with ``--json`` one object (keys listed in ``plan_to_dict``), ending with
+the recommended vLLM admission valve behind ICE (``--max-num-queued-reqs``,
+``--max-num-queued-tokens``; a figure the inputs do not allow is left out with its reason, null
+in ``--json``). Formulas: ``ext_proc.kv.geometry``, ``ext_proc.kv.capacity``,
+``ext_proc.kv.valve``.
 
 Exit status: 0; 2 for a missing, malformed or contradictory input, an unreadable file, or a
 model whose cache is not modelled — with one line ``ice plan: <field>: <why>`` on stderr.
@@ -44,6 +48,7 @@ from ext_proc.kv.geometry import (
 )
 from ext_proc.kv.hfconfig import ModelShape, shape_from_config, shape_from_numbers
 from ext_proc.kv.units import format_gib, parse_size
+from ext_proc.kv.valve import REQS_FACTOR, ValveAdvice, valve_advice
 
 __all__ = ["build_parser", "main", "plan_to_dict", "render_table"]
 
@@ -73,6 +78,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--in-flight-batches", type=int, default=1, help="2 for vLLM 0.32 async")
     s.add_argument("--disable-hybrid-kv-cache-manager", action="store_true")
     s.add_argument("--num-gpu-blocks-override", type=int)
+    s.add_argument(
+        "--data-parallel-size",
+        "--dp",
+        type=int,
+        default=1,
+        help="ranks behind one vLLM API server (its valve counts them all)",
+    )
     mem = ap.add_argument_group("memory per rank (--kv-memory, or the three --gpu/--non-kv)")
     mem.add_argument("--kv-memory", help="bytes for the KV cache, e.g. 3.81GiB")
     mem.add_argument("--gpu-memory", help="GPU memory, e.g. 80GiB")
@@ -179,9 +191,11 @@ def _plan(args: argparse.Namespace) -> tuple[CapacityPlan, str]:
     return plan, note
 
 
-def plan_to_dict(plan: CapacityPlan) -> dict[str, Any]:
-    """The ``--json`` object: every capacity figure plus the geometry it came from."""
+def plan_to_dict(plan: CapacityPlan, valve: ValveAdvice | None = None) -> dict[str, Any]:
+    """The ``--json`` object: every capacity figure, the geometry it came from, and ``valve``
+    (``valve_advice(plan)`` unless given; a figure it cannot give is null)."""
     g = plan.geometry
+    v = valve_advice(plan) if valve is None else valve
     return {
         "bytes_per_token": g.bytes_per_token,
         "bytes_per_block": g.bytes_per_block,
@@ -203,6 +217,10 @@ def plan_to_dict(plan: CapacityPlan) -> dict[str, Any]:
         "avg_seq_len": plan.avg_seq_len,
         "max_num_seqs_safe": plan.max_num_seqs_safe,
         "fragmentation": plan.fragmentation,
+        "valve": {
+            "max_num_queued_reqs": v.max_num_queued_reqs,
+            "max_num_queued_tokens": v.max_num_queued_tokens,
+        },
         "geometry": {
             "attention": g.attention,
             "num_layers": g.num_layers,
@@ -254,8 +272,36 @@ def _context_rows(plan: CapacityPlan, note: str) -> list[tuple[str, str]]:
     ]
 
 
-def render_table(plan: CapacityPlan, max_model_len_note: str = "") -> str:
-    """The human-readable form of ``plan``."""
+def _valve_rows(v: ValveAdvice) -> list[tuple[str, str]]:
+    """The valve's flags (those the inputs allow) and one line on why these values."""
+    flags = []
+    if v.max_num_queued_reqs is not None:
+        flags.append(f"--max-num-queued-reqs {v.max_num_queued_reqs}")
+    if v.max_num_queued_tokens is not None:
+        flags.append(f"--max-num-queued-tokens {v.max_num_queued_tokens}")
+    ranks = f"{v.data_parallel_size} ranks × " if v.data_parallel_size > 1 else ""
+    if v.safe_sequences is not None:
+        reqs = (
+            f"{REQS_FACTOR} × {ranks}{v.safe_sequences} safe sequences"
+            " (a full batch running, one waiting)"
+        )
+    else:
+        reqs = f"reqs left out ({v.reqs_left_out})"
+    if v.tokens_per_rank is not None:
+        tokens = f"{ranks}one full cache of prompts ({v.tokens_per_rank:,} tokens)"
+    else:
+        tokens = f"tokens left out ({v.tokens_left_out})"
+    rule = f"{reqs}; {tokens}"
+    if not flags and v.reqs_left_out == v.tokens_left_out:
+        rule = f"left out ({v.reqs_left_out})"
+    return [("vLLM valve (behind ICE)", " ".join(flags) or "n/a"), ("valve rule", rule)]
+
+
+def render_table(
+    plan: CapacityPlan, max_model_len_note: str = "", valve: ValveAdvice | None = None
+) -> str:
+    """The human-readable form of ``plan``, ending with ``valve`` (``valve_advice(plan)``
+    unless given)."""
     g = plan.geometry
     full = sum(grp.num_layers for grp in g.groups if grp.sliding_window is None)
     sliding = sorted({grp.sliding_window for grp in g.groups if grp.sliding_window})
@@ -289,6 +335,7 @@ def render_table(plan: CapacityPlan, max_model_len_note: str = "") -> str:
         ("avg sequence", _opt(plan.avg_seq_len)),
         ("safe max_num_seqs", _opt(plan.max_num_seqs_safe)),
         ("fragmentation", _opt(plan.fragmentation, "{:.2%}")),
+        *_valve_rows(valve_advice(plan) if valve is None else valve),
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
@@ -302,13 +349,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.code if isinstance(e.code, int) else 2
     try:
         plan, note = _plan(args)
+        valve = valve_advice(plan, data_parallel_size=args.data_parallel_size)
     except KVInputError as e:
         print(f"ice plan: {e}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(plan_to_dict(plan), indent=2))
+        print(json.dumps(plan_to_dict(plan, valve), indent=2))
     else:
-        print(render_table(plan, note))
+        print(render_table(plan, note, valve))
     return 0
 
 
