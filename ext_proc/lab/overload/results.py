@@ -73,6 +73,7 @@ ROWS: tuple[tuple[str, str], ...] = (
     ("shed_by_reason", "429 by reason"),
     ("refused_503", "503 refused"),
     ("refused_503_by_valve", "503 by valve (body)"),
+    ("refused_503_in_stream", "503 inside a 200 stream"),
     ("valve_rejections", "vLLM admission rejections (delta)"),
     ("other", "other errors"),
     ("other_by_status", "other by status"),
@@ -118,6 +119,7 @@ SPREAD_COLS: tuple[tuple[str, str], ...] = (
     ("shed_by_reason", "429"),
     ("refused_503", "503"),
     ("refused_503_by_valve", "503"),
+    ("refused_503_in_stream", "503 in stream"),
     ("valve_rejections", "valve Δ"),
     ("other_by_status", "other"),
     ("downgraded", "downgraded"),
@@ -138,7 +140,15 @@ SPREAD_COLS: tuple[tuple[str, str], ...] = (
 
 # Summary keys whose rows (``table``) and columns (``totals``) are left out when no run has a
 # value there (None, 0, an empty dict): the valve's, and in ``totals`` ICE's downgrades.
-OPTIONAL = frozenset({"refused_503", "refused_503_by_valve", "valve_rejections", "downgraded"})
+OPTIONAL = frozenset(
+    {
+        "refused_503",
+        "refused_503_by_valve",
+        "refused_503_in_stream",
+        "valve_rejections",
+        "downgraded",
+    }
+)
 _OPTIONAL_ROWS = OPTIONAL - {"downgraded"}  # an existing row of the per-run table
 
 # The per-class table's columns (key of ``run.kind_breakdown``, heading).

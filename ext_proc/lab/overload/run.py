@@ -16,7 +16,10 @@
   answers by status; ``0``: no answer, a transport error).
 
 Refusals: a 429 is ICE's (``x-ice-reason``), a 503 is vLLM's admission valve (or ICE's
-answer for it, ``backend_overloaded``; ``-``: another 503, Envoy without an upstream);
+answer for it, ``backend_overloaded``; ``-``: another 503, Envoy without an upstream). vLLM
+refuses a *streamed* request with status 200 and an error event (``data: {"error": {...,
+"code": 503}}``) instead of tokens: that counts as the 503 it says (``answered``), and in
+``refused_503_in_stream``: ICE, which sees only the response headers, cannot rewrite it;
 "other" is everything else that was not ok. vLLM's own count of its valve's refusals
 (``RunResult.admission_rejections``) holds whatever the 503 became on its way back.
 ``RunResult.label`` is the arm's name (``arms.arm_name``: the mode, and the valve of the
@@ -108,6 +111,9 @@ class Shot:
     # x-ice-queued-ms: how long ICE's admission queue held it (None: not queued).
     queued_ms: float | None = None
     kind: str = ""  # Planned.kind: the workload's size class ("" in the burst)
+    # A 200 stream whose first event was an error (vLLM's valve refuses a streamed request so:
+    # status 200, then ``data: {"error": {..., "code": 503}}``): that error's code.
+    stream_code: int | None = None
 
     @property
     def end_s(self) -> float:
@@ -148,6 +154,12 @@ async def send(
                     if shot.ttft_s is None:
                         shot.ttft_s = time.monotonic() - start
                     chunk = json.loads(data)
+                    if isinstance(chunk.get("error"), dict):  # refused inside the stream
+                        err = chunk["error"]
+                        code = err.get("code")
+                        shot.stream_code = int(code) if isinstance(code, int) else 0
+                        shot.error = json.dumps(chunk)[:2000]
+                        break
                     usage = chunk.get("usage")
                     if usage:
                         shot.completion_tokens = int(usage.get("completion_tokens") or 0)
@@ -167,6 +179,12 @@ def _number(text: str | None) -> float | None:
 
 def is_ok(s: Shot) -> bool:
     return s.status == 200 and s.error is None
+
+
+def answered(s: Shot) -> int:
+    """The status a client reads as the answer: the HTTP status, or the code of the error a
+    200 stream carried instead of tokens (vLLM's valve answers a streamed request that way)."""
+    return s.stream_code if s.stream_code else s.status
 
 
 def drain_s(shots: Sequence[Shot]) -> float:
@@ -201,7 +219,7 @@ def by_valve(shots: Sequence[Shot]) -> dict[str, int]:
     ``backend_asleep``), else ``-`` (another 503: Envoy's own); most first, then by name."""
     counts: dict[str, int] = {}
     for s in shots:
-        if s.status == 503:
+        if answered(s) == 503:
             reason = valve_reason(s.error)
             if reason == "-" and s.reason:
                 reason = s.reason
@@ -210,7 +228,7 @@ def by_valve(shots: Sequence[Shot]) -> dict[str, int]:
 
 
 def _refused(s: Shot) -> bool:
-    return s.status in (429, 503)
+    return answered(s) in (429, 503)
 
 
 def by_status(shots: Sequence[Shot]) -> dict[str, int]:
@@ -260,7 +278,7 @@ def kind_breakdown(
             "requests": len(mine),
             "ok": len(ok),
             "shed_429": sum(1 for s in mine if s.status == 429),
-            "refused_503": sum(1 for s in mine if s.status == 503),
+            "refused_503": sum(1 for s in mine if answered(s) == 503),
             "ttft_p50_s": quantile(waits, 0.5),
             "ttft_p95_s": quantile(waits, 0.95),
             "e2e_p95_s": quantile([s.latency_s for s in ok], 0.95),
@@ -330,7 +348,8 @@ class RunResult:
             "ok": len(ok),
             "shed_429": len(shed),
             "shed_by_reason": by_reason(self.shots),
-            "refused_503": sum(1 for s in self.shots if s.status == 503),
+            "refused_503": sum(1 for s in self.shots if answered(s) == 503),
+            "refused_503_in_stream": sum(1 for s in self.shots if s.stream_code == 503),
             "refused_503_by_valve": by_valve(self.shots),
             "valve_rejections": self.valve_rejections(),
             "other": len(other),
