@@ -295,13 +295,19 @@ class PoolViews:
             if entries.total:
                 out[endpoint] = entries.total
         if self.shared is not None:
-            others = self.shared.others(snapshot.taken_at_s)
-            if others:
-                for endpoint in ("", *self.addresses(snapshot)):
-                    blocks = others.get(endpoint_key(snapshot.pool, endpoint), 0)
-                    if blocks:
-                        out[endpoint] = out.get(endpoint, 0) + blocks
+            self._add_others(out, snapshot, self.shared.others(snapshot.taken_at_s))
         return out
+
+    def _add_others(
+        self, out: dict[str, int], snapshot: PoolSnapshot, others: Mapping[int, int]
+    ) -> None:
+        """Add the other workers' blocks (by ledger key) to ``out`` (by endpoint)."""
+        if not others:
+            return
+        for endpoint in ("", *self.addresses(snapshot)):
+            blocks = others.get(endpoint_key(snapshot.pool, endpoint), 0)
+            if blocks:
+                out[endpoint] = out.get(endpoint, 0) + blocks
 
     def _live_of(self, snapshot: PoolSnapshot) -> dict[str, int]:
         """Blocks reserved by live requests to ``snapshot``'s pool, this worker's and the
@@ -310,12 +316,7 @@ class PoolViews:
             return {}
         out = {e: b for e, b in self.live.get(snapshot.pool, {}).items() if b}
         if self.shared is not None:
-            others = self.shared.others_live()
-            if others:
-                for endpoint in ("", *self.addresses(snapshot)):
-                    blocks = others.get(endpoint_key(snapshot.pool, endpoint), 0)
-                    if blocks:
-                        out[endpoint] = out.get(endpoint, 0) + blocks
+            self._add_others(out, snapshot, self.shared.others_live())
         return out
 
     def release(self, hold: Hold) -> None:
