@@ -11,6 +11,7 @@ import time
 
 from ext_proc.pipeline import HeaderFacts, Pipeline
 from ext_proc.policy.load import parse_policy
+from ext_proc.poolview import Hold
 from ext_proc.schemas import OPENAI_CHAT
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
 
@@ -28,6 +29,16 @@ UNTIL_SEEN = (
 )
 
 
+def judge(pipeline: Pipeline) -> tuple[str, Hold | None]:
+    """BODY judged and recorded on the default route: "decision:reason", and its hold."""
+    route = pipeline.router.resolve([])
+    facts = HeaderFacts(adapter=OPENAI_CHAT, priority="standard")
+    verdict = pipeline.on_body(route, facts, BODY.encode())
+    assert verdict is not None and verdict.decision is not None
+    hold = pipeline.record(route, verdict)
+    return f"{verdict.decision.decision}:{verdict.decision.reason}", hold
+
+
 def used(blocks: int) -> BackendSignals:
     """BACKEND with ``blocks`` of its 10 usable blocks in use (the gauge's view)."""
     return BackendSignals(
@@ -42,46 +53,28 @@ def used(blocks: int) -> BackendSignals:
 def test_under_kv_hold_seen_a_passed_request_holds_its_blocks_until_a_newer_view() -> None:
     views = {"now": PoolSnapshot("default", (BACKEND,), time.monotonic() - 1.0)}
     pipeline = Pipeline(parse_policy(UNTIL_SEEN), lambda _: views["now"])
-    route = pipeline.router.resolve([])
-    facts = HeaderFacts(adapter=OPENAI_CHAT, priority="standard")
-
-    def judge() -> str:
-        verdict = pipeline.on_body(route, facts, BODY.encode())
-        assert verdict is not None and verdict.decision is not None
-        pipeline.record(route, verdict)
-        return f"{verdict.decision.decision}:{verdict.decision.reason}"
-
-    assert judge() == "pass:ok"
+    assert judge(pipeline)[0] == "pass:ok"
     # 10 − 7 = 3 blocks left in this worker's view: 7 do not fit
-    assert judge() == "reject:kv_exhausted"
+    assert judge(pipeline)[0] == "reject:kv_exhausted"
     views["now"] = PoolSnapshot("default", (BACKEND,), time.monotonic())  # a newer view
-    assert judge() == "pass:ok"  # the view now speaks for the first request
+    assert judge(pipeline)[0] == "pass:ok"  # the view now speaks for the first request
 
 
 def test_a_passed_request_reserves_its_whole_need_until_its_stream_ends() -> None:
     views = {"now": PoolSnapshot("default", (BACKEND,), time.monotonic() - 1.0)}
     pipeline = Pipeline(parse_policy(SHED), lambda _: views["now"])
-    route = pipeline.router.resolve([])
-    facts = HeaderFacts(adapter=OPENAI_CHAT, priority="standard")
-
-    def judge() -> tuple[str, object]:
-        verdict = pipeline.on_body(route, facts, BODY.encode())
-        assert verdict is not None and verdict.decision is not None
-        hold = pipeline.record(route, verdict)
-        return f"{verdict.decision.decision}:{verdict.decision.reason}", hold
-
-    got, first = judge()
+    got, first = judge(pipeline)
     assert got == "pass:ok" and first is not None
     # newer views: the backend shows the request's prompt (4 blocks: 57 tokens), then none
     # (not yet scheduled); it will hold 7: room = min(10 − u − 0, 10 − 7) = 3 either way
     for in_use in (4, 0):
         views["now"] = PoolSnapshot("default", (used(in_use),), time.monotonic())
-        assert judge()[0] == "reject:kv_exhausted"
-    pipeline.views.release(first)  # type: ignore[arg-type]  # its stream ended
-    pipeline.views.release(first)  # type: ignore[arg-type]  # twice: still one release
+        assert judge(pipeline)[0] == "reject:kv_exhausted"
+    pipeline.views.release(first)  # its stream ended
+    pipeline.views.release(first)  # twice: still one release
     assert pipeline.views.live["default"][""] == 0
     views["now"] = PoolSnapshot("default", (BACKEND,), time.monotonic())
-    assert judge()[0] == "pass:ok"
+    assert judge(pipeline)[0] == "pass:ok"
 
 
 def test_the_room_is_the_lesser_of_the_views_free_blocks_and_what_is_not_reserved() -> None:
@@ -89,7 +82,7 @@ def test_the_room_is_the_lesser_of_the_views_free_blocks_and_what_is_not_reserve
     pipeline = Pipeline(parse_policy(SHED), lambda _: views["now"])
     route = pipeline.router.resolve([])
     facts = HeaderFacts(adapter=OPENAI_CHAT, priority="standard")
-    holds = []
+    holds: list[Hold] = []
     for max_tokens, blocks in ((30, 3), (60, 5)):  # 8 + 30 and 8 + 60 tokens, 16 per block
         body = json.dumps(
             {"messages": [{"role": "user", "content": "x"}], "max_tokens": max_tokens}
@@ -97,7 +90,9 @@ def test_the_room_is_the_lesser_of_the_views_free_blocks_and_what_is_not_reserve
         verdict = pipeline.on_body(route, facts, body.encode())
         assert verdict is not None and verdict.features is not None
         assert -(-(verdict.features.input_tokens + max_tokens) // 16) == blocks
-        holds.append(pipeline.record(route, verdict))
+        hold = pipeline.record(route, verdict)
+        assert hold is not None
+        holds.append(hold)
 
     def room(in_use: int) -> int:
         views["now"] = PoolSnapshot("default", (used(in_use),), time.monotonic())
@@ -108,7 +103,7 @@ def test_the_room_is_the_lesser_of_the_views_free_blocks_and_what_is_not_reserve
     # U = 10 usable, L = 3 + 5 = 8 reserved, A = 0 unseen: min(F, U − L) = min(10 − u, 2)
     assert room(2) == 2
     assert room(6) == 2
-    pipeline.views.release(holds[1])  # type: ignore[arg-type]
+    pipeline.views.release(holds[1])
     # L = 3: blocks ICE never passed show in F: min(10 − 6, 7) = 4; min(10 − 2, 7) = 7
     assert room(6) == 4
     assert room(2) == 7
@@ -136,19 +131,10 @@ def test_workers_sharing_a_ledger_count_each_others_passed_requests() -> None:
         try:
             a = Pipeline(policy, lambda _: views["now"], ledger=one)
             b = Pipeline(policy, lambda _: views["now"], ledger=two)
-            route = a.router.resolve([])
-            facts = HeaderFacts(adapter=OPENAI_CHAT, priority="standard")
-
-            def judge(p: Pipeline) -> str:
-                verdict = p.on_body(route, facts, BODY.encode())
-                assert verdict is not None and verdict.decision is not None
-                p.record(route, verdict)
-                return f"{verdict.decision.decision}:{verdict.decision.reason}"
-
-            assert judge(a) == "pass:ok"  # 7 of the 10 free blocks, in worker 0
-            assert judge(b) == "reject:kv_exhausted"  # worker 1 sees them: 3 left
+            assert judge(a)[0] == "pass:ok"  # 7 of the 10 free blocks, in worker 0
+            assert judge(b)[0] == "reject:kv_exhausted"  # worker 1 sees them: 3 left
             views["now"] = PoolSnapshot("default", (BACKEND,), time.monotonic())
-            assert judge(b) == "pass:ok"  # a newer view speaks for worker 0's request
+            assert judge(b)[0] == "pass:ok"  # a newer view speaks for worker 0's request
             # a reloaded pipeline keeps the worker's handle
             assert Pipeline(policy, lambda _: views["now"], carry=b).views.shared is two
         finally:
@@ -166,21 +152,13 @@ def test_workers_sharing_a_ledger_count_each_others_live_reservations() -> None:
         try:
             a = Pipeline(policy, lambda _: views["now"], ledger=one)
             b = Pipeline(policy, lambda _: views["now"], ledger=two)
-            route = a.router.resolve([])
-            facts = HeaderFacts(adapter=OPENAI_CHAT, priority="standard")
-
-            def judge(p: Pipeline) -> tuple[str, object]:
-                verdict = p.on_body(route, facts, BODY.encode())
-                assert verdict is not None and verdict.decision is not None
-                hold = p.record(route, verdict)
-                return f"{verdict.decision.decision}:{verdict.decision.reason}", hold
-
             got, hold = judge(a)
             assert got == "pass:ok"  # 7 of the 10 blocks reserved by worker 0
             views["now"] = PoolSnapshot("default", (BACKEND,), time.monotonic())
             # a newer idle view: worker 0's request is still in flight, so no room in worker 1
             assert judge(b)[0] == "reject:kv_exhausted"
-            a.views.release(hold)  # type: ignore[arg-type]
+            assert hold is not None
+            a.views.release(hold)
             assert judge(b)[0] == "pass:ok"
             # a restarted worker 1 forgets its predecessor's reservation (its streams died)
             two.close()
