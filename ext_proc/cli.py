@@ -22,6 +22,7 @@ def _lab_installed() -> bool:
 
 def _parser() -> argparse.ArgumentParser:
     from ext_proc.backlog import DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_MESSAGE_TIMEOUT_S
+    from ext_proc.signals.ledger_redis import DEFAULT_DEADLINE_S, DEFAULT_TTL_S
 
     ap = argparse.ArgumentParser(prog="ice", description="ICE, the Inference Constraint Evaluator")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -51,6 +52,25 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=int(DEFAULT_MESSAGE_TIMEOUT_S * 1000),
         help="Envoy's ext_proc message_timeout (the shipped configs: 1000)",
+    )
+
+    s.add_argument(
+        "--ledger",
+        default=None,
+        help="redis://HOST:PORT/DB: the in-flight ledger shared by several ICE replicas "
+        "(docs/high-availability.md); default: this host's own",
+    )
+    s.add_argument(
+        "--ledger-deadline-ms",
+        type=float,
+        default=DEFAULT_DEADLINE_S * 1000,
+        help="longest wait on the shared ledger per call; past it, the local ledger",
+    )
+    s.add_argument(
+        "--ledger-ttl-s",
+        type=float,
+        default=DEFAULT_TTL_S,
+        help="a replica that stops renewing its presence this long no longer counts",
     )
 
     e = sub.add_parser("evaluate", help="dry-run one request against a policy and a metrics page")
@@ -144,10 +164,12 @@ def main(argv: list[str] | None = None) -> int:
         return truncate_main(argv[1:])
     args = _parser().parse_args(argv)
     from ext_proc.policy.load import PolicyError
+    from ext_proc.signals.ledger_redis import LedgerURLError
 
     try:
         if args.command == "serve":
             from ext_proc.server import ServeOptions, serve
+            from ext_proc.signals.ledger_redis import check_ledger_url
 
             return serve(
                 ServeOptions(
@@ -160,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
                     heavy_containers=args.heavy_containers,
                     max_inflight_bytes=args.max_inflight_bytes,
                     message_timeout_s=args.message_timeout_ms / 1000,
+                    ledger_url=check_ledger_url(args.ledger) if args.ledger else None,
+                    ledger_deadline_s=args.ledger_deadline_ms / 1000,
+                    ledger_ttl_s=args.ledger_ttl_s,
                 )
             )
         if args.command == "evaluate":
@@ -197,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
     except PolicyError as e:
         print(f"ice: invalid policy: {e}", file=sys.stderr)
+        return 2
+    except LedgerURLError as e:
+        print(f"ice: {e}", file=sys.stderr)
         return 2
     except OSError as e:
         print(f"ice: {e}", file=sys.stderr)

@@ -93,6 +93,13 @@ SPOOF_PREFIXES = ("x-mem-pressure", "x-ice-", "x-downgraded")
 SnapshotLookup = Callable[[str], PoolSnapshot | None]
 
 
+def _upstream(verdict: BodyVerdict) -> bool:
+    """The verdict sends the request on (pass, downgrade, or truncated)."""
+    return verdict.features is not None and isinstance(
+        verdict.decision, Pass | Downgrade | Truncated
+    )
+
+
 def _is_json(content_type: str) -> bool:
     if not content_type:
         return True  # many clients omit it; JSON backends parse the body regardless
@@ -142,6 +149,8 @@ class Pipeline:
         else:  # live reservations carry over: their holds release into the same totals
             live = carry.views.live if carry is not None else None
             self.views = PoolViews(endpoints, ledger, until_seen, live)
+            if carry is not None:  # the replicas' shared ledger (--ledger) too
+                self.views.remote = carry.views.remote
         self.placer = Placer(self.views)
         self._pick = {n: p.endpoint_pick for n, p in policy.pools.items()}
         if carry is not None:
@@ -376,32 +385,41 @@ class Pipeline:
         """Count a body verdict in ICE's metrics (kept apart from ``on_body``, which may run
         in the offload process); a request that goes upstream holds its KV blocks in the
         ledger: its reservation, for ``views.release`` when its stream ends."""
+        self.count(route, verdict)
+        return self.hold_of(route, verdict)
+
+    def count(self, route: Route, verdict: BodyVerdict) -> None:
+        """``record``'s counting: the verdict's metrics, and the endpoint ICE picked."""
         if verdict.shadow is not None:
             telemetry.count_decision(route.name, *verdict.shadow, mode="shadow")
         elif verdict.bad is not None:
             telemetry.BAD_REQUESTS.labels(route=route.name, reason=verdict.bad).inc()
         elif verdict.decision is not None:
             telemetry.count_decision(route.name, verdict.decision.decision, verdict.decision.reason)
-        d, f = verdict.decision, verdict.features
+        f = verdict.features
         if f is not None:
             telemetry.count_input_tokens(f.input_tokens_source)
             if f.count_mode:
                 telemetry.TOKEN_COUNTS.labels(mode=f.count_mode).inc()
             telemetry.count_shape(route.name, f.sequences, f.media_parts)
-        if f is not None and isinstance(d, Pass | Downgrade | Truncated):  # goes upstream:
-            # its blocks count against the pool's free blocks (poolview)
-            then = d.then if isinstance(d, Truncated) else d
-            output = then.max_tokens if isinstance(then, Downgrade) else f.max_tokens
-            output = (output or route.profile.min_output_tokens) if f.generates else 0
-            shape = Shape.of(f, route.profile)
-            placed = verdict.placement
-            endpoint = placed.endpoint if placed is not None and placed.endpoint else ""
-            hold = self.views.hold(route.profile, self.lookup(route.pool), shape, output, endpoint)
-            if placed is not None and placed.picked:
-                self.placer.sent(route.pool, placed)
-                telemetry.count_pick(route.pool, endpoint)
-            return hold
-        return None
+        placed = verdict.placement
+        if _upstream(verdict) and placed is not None and placed.picked:
+            self.placer.sent(route.pool, placed)
+            telemetry.count_pick(route.pool, placed.endpoint or "")
+
+    def hold_of(self, route: Route, verdict: BodyVerdict) -> Hold | None:
+        """``record``'s holding: a request that goes upstream holds its blocks (all its
+        sequences) at its endpoint ("" when Envoy places it) in the in-flight ledger."""
+        d, f = verdict.decision, verdict.features
+        if f is None or not _upstream(verdict):
+            return None
+        then = d.then if isinstance(d, Truncated) else d
+        output = then.max_tokens if isinstance(then, Downgrade) else f.max_tokens
+        output = (output or route.profile.min_output_tokens) if f.generates else 0
+        shape = Shape.of(f, route.profile)
+        placed = verdict.placement
+        endpoint = placed.endpoint if placed is not None and placed.endpoint else ""
+        return self.views.hold(route.profile, self.lookup(route.pool), shape, output, endpoint)
 
     def on_body(self, route: Route, facts: HeaderFacts, body: bytes) -> BodyVerdict | None:
         """The body's verdict (None: not an inference body); a profile with

@@ -31,6 +31,10 @@ worker's ledger of requests in flight.
   against every endpoint in A, and spread evenly, ceil(L_"" / endpoints), in L (a request
   stays on one endpoint for its whole life; ``endpoint_pick: ice`` makes it exact).
   ``kv_hold: seen`` keeps only the first part (the ledger until a newer view).
+- Several replicas (``--ledger redis://``, ``ext_proc.signals.ledger_redis``): while the
+  shared ledger answers, the other replicas' A and L come from its mirror instead of the
+  host's shared memory (which still gets every entry, for when Redis stops answering), and
+  ``unhold`` takes back a request whose reservation the shared ledger refused.
 
 KV blocks of a sequence: ceil((input + output) / block_size) on a full-attention model, or
 the ``ext_proc.kv`` geometry's ``request_blocks`` (sliding-window and hybrid layer groups)
@@ -50,6 +54,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from ext_proc.kv.geometry import KVGeometry, build_geometry
 from ext_proc.picking import endpoint_of
@@ -59,6 +64,9 @@ from ext_proc.policy.pressure import Pressure, pressure_of
 from ext_proc.policy.scores import DrainInputs, drain_inputs, pool_cache_efficiency
 from ext_proc.signals.ledger_shm import LedgerHandle, endpoint_key
 from ext_proc.signals.snapshot import PoolSnapshot
+
+if TYPE_CHECKING:
+    from ext_proc.signals.ledger_redis import RedisLedger
 
 __all__ = ["Endpoint", "Hold", "PoolViews"]
 
@@ -95,6 +103,14 @@ class _Entries:
         if len(self.entries) > MAX_INFLIGHT:  # the newest stay
             self.total -= self.entries.popleft()[1]
 
+    def remove(self, at_s: float, blocks: int) -> None:
+        """Take back the entry (``at_s``, ``blocks``) if it is still here (newest first)."""
+        for i in range(len(self.entries) - 1, -1, -1):
+            if self.entries[i] == (at_s, blocks):
+                del self.entries[i]
+                self.total -= blocks
+                return
+
     def expire(self, before_s: float) -> None:
         """Drop the entries a view taken at ``before_s`` already shows."""
         entries = self.entries
@@ -104,13 +120,22 @@ class _Entries:
 
 @dataclass(slots=True, eq=False)
 class Hold:
-    """A passed request's reservation: ``blocks`` at ``endpoint`` ("": anywhere) of ``pool``,
-    live until ``PoolViews.release`` (its stream ended)."""
+    """A passed request's blocks: ``blocks`` at ``endpoint`` ("": anywhere) of ``pool``,
+    its ledger entry passed at ``at_s``; ``live``: also reserved until ``PoolViews.release``
+    (its stream ended; False under ``kv_hold: seen``)."""
 
     pool: str
     endpoint: str
     blocks: int
+    at_s: float = 0.0
+    live: bool = True
     released: bool = False
+
+
+def _add(out: dict[str, int], more: Mapping[str, int]) -> None:
+    for endpoint, blocks in more.items():
+        if blocks:
+            out[endpoint] = out.get(endpoint, 0) + blocks
 
 
 def _less(fit: KvFit, held: int) -> KvFit:
@@ -132,6 +157,7 @@ class PoolViews:
     ) -> None:
         self._overrides = dict(endpoint_overrides or {})
         self.shared = shared  # the host's ledger: the other workers' entries
+        self.remote: RedisLedger | None = None  # the replicas' ledger (--ledger), when set
         self.until_seen = until_seen  # pools with kv_hold: seen (no live reservations)
         # pool → endpoint ("" anywhere) → KV blocks reserved by this worker's live requests
         # (shared with the views of a reloaded policy, whose holds release into it)
@@ -294,7 +320,10 @@ class PoolViews:
             entries.expire(snapshot.taken_at_s)  # the view shows these
             if entries.total:
                 out[endpoint] = entries.total
-        if self.shared is not None:
+        remote = self.remote
+        if remote is not None and remote.active:
+            _add(out, remote.unseen(snapshot.pool))
+        elif self.shared is not None:
             self._add_others(out, snapshot, self.shared.others(snapshot.taken_at_s))
         return out
 
@@ -315,7 +344,10 @@ class PoolViews:
         if snapshot.pool in self.until_seen:
             return {}
         out = {e: b for e, b in self.live.get(snapshot.pool, {}).items() if b}
-        if self.shared is not None:
+        remote = self.remote
+        if remote is not None and remote.active:
+            _add(out, remote.live(snapshot.pool))
+        elif self.shared is not None:
             self._add_others(out, snapshot, self.shared.others_live())
         return out
 
@@ -325,11 +357,35 @@ class PoolViews:
         if hold.released:
             return
         hold.released = True
+        if not hold.live:
+            return
         pool = self.live.setdefault(hold.pool, {})
         total = pool[hold.endpoint] = max(0, pool.get(hold.endpoint, 0) - hold.blocks)
         if self.shared is not None:
             key = endpoint_key(hold.pool, hold.endpoint)
             self.shared.publish_live(key, total, time.monotonic())
+        if self.remote is not None:
+            self.remote.released(hold.pool, hold.endpoint, total)
+
+    def unhold(self, hold: Hold) -> None:
+        """Take back a request that did not go on after all (the shared ledger refused its
+        reservation): its ledger entry and its live reservation. The host's shared memory
+        gets the entry's negative (its rings only append)."""
+        entries = self._inflight.get(hold.pool, {}).get(hold.endpoint)
+        if entries is not None:
+            entries.remove(hold.at_s, hold.blocks)
+        if self.shared is not None:
+            key = endpoint_key(hold.pool, hold.endpoint)
+            self.shared.publish(key, time.monotonic(), -hold.blocks)
+        remote, self.remote = self.remote, None  # the caller's next reservation says it
+        try:
+            self.release(hold)
+        finally:
+            self.remote = remote
+
+    def live_total(self, pool: str, endpoint: str) -> int:
+        """This worker's live reserved blocks at ``endpoint`` ("" anywhere) of ``pool``."""
+        return self.live.get(pool, {}).get(endpoint, 0)
 
     def held(self, snapshot: PoolSnapshot) -> int:
         """All KV blocks of the requests passed to ``snapshot``'s pool since it was taken."""
@@ -356,7 +412,7 @@ class PoolViews:
     ) -> Hold | None:
         """Remember the blocks of a request (all its sequences) sent upstream to
         ``snapshot``'s pool: to ``endpoint``, or "" when Envoy's load balancer placed it.
-        Its reservation (None: nothing to reserve, or ``kv_hold: seen``) lasts until
+        Its reservation (None: no blocks; not ``live`` under ``kv_hold: seen``) lasts until
         ``release``."""
         views = self.endpoints(profile, snapshot)
         if not views or snapshot is None:
@@ -371,13 +427,15 @@ class PoolViews:
         key = endpoint_key(name, endpoint) if self.shared is not None else 0
         if self.shared is not None:
             self.shared.publish(key, at, blocks)
-        if name in self.until_seen or blocks <= 0:
+        if blocks <= 0:
             return None
+        if name in self.until_seen:
+            return Hold(name, endpoint, blocks, at, live=False)
         live = self.live.setdefault(name, {})
         total = live[endpoint] = live.get(endpoint, 0) + blocks
         if self.shared is not None:
             self.shared.publish_live(key, total, at)
-        return Hold(name, endpoint, blocks)
+        return Hold(name, endpoint, blocks, at)
 
     def _blocks_fn(self, profile: Profile, block_size: int) -> Callable[[int, int, int], int]:
         """Blocks a request of (input, output) tokens needs with ``cached`` prompt tokens

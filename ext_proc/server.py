@@ -51,7 +51,9 @@ from ext_proc.policy.pressure import pressure_of
 from ext_proc.policy.scores import pool_cache_efficiency, tokenize_latency_risk
 from ext_proc.reload import Candidate, FileWatch, candidate, policy_sha256
 from ext_proc.servicer import ExtProcServicer
+from ext_proc.sharing import view_age_ms
 from ext_proc.signals.collector import Collector
+from ext_proc.signals.ledger_redis import DEFAULT_DEADLINE_S, DEFAULT_TTL_S, RedisLedger
 from ext_proc.signals.ledger_shm import LedgerHandle, LedgerSegment
 from ext_proc.signals.shm import SnapshotReader, SnapshotWriter
 from ext_proc.signals.snapshot import PoolSnapshot
@@ -74,6 +76,9 @@ class ServeOptions:
     embedding_socket: str | None = None  # set by serve() when a profile truncates
     max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES
     message_timeout_s: float = DEFAULT_MESSAGE_TIMEOUT_S
+    ledger_url: str | None = None  # redis://HOST:PORT/DB: the replicas' shared ledger
+    ledger_deadline_s: float = DEFAULT_DEADLINE_S
+    ledger_ttl_s: float = DEFAULT_TTL_S
 
 
 def worker_addresses(address: str, workers: int) -> list[str]:
@@ -149,6 +154,7 @@ async def _run_worker(
     # with several workers, each sees the others' in-flight KV blocks (ext_proc.poolview)
     handle = LedgerHandle(ledger_name, worker) if ledger_name is not None else None
     pipeline = Pipeline(policy, lookup, max_body_bytes=opts.max_body_bytes, ledger=handle)
+    remote = _shared_ledger(opts, pipeline, in_force, lookup)
     if opts.embedding_socket:
         from ext_proc.truncate.client import EmbeddingClient
 
@@ -173,6 +179,8 @@ async def _run_worker(
     server.add_insecure_port(address)
     if collector is not None:
         await collector.start()
+    if remote is not None:
+        await remote.start()
     await server.start()
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
     await health.set(
@@ -201,10 +209,39 @@ async def _run_worker(
         reader.close()
     if handle is not None:
         handle.close()
+    if remote is not None:
+        await remote.close()
     if pipeline.similarity is not None:
         await pipeline.similarity.close()
     if servicer.offload is not None:
         servicer.offload.close()
+
+
+def _shared_ledger(
+    opts: ServeOptions,
+    pipeline: Pipeline,
+    in_force: InForce,
+    lookup: Callable[[str], PoolSnapshot | None],
+) -> RedisLedger | None:
+    """The replicas' shared ledger (``--ledger``), set on the pipeline's views; None without."""
+    if not opts.ledger_url:
+        return None
+    live = pipeline.views.live  # carried across policy reloads (the same dict)
+
+    def age(pool: str) -> int | None:
+        snapshot = lookup(pool)
+        return None if snapshot is None else view_age_ms(snapshot)
+
+    remote = RedisLedger(
+        opts.ledger_url,
+        deadline_s=opts.ledger_deadline_s,
+        ttl_s=opts.ledger_ttl_s,
+        own_totals=lambda: live,
+        view_age_ms=age,
+        pools=lambda: in_force.policy.pools,
+    )
+    pipeline.views.remote = remote
+    return remote
 
 
 def _worker_main(

@@ -31,6 +31,7 @@ from ext_proc.pipeline import BodyVerdict, HeaderFacts, Pipeline, Route
 from ext_proc.plan import Continue, Outcome, reject_outcome
 from ext_proc.queueing import AdmissionQueue, Waiter, queueable
 from ext_proc.schemas import OPENAI_CHAT_FALLBACK
+from ext_proc.sharing import admit_shared, share_hold
 
 __all__ = ["ExtProcServicer"]
 
@@ -113,8 +114,15 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                                 yield _extend_timeout(got.spec.max_queue_wait_ms)
                                 verdict = await self.queue.wait(got)
                                 queued = True
+                                share_hold(self.pipeline, route, facts.hold)
                             else:
                                 verdict = got
+                        if not queued and self._shares(verdict):
+                            assert verdict is not None
+                            body = request.request_body.body
+                            verdict = await admit_shared(self.pipeline, route, facts, verdict, body)
+                            self.queue.count_started(route, facts, verdict)
+                            queued = True  # counted and held
                         response = self._body_response(route, facts, verdict, queued)
                         if facts.ticket is not None and verdict is not _GONE:
                             self.backlog.answered(facts.ticket)
@@ -145,6 +153,11 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             if facts.inflight is not None:
                 self.queue.ended(*facts.inflight)
 
+    def _shares(self, verdict: BodyVerdict | None) -> bool:
+        """The verdict is reserved in the replicas' shared ledger (``ext_proc.sharing``)."""
+        remote = self.pipeline.views.remote
+        return remote is not None and remote.active and verdict is not None and verdict is not _GONE
+
     def _release(self, facts: HeaderFacts) -> None:
         ticket = facts.ticket
         if ticket is None or ticket.released:
@@ -174,6 +187,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             if isinstance(admitted, str):  # busy: the coarse verdict, without the body
                 verdict = self.pipeline.on_size(route, facts, promised)
                 facts.hold = self.pipeline.record(route, verdict)
+                share_hold(self.pipeline, route, facts.hold)
                 telemetry.COARSE_VERDICTS.labels(route=route.name, why=admitted).inc()
                 outcome = _with_profile(verdict.outcome, route)
                 self._watch(route, facts, verdict)

@@ -176,6 +176,26 @@ MEDIA_PARTS = Counter(
 )
 
 
+LEDGER_BACKEND = Gauge(
+    "ice_ledger_backend",
+    "Which in-flight ledger the worker judges with: 1 for the one in use (redis: the "
+    "replicas' shared ledger, --ledger; local: its own and the host's shared memory).",
+    ["backend"],
+)
+LEDGER_ERRORS = Counter(
+    "ice_ledger_errors",
+    "Calls to the shared ledger (Redis) that failed or ran past their deadline, by operation "
+    "(reserve, sync, release, heartbeat).",
+    ["op"],
+)
+LEDGER_CONFLICTS = Counter(
+    "ice_ledger_conflicts",
+    "Reservations the shared ledger refused because other replicas took the room since the "
+    "request was judged (the request was judged again).",
+    ["pool"],
+)
+
+
 PICKS = Counter(
     "ice_endpoint_picks",
     "Requests ICE sent to an endpoint it picked (endpoint_pick: ice), by pool and endpoint.",
