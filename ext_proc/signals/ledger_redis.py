@@ -31,9 +31,12 @@ Invariants:
   than the request's slack (its room after it, ``room − need``); else it adds the entry and
   the new live total. Room is min(F − A, U − L) per endpoint (poolview), so growth of at most
   the slack in both A and L keeps ``need ≤ room``. The caller re-judges on a conflict.
-- Never more than ``deadline_s`` on Redis per call (default 5 ms). Any error or timeout turns
-  the ledger ``local`` at once (the mirror empties: the replica judges with its own ledger
-  and the host's shared memory), logged once, counted; the heartbeat brings it back.
+- Never more than ``deadline_s`` on Redis per call (default 5 ms): past it the request goes
+  on with its local hold (the call may still land: then Redis has it too). An error (Redis
+  unreachable, refused, failing), ``SLOW_CALLS_DOWN`` slow calls in a row, or a failed
+  heartbeat turn the ledger ``local`` at once (the mirror empties: the replica judges with
+  its own ledger and the host's shared memory), logged once, counted; the heartbeat brings
+  it back (scripts loaded and ``WARM_CONNECTIONS`` connections open first).
 
 Cost: one round trip per passed request (``RESERVE``'s answer also refreshes the mirror), a
 second one only when a verdict was limited by memory and the mirror held others' blocks
@@ -69,6 +72,8 @@ log = logging.getLogger(__name__)
 DEFAULT_DEADLINE_S = 0.005
 DEFAULT_TTL_S = 3.0
 HEARTBEAT_S = 1.0
+SLOW_CALLS_DOWN = 3  # calls in a row past the deadline that turn the ledger local
+WARM_CONNECTIONS = 16  # open before judging with Redis: concurrent calls of a burst
 KEEP_MS = 120_000  # seen entries older than this are dropped (no view is that old)
 
 # Shared by every script: the other replicas' figures for one pool (A since the view, L).
@@ -265,6 +270,7 @@ class RedisLedger:
         self._task: asyncio.Task[None] | None = None
         self._pending: set[asyncio.Task[Any]] = set()
         self._said_down = False
+        self._slow = 0  # calls in a row past the deadline
         self._set_backend(False)
 
     # --- the mirror, read on every request by poolview ------------------------------------
@@ -360,7 +366,9 @@ class RedisLedger:
     async def _call(self, op: str, call: Awaitable[Any]) -> Any:
         """``call`` within the deadline; None on a fault (then the ledger is local)."""
         try:
-            return await asyncio.wait_for(call, self.deadline_s)
+            got = await asyncio.wait_for(call, self.deadline_s)
+            self._slow = 0
+            return got
         except asyncio.CancelledError:
             raise
         except Exception as e:
@@ -369,6 +377,10 @@ class RedisLedger:
 
     def _down(self, op: str, error: BaseException) -> None:
         telemetry.LEDGER_ERRORS.labels(op=op).inc()
+        if isinstance(error, TimeoutError) and op != "heartbeat":
+            self._slow += 1  # a slow call is a blip; several in a row, a Redis in trouble
+            if self._slow < SLOW_CALLS_DOWN:
+                return
         if self.active:
             self.active = False
             self.mirror.clear()
@@ -402,6 +414,8 @@ class RedisLedger:
             self._down("heartbeat", e)
             return False
         if not self.active:
+            if not await self._warm():
+                return False
             self.active = True
             self._set_backend(True)
             if self._said_down:
@@ -412,6 +426,22 @@ class RedisLedger:
             if age is not None:
                 await self.sync(p, age)
         return self.active
+
+    async def _warm(self) -> bool:
+        """Before judging with Redis: load the scripts (a restarted Redis has none: the first
+        call would take two round trips) and open ``WARM_CONNECTIONS`` connections (a burst's
+        concurrent calls would otherwise each connect first, past the deadline)."""
+        try:
+            for script in (self._reserve, self._state):
+                script.sha = await asyncio.wait_for(self.client.script_load(script.script), 0.5)
+            pings = [self.client.ping() for _ in range(WARM_CONNECTIONS)]
+            await asyncio.wait_for(asyncio.gather(*pings), 1.0)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            self._down("heartbeat", e)
+            return False
+        return True
 
     async def _loop(self) -> None:
         while True:
