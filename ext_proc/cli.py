@@ -72,6 +72,16 @@ def _parser() -> argparse.ArgumentParser:
         default=DEFAULT_TTL_S,
         help="a replica that stops renewing its presence this long no longer counts",
     )
+    s.add_argument(
+        "--leader-elect",
+        action="store_true",
+        help="active-passive in Kubernetes: gRPC health SERVING only while this pod holds the "
+        "Lease (ext_proc/ha/lease.py; needs the k8s extra and --workers 1)",
+    )
+    s.add_argument("--lease-name", default="ice-leader", help="the Lease (--leader-elect)")
+    s.add_argument(
+        "--lease-namespace", help="the Lease's namespace (default: env POD_NAMESPACE, the pod's)"
+    )
 
     e = sub.add_parser("evaluate", help="dry-run one request against a policy and a metrics page")
     e.add_argument("request", help="request body JSON file ('-' for stdin)")
@@ -171,6 +181,17 @@ def main(argv: list[str] | None = None) -> int:
             from ext_proc.server import ServeOptions, serve
             from ext_proc.signals.ledger_redis import check_ledger_url
 
+            if args.leader_elect:
+                from ext_proc.ha import lease
+
+                if args.workers > 1:
+                    print("ice: --leader-elect needs --workers 1 (one vote a pod)", file=sys.stderr)
+                    return 2
+                try:
+                    lease.load_kubernetes()
+                except lease.LeaseError as e:
+                    print(f"ice: {e}", file=sys.stderr)
+                    return 2
             return serve(
                 ServeOptions(
                     address=args.address,
@@ -185,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
                     ledger_url=check_ledger_url(args.ledger) if args.ledger else None,
                     ledger_deadline_s=args.ledger_deadline_ms / 1000,
                     ledger_ttl_s=args.ledger_ttl_s,
+                    leader_elect=args.leader_elect,
+                    lease_name=args.lease_name,
+                    lease_namespace=args.lease_namespace,
                 )
             )
         if args.command == "evaluate":

@@ -79,6 +79,10 @@ class ServeOptions:
     ledger_url: str | None = None  # redis://HOST:PORT/DB: the replicas' shared ledger
     ledger_deadline_s: float = DEFAULT_DEADLINE_S
     ledger_ttl_s: float = DEFAULT_TTL_S
+    # --leader-elect (one worker): health SERVING only while holding the Lease (ext_proc.ha)
+    leader_elect: bool = False
+    lease_name: str = "ice-leader"
+    lease_namespace: str | None = None  # None: env POD_NAMESPACE, the pod's
 
 
 def worker_addresses(address: str, workers: int) -> list[str]:
@@ -186,6 +190,13 @@ async def _run_worker(
     await health.set(
         "envoy.service.ext_proc.v3.ExternalProcessor", health_pb2.HealthCheckResponse.SERVING
     )
+    elector = None
+    if opts.leader_elect:  # NOT_SERVING at once (no I/O in between), SERVING while leading
+        from ext_proc.ha.lease import elect_serving
+
+        elector = await elect_serving(
+            health, lease_name=opts.lease_name, lease_namespace=opts.lease_namespace
+        )
     print(f"ice worker {os.getpid()} serving ext_proc on {address}", flush=True)
 
     stop, hangup = asyncio.Event(), asyncio.Event()
@@ -201,6 +212,8 @@ async def _run_worker(
     reloading.cancel()
     log.info("shutting down: draining in-flight streams (grace %.1f s)", opts.shutdown_grace_s)
     await health.enter_graceful_shutdown()
+    if elector is not None:  # release the Lease: the standby takes over while this one drains
+        await elector.aclose()
     servicer.queue.close()  # queued requests get their 429 now, not a pass when cut
     await server.stop(grace=opts.shutdown_grace_s)
     if collector is not None:

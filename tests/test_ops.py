@@ -10,10 +10,10 @@ rules on a real Prometheus.
 
 ``prometheus_tools`` (also used by the e2e test) finds ``prometheus`` and ``promtool``: on
 PATH, else unpacked from Debian's ``prometheus`` package into ``.scratch/prometheus``
-(``apt-get download`` and ``dpkg-deb -x``; no PyPI or npm package ships them). Not
-``apt-get install``: its maintainer script starts a Prometheus daemon on :9090 (and it
-recommends the node exporter, another daemon), which a test run must not leave behind.
-Where neither works the tests fail, saying what was tried.
+(``apt-get download`` and ``dpkg-deb -x``: ``ext_proc.lab.debian``; no PyPI or npm package
+ships them). Not ``apt-get install``: its maintainer script starts a Prometheus daemon on
+:9090 (and it recommends the node exporter, another daemon), which a test run must not leave
+behind. Where neither works the tests fail, saying what was tried.
 """
 
 from __future__ import annotations
@@ -21,12 +21,10 @@ from __future__ import annotations
 import fcntl
 import importlib.util
 import json
-import os
 import re
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +33,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from ext_proc.lab.debian import DebianUnpackError, unpack_debian_packages
 
 ROOT = Path(__file__).resolve().parents[1]
 OPS = ROOT / "ops"
@@ -88,27 +88,10 @@ def _version(promtool: Path) -> str:
 
 def _unpack_debian_package(into: Path) -> None:
     """Debian's prometheus package, unpacked (not installed) at ``into``."""
-    if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
-        raise ToolsMissing("no apt-get/dpkg-deb to fetch Debian's prometheus package with")
-    with tempfile.TemporaryDirectory(dir=into.parent) as tmp:
-        download = ["apt-get", "download", DEB_PACKAGE]
-        got = subprocess.run(
-            download, cwd=tmp, capture_output=True, text=True, timeout=600, check=False
-        )
-        if got.returncode != 0 and os.geteuid() == 0:  # apt's package lists may be missing
-            subprocess.run(["apt-get", "update"], capture_output=True, timeout=600, check=False)
-            got = subprocess.run(
-                download, cwd=tmp, capture_output=True, text=True, timeout=600, check=False
-            )
-        debs = sorted(Path(tmp).glob(f"{DEB_PACKAGE}_*.deb"))
-        if got.returncode != 0 or not debs:
-            raise ToolsMissing(f"`apt-get download {DEB_PACKAGE}` failed: {got.stderr[-600:]}")
-        staged = Path(tmp) / "root"
-        subprocess.run(["dpkg-deb", "-x", str(debs[0]), str(staged)], check=True, timeout=300)
-        (staged / "deb").write_text(debs[0].name + "\n")
-        if into.exists():
-            shutil.rmtree(into)
-        staged.rename(into)
+    try:
+        unpack_debian_packages([DEB_PACKAGE], into)
+    except DebianUnpackError as e:
+        raise ToolsMissing(str(e)) from e
 
 
 def prometheus_tools() -> PromTools:

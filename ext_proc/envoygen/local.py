@@ -16,6 +16,9 @@ policy: vLLM's valve answers 503 "retry on a different instance"; the body is bu
 already for ext_proc); with one endpoint the retry would meet the same full backend, so the
 503 goes to the client (as ICE's answer: ``ext_proc.backend_overload``).
 
+Active-passive (``local_bootstrap(spec, ice=[...], ice_standby=True)``): ICE's cluster in
+priority levels, one address each (``pieces.ice_cluster``); the checked-in file has one ICE.
+
 The benchmark's config has the same HCM filters and ``ice`` cluster (the benchmark measures
 the production configuration), its routes go to ``fast_upstream`` (a static, very fast
 inference server in Envoy itself), plus the ICE-off baseline ``chat_direct``; no retries.
@@ -24,6 +27,7 @@ inference server in Envoy itself), plus the ICE-off baseline ``chat_direct``; no
 from __future__ import annotations
 
 import datetime
+from collections.abc import Sequence
 from typing import Any
 
 from envoy_data_plane.envoy.config.bootstrap.v3 import Admin, Bootstrap, BootstrapStaticResources
@@ -219,8 +223,15 @@ def _ingress(
     )
 
 
-def local_bootstrap(spec: MeshSpec) -> dict[str, Any]:
-    """``envoy/envoy.yaml``."""
+def local_bootstrap(
+    spec: MeshSpec,
+    *,
+    ice: Sequence[str] = ("127.0.0.1:50051",),
+    ice_standby: bool = False,
+) -> dict[str, Any]:
+    """``envoy/envoy.yaml``; ``ice``: ICE's addresses (``host:port``); ``ice_standby``: in
+    priority levels, the first judging and the others standing by (``pieces.ice_cluster``).
+    The defaults give the checked-in file."""
     routes = inference_routes(spec, "backend", retry_503=True)
     listener = _ingress(10000, "llm", routes, retry=True, local_reply=True, log=True)
     bootstrap = Bootstrap(
@@ -229,7 +240,7 @@ def local_bootstrap(spec: MeshSpec) -> dict[str, Any]:
         static_resources=BootstrapStaticResources(
             listeners=[listener],
             clusters=[
-                pieces.ice_cluster("ice", ["127.0.0.1:50051"]),
+                pieces.ice_cluster("ice", ice, standby=ice_standby),
                 pieces.backend_cluster("backend", ["127.0.0.1:8000"]),
             ],
         ),

@@ -15,7 +15,9 @@ and clusters from here, so that the ways ICE runs in each proxy cannot drift apa
 - ``verdict_response_headers``: the client-side verdict headers, from dynamic metadata.
 - ``too_large_reply``: Envoy's own 413 in the API's error format.
 - ``ice_cluster`` / ``backend_cluster``: ICE's gRPC cluster (HTTP/2, health-checked) and the
-  backend with the endpoint-picker's override_host policy.
+  backend with the endpoint-picker's override_host policy. ``ice_cluster(standby=True)``:
+  active-passive, one priority level per ICE address (the first judges, the others stand by)
+  with faster health checks (``STANDBY_*``) and no panic mode.
 
 Invariants: pure (no I/O); every value is a typed message, rendered only by ``render.as_dict``;
 names and numbers that other code reads (filter names, header names) are module constants.
@@ -37,6 +39,7 @@ from envoy_data_plane.envoy.config.accesslog.v3 import (
 )
 from envoy_data_plane.envoy.config.cluster.v3 import (
     Cluster,
+    ClusterCommonLbConfig,
     ClusterDiscoveryType,
     LoadBalancingPolicy,
     LoadBalancingPolicyPolicy,
@@ -109,6 +112,7 @@ from envoy_data_plane.envoy.extensions.upstreams.http.v3 import (
 from envoy_data_plane.envoy.type.matcher.v3 import RegexMatcher, StringMatcher
 from envoy_data_plane.envoy.type.metadata.v3 import MetadataKey
 from envoy_data_plane.envoy.type.metadata.v3 import MetadataKeyPathSegment as Seg
+from envoy_data_plane.envoy.type.v3 import Percent
 from envoy_data_plane.google.protobuf import Any, Struct
 
 __all__ = [
@@ -120,6 +124,10 @@ __all__ = [
     "MAX_BODY_BYTES",
     "RESPONSE_ATTRIBUTES",
     "ROUTER",
+    "STANDBY_HEALTHY_THRESHOLD",
+    "STANDBY_HEALTH_INTERVAL",
+    "STANDBY_HEALTH_TIMEOUT",
+    "STANDBY_UNHEALTHY_THRESHOLD",
     "access_log",
     "backend_cluster",
     "buffer_filter",
@@ -437,12 +445,69 @@ def _assignment(name: str, addresses: Iterable[str]) -> ClusterLoadAssignment:
     )
 
 
-def ice_cluster(name: str, addresses: Sequence[str], *, dns: bool = False) -> Cluster:
+def _priorities(name: str, addresses: Iterable[str]) -> ClusterLoadAssignment:
+    """One priority level per address, in order: 0 (the active) first."""
+    return ClusterLoadAssignment(
+        cluster_name=name,
+        endpoints=[
+            LocalityLbEndpoints(lb_endpoints=[endpoint(a)], priority=i)
+            for i, a in enumerate(addresses)
+        ],
+    )
+
+
+# Active-passive (``ice_cluster(standby=True)``). A crashed ICE refuses the next check's
+# connection, so it is out after at most one interval (0.5 s); a hung one or a lost node after
+# interval + timeout (1.5 s). One failed check is enough: every Envoy must leave a failing
+# active at once, since streams sent to it in the meantime pass unjudged (fail-open). The
+# timeout stays at 1 s, not lower: ICE answers health on the event loop that judges, which a
+# heavy body can hold for a few hundred ms, and each spurious miss moves the traffic (and the
+# in-flight accounting) to the standby. Two passing checks (1 s) bring a restarted active back.
+STANDBY_HEALTH_INTERVAL = datetime.timedelta(seconds=0.5)
+STANDBY_HEALTH_TIMEOUT = datetime.timedelta(seconds=1)
+STANDBY_UNHEALTHY_THRESHOLD = 1
+STANDBY_HEALTHY_THRESHOLD = 2
+
+
+def _health_check(*, standby: bool) -> HealthCheck:
+    if not standby:
+        return HealthCheck(
+            timeout=datetime.timedelta(seconds=1),
+            interval=datetime.timedelta(seconds=2),
+            unhealthy_threshold=2,
+            healthy_threshold=1,
+            grpc_health_check=HealthCheckGrpcHealthCheck(),
+        )
+    return HealthCheck(
+        timeout=STANDBY_HEALTH_TIMEOUT,
+        interval=STANDBY_HEALTH_INTERVAL,
+        unhealthy_threshold=STANDBY_UNHEALTHY_THRESHOLD,
+        healthy_threshold=STANDBY_HEALTHY_THRESHOLD,
+        # Envoy checks a cluster that has never carried traffic every 60 s by default: a fresh
+        # Envoy whose active dies before its first request would keep it for up to a minute.
+        no_traffic_interval=STANDBY_HEALTH_INTERVAL,
+        grpc_health_check=HealthCheckGrpcHealthCheck(),
+    )
+
+
+def ice_cluster(
+    name: str, addresses: Sequence[str], *, dns: bool = False, standby: bool = False
+) -> Cluster:
     """ICE's gRPC cluster: HTTP/2 with at most 32 streams per connection (a flood spreads over
     several connections, so a new request's headers do not wait behind other requests'
     bodies), a 1 s connect timeout (0.25 s ejected pending streams under a flood), and gRPC
     health checks (a worker that stops answering is left out). ``dns``: STRICT_DNS (a
-    Kubernetes Service name) instead of STATIC addresses."""
+    Kubernetes Service name) instead of STATIC addresses.
+
+    ``standby``: active-passive. Address i gets priority i: every Envoy sends every stream to
+    the first healthy address in order, so one ICE judges and keeps the whole in-flight
+    account. With one host per level, Envoy's default overprovisioning factor (1.4: a level
+    keeps all its traffic while at least 72 % of its hosts are healthy) makes it all or
+    nothing: the active has all the streams until its health check fails, then the next
+    level has them. Faster health checks (``STANDBY_*``) make that failover quick, and the
+    panic threshold is 0: with every level unhealthy Envoy sends no stream to a failing ICE
+    (panic mode would spread them over the unhealthy priority-0 hosts), the ext_proc filter
+    fails open at once instead of waiting on a dead address."""
     h2 = HttpProtocolOptions(
         explicit_http_config=HttpProtocolOptionsExplicitHttpConfig(
             http2_protocol_options=Http2ProtocolOptions(max_concurrent_streams=32)
@@ -455,16 +520,11 @@ def ice_cluster(name: str, addresses: Sequence[str], *, dns: bool = False) -> Cl
         typed_extension_protocol_options={
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": _any(h2)
         },
-        health_checks=[
-            HealthCheck(
-                timeout=datetime.timedelta(seconds=1),
-                interval=datetime.timedelta(seconds=2),
-                unhealthy_threshold=2,
-                healthy_threshold=1,
-                grpc_health_check=HealthCheckGrpcHealthCheck(),
-            )
-        ],
-        load_assignment=_assignment(name, addresses),
+        health_checks=[_health_check(standby=standby)],
+        common_lb_config=(
+            ClusterCommonLbConfig(healthy_panic_threshold=Percent(value=0.0)) if standby else None
+        ),
+        load_assignment=(_priorities if standby else _assignment)(name, addresses),
     )
 
 

@@ -4,7 +4,9 @@ Used by ``ice demo``, the e2e tests and the benchmark. ``render_envoy_config`` r
 ports and endpoints of a config in ``envoy/`` (found by listener and cluster names, so the
 file itself stays a valid, hand-readable config) and opens a policy's ``passthrough_paths``
 (routes inserted before the 404 catch-all route ``closed``); everything else is kept as
-written. ``policy_passthrough_paths`` reads those paths from a policy file.
+written. ``policy_passthrough_paths`` reads those paths from a policy file. A cluster named
+in ``standby_clusters`` gets its endpoints in priority levels, one each (active-passive ICE),
+with the generator's health checks for that shape (``pieces.ice_cluster(standby=True)``).
 
 Invariant: every process started here is stopped by ``Stack.close`` (also on error), and
 each start waits until the process is really ready (log line, gRPC health, Envoy /ready).
@@ -22,7 +24,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -126,8 +128,14 @@ def render_envoy_config(
     listeners: dict[str, int],
     clusters: dict[str, list[str]],
     passthrough_paths: Iterable[str] = (),
+    standby_clusters: Collection[str] = (),
 ) -> dict[str, Any]:
     """The config at ``template`` with the named listeners' ports and clusters' endpoints.
+
+    ``standby_clusters`` (names in ``clusters``): active-passive. Endpoint i of such a
+    cluster gets priority i (the first is the active, the others stand by in order), and the
+    cluster takes the health checks and panic threshold of ``pieces.ice_cluster(standby=True)``
+    (failover within about a second); the rest of the cluster is kept.
 
     ``passthrough_paths`` (a policy's ``passthrough_paths``): exact paths forwarded unjudged,
     any method, in every virtual host of the named listeners that has a ``closed`` route
@@ -147,11 +155,33 @@ def render_envoy_config(
                     opened = _open_paths(vhost, paths) or opened
     if paths and not opened:
         raise ValueError(f"{template.name}: no {CLOSED_ROUTE!r} route to open {paths} before")
+    unknown = sorted(set(standby_clusters) - set(clusters))
+    if unknown:
+        raise ValueError(f"standby clusters {unknown}: not among the clusters given endpoints")
     for cluster in res.get("clusters", []):
         if cluster["name"] in clusters:
             endpoints = [_endpoint(a) for a in clusters[cluster["name"]]]
-            cluster["load_assignment"]["endpoints"] = [{"lb_endpoints": endpoints}]
+            if cluster["name"] in standby_clusters:
+                _standby(cluster, endpoints)
+            else:
+                cluster["load_assignment"]["endpoints"] = [{"lb_endpoints": endpoints}]
     return config
+
+
+def _standby(cluster: dict[str, Any], endpoints: list[dict[str, Any]]) -> None:
+    """Priority levels, the standby health checks and no panic mode, from the generator."""
+    from ext_proc.envoygen import pieces
+    from ext_proc.envoygen.emit import as_dict
+
+    shaped = as_dict(pieces.ice_cluster(cluster["name"], ["127.0.0.1:1"], standby=True))
+    cluster["load_assignment"]["endpoints"] = [
+        {"lb_endpoints": [e], "priority": i} for i, e in enumerate(endpoints)
+    ]
+    cluster["health_checks"] = shaped["health_checks"]
+    cluster["common_lb_config"] = {
+        **cluster.get("common_lb_config", {}),
+        **shaped["common_lb_config"],
+    }
 
 
 def policy_passthrough_paths(policy: Path | None) -> frozenset[str]:

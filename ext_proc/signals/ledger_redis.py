@@ -32,11 +32,13 @@ Invariants:
   the new live total. Room is min(F − A, U − L) per endpoint (poolview), so growth of at most
   the slack in both A and L keeps ``need ≤ room``. The caller re-judges on a conflict.
 - Never more than ``deadline_s`` on Redis per call (default 5 ms): past it the request goes
-  on with its local hold (the call may still land: then Redis has it too). An error (Redis
-  unreachable, refused, failing), ``SLOW_CALLS_DOWN`` slow calls in a row, or a failed
-  heartbeat turn the ledger ``local`` at once (the mirror empties: the replica judges with
-  its own ledger and the host's shared memory), logged once, counted; the heartbeat brings
-  it back (scripts loaded and ``WARM_CONNECTIONS`` connections open first).
+  on with its local hold, and the reservation is written again without the check in the
+  background (the first may have landed, or been refused: either way the others count it,
+  at worst twice in A until the next view). Releases are written in the background too.
+  An error (Redis unreachable, refused, failing), ``SLOW_CALLS_DOWN`` slow calls in a row,
+  or a failed heartbeat turn the ledger ``local`` at once (the mirror empties: the replica
+  judges with its own ledger and the host's shared memory), logged once, counted; the
+  heartbeat brings it back (scripts loaded and ``WARM_CONNECTIONS`` connections open first).
 
 Cost: one round trip per passed request (``RESERVE``'s answer also refreshes the mirror), a
 second one only when a verdict was limited by memory and the mirror held others' blocks
@@ -72,6 +74,7 @@ log = logging.getLogger(__name__)
 DEFAULT_DEADLINE_S = 0.005
 DEFAULT_TTL_S = 3.0
 HEARTBEAT_S = 1.0
+BACKGROUND_DEADLINE_S = 0.5  # writes no request waits on (releases, late reservations)
 SLOW_CALLS_DOWN = 3  # calls in a row past the deadline that turn the ledger local
 WARM_CONNECTIONS = 16  # open before judging with Redis: concurrent calls of a burst
 KEEP_MS = 120_000  # seen entries older than this are dropped (no view is that old)
@@ -323,6 +326,9 @@ class RedisLedger:
         keys = [seen_key(r.pool), live_key(r.pool)]
         got = await self._call("reserve", self._reserve(keys=keys, args=argv))
         if got is None:
+            if self.active and r.slack is not None:  # slow: the request goes on, so make
+                r.slack = None  # sure the others count it (its check may have refused it)
+                self._spawn(self._forced(r))
             return True
         ok, a, l_ = got
         self.mirror[r.pool] = (_pairs(a), _pairs(l_))
@@ -330,10 +336,18 @@ class RedisLedger:
             telemetry.LEDGER_CONFLICTS.labels(pool=r.pool).inc()
         return bool(ok)
 
+    async def _forced(self, r: Reserve) -> None:
+        """``r`` reserved without the check, in the background, with the heartbeat's
+        deadline (no request waits on it)."""
+        argv: list[Any] = [self.replica, r.view_age_ms, KEEP_MS, r.endpoint, r.blocks]
+        argv += [next(self._seq), r.total, -1]
+        keys = [seen_key(r.pool), live_key(r.pool)]
+        await self._call("reserve", self._reserve(keys=keys, args=argv), BACKGROUND_DEADLINE_S)
+
     def reserve_later(self, r: Reserve) -> None:
         """``reserve`` without a check, in the background (paths that cannot wait)."""
-        r.slack = None
-        self._spawn(self.reserve(r))
+        if self.active:
+            self._spawn(self._forced(r))
 
     async def sync(self, pool: str, view_age_ms: int) -> None:
         """Read the other replicas' figures for ``pool`` into the mirror."""
@@ -354,7 +368,7 @@ class RedisLedger:
         field = f"{self.replica}|{endpoint}"
         key = live_key(pool)
         call = self.client.hset(key, field, total) if total > 0 else self.client.hdel(key, field)
-        self._spawn(self._call("release", call))
+        self._spawn(self._call("release", call, BACKGROUND_DEADLINE_S))
 
     # --- internals -------------------------------------------------------------------------
 
@@ -363,10 +377,10 @@ class RedisLedger:
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
-    async def _call(self, op: str, call: Awaitable[Any]) -> Any:
+    async def _call(self, op: str, call: Awaitable[Any], deadline_s: float | None = None) -> Any:
         """``call`` within the deadline; None on a fault (then the ledger is local)."""
         try:
-            got = await asyncio.wait_for(call, self.deadline_s)
+            got = await asyncio.wait_for(call, deadline_s or self.deadline_s)
             self._slow = 0
             return got
         except asyncio.CancelledError:
