@@ -34,7 +34,10 @@ worker's ledger of requests in flight.
 - Several replicas (``--ledger redis://``, ``ext_proc.signals.ledger_redis``): while the
   shared ledger answers, the other replicas' A and L come from its mirror instead of the
   host's shared memory (which still gets every entry, for when Redis stops answering), and
-  ``unhold`` takes back a request whose reservation the shared ledger refused.
+  ``unhold`` takes back a request whose reservation the shared ledger refused. While it does
+  not answer, this worker's own A and L count ``1 + P`` times, P the other replicas alive
+  when it last answered (``RedisLedger.fallback_factor``; the host's shared memory is then
+  not added: its workers are among the P).
 
 KV blocks of a sequence: ceil((input + output) / block_size) on a full-attention model, or
 the ``ext_proc.kv`` geometry's ``request_blocks`` (sliding-window and hybrid layer groups)
@@ -136,6 +139,10 @@ def _add(out: dict[str, int], more: Mapping[str, int]) -> None:
     for endpoint, blocks in more.items():
         if blocks:
             out[endpoint] = out.get(endpoint, 0) + blocks
+
+
+def _times(out: dict[str, int], factor: int) -> dict[str, int]:
+    return {endpoint: blocks * factor for endpoint, blocks in out.items()}
 
 
 def _less(fit: KvFit, held: int) -> KvFit:
@@ -323,6 +330,8 @@ class PoolViews:
         remote = self.remote
         if remote is not None and remote.active:
             _add(out, remote.unseen(snapshot.pool))
+        elif remote is not None and remote.fallback_factor > 1:
+            return _times(out, remote.fallback_factor)
         elif self.shared is not None:
             self._add_others(out, snapshot, self.shared.others(snapshot.taken_at_s))
         return out
@@ -347,6 +356,8 @@ class PoolViews:
         remote = self.remote
         if remote is not None and remote.active:
             _add(out, remote.live(snapshot.pool))
+        elif remote is not None and remote.fallback_factor > 1:
+            return _times(out, remote.fallback_factor)
         elif self.shared is not None:
             self._add_others(out, snapshot, self.shared.others_live())
         return out

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from ext_proc import telemetry
+from ext_proc.lab.redis_local import RedisServer
 from ext_proc.pipeline import BodyVerdict, HeaderFacts, Pipeline
 from ext_proc.policy.load import parse_policy
 from ext_proc.schemas import OPENAI_CHAT
@@ -98,12 +99,11 @@ class Replica:
 
 
 @pytest.fixture
-def redis_url(redis_server: object) -> Iterator[str]:
-    import redis
-
-    url: str = redis_server.url  # type: ignore[attr-defined]
-    redis.Redis.from_url(url).flushdb()
-    yield url
+def redis_url(redis_server: RedisServer) -> Iterator[str]:
+    if not redis_server.running:  # a test killed it and failed before restarting it
+        redis_server.restart()
+    redis_server.client().flushdb()
+    yield redis_server.url
 
 
 @pytest.fixture
@@ -208,7 +208,7 @@ async def test_only_entries_newer_than_the_view_count_by_redis_time(
 
 @aio
 async def test_redis_killed_mid_run_turns_the_ledger_local_and_it_comes_back(
-    redis_server: object, redis_url: str, view: dict[str, PoolSnapshot]
+    redis_server: RedisServer, redis_url: str, view: dict[str, PoolSnapshot]
 ) -> None:
     a = Replica(redis_url, view)
     await started(a)
@@ -216,7 +216,7 @@ async def test_redis_killed_mid_run_turns_the_ledger_local_and_it_comes_back(
     before = errors._value.get()
     try:
         assert (await a.admit())[0] == "pass:ok"
-        redis_server.kill()  # type: ignore[attr-defined]
+        redis_server.kill()
         a.end(a.facts)
         view["now"] = PoolSnapshot("default", (backend(11),), time.monotonic())
         assert (await a.admit())[0] == "pass:ok"  # judged with the local ledger
@@ -226,7 +226,7 @@ async def test_redis_killed_mid_run_turns_the_ledger_local_and_it_comes_back(
         )
         gauge = telemetry.LEDGER_BACKEND
         assert gauge.labels(backend="local")._value.get() == 1
-        redis_server.restart()  # type: ignore[attr-defined]
+        redis_server.restart()
         deadline = time.monotonic() + 10
         while not a.ledger.active and time.monotonic() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.1)  # the heartbeat's job
@@ -238,6 +238,28 @@ async def test_redis_killed_mid_run_turns_the_ledger_local_and_it_comes_back(
         assert {k.decode(): int(v) for k, v in totals.items()} == {f"{a.ledger.replica}|": 7}
     finally:
         await closed(a)
+
+
+@aio
+async def test_while_redis_is_away_a_replica_counts_its_own_ledger_once_per_replica_alive(
+    redis_server: RedisServer, redis_url: str, view: dict[str, PoolSnapshot]
+) -> None:
+    # 30 usable blocks, 7 per request: one ICE alone admits 4 (28 blocks)
+    view["now"] = PoolSnapshot("default", (backend(31),), time.monotonic() - 0.5)
+    a, b = Replica(redis_url, view), Replica(redis_url, view)
+    await started(a, b)
+    try:
+        assert (await a.admit())[0] == "pass:ok"
+        assert a.ledger.peers == 1  # B is alive
+        redis_server.kill()
+        await asyncio.sleep(1.5)  # A's heartbeat finds Redis gone: the ledger is local
+        assert not a.ledger.active and a.ledger.fallback_factor == 2
+        # A's 7 blocks count for B's share too: 14 + 7 ≤ 30 passes, 28 + 7 does not
+        assert (await a.admit())[0] == "pass:ok"
+        assert (await a.admit())[0] == "reject:kv_exhausted"
+    finally:
+        redis_server.restart()
+        await closed(a, b)
 
 
 @aio

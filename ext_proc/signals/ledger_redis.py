@@ -12,8 +12,8 @@ Keys (one standalone Redis, or one primary; ``{pool}`` hash-tagged)::
     ice:{<pool>}:seen   ZSET  member "<replica>|<seq>|<endpoint>|<blocks>", score = Redis time
                                (ms) it was passed; trimmed after ``KEEP_MS``
     ice:{<pool>}:live   HASH  "<replica>|<endpoint>" → that replica's live total (blocks)
-    ice:alive:<replica> STRING with a TTL (``ttl_s``), renewed by the heartbeat (every
-                               ``HEARTBEAT_S``)
+    ice:replicas        ZSET  replica → the Redis time (ms) it stops counting unless renewed:
+                               now + ``ttl_s`` at each heartbeat (every ``HEARTBEAT_S``)
 
 Invariants:
 
@@ -23,14 +23,17 @@ Invariants:
   replicas does not matter.
 - A replica writes only its own fields, and absolute totals, not deltas: a lost write is
   corrected by its next one, and the heartbeat rewrites all of them every second.
-- A replica that died stops counting within ``ttl_s``: its ``alive`` key expires, and the
-  scripts skip (and delete) the live totals of replicas that are not alive. Its seen entries
+- A replica that died stops counting within ``ttl_s``: its entry in ``ice:replicas`` expires,
+  and the scripts skip (and delete) the live totals of replicas that are not in it. Its seen entries
   count only until the next view, as everyone's.
 - Reserve is one atomic script (``RESERVE``): it recomputes the other replicas' figures, and
   refuses (a conflict) when they grew, since the mirror the request was judged with, by more
   than the request's slack (its room after it, ``room − need``); else it adds the entry and
   the new live total. Room is min(F − A, U − L) per endpoint (poolview), so growth of at most
   the slack in both A and L keeps ``need ≤ room``. The caller re-judges on a conflict.
+- While the ledger is local, a replica counts its own figures ``1 + peers`` times, peers = the
+  other replicas alive when Redis last answered: under a balanced balancer each holds about
+  what this one does, so N replicas still admit about what one would (``fallback_factor``).
 - Never more than ``deadline_s`` on Redis per call (default 5 ms): past it the request goes
   on with its local hold, and the reservation is written again without the check in the
   background (the first may have landed, or been refused: either way the others count it,
@@ -91,13 +94,16 @@ for _, m in ipairs(redis.call('ZRANGEBYSCORE', seen, '(' .. (now - age), '+inf')
   local r, e, b = string.match(m, '^([^|]*)|[^|]*|(.*)|(%d+)$')
   if r and r ~= me then A[e] = (A[e] or 0) + tonumber(b) end
 end
+redis.call('ZREMRANGEBYSCORE', 'ice:replicas', '-inf', now)
+local peers = redis.call('ZCARD', 'ice:replicas')
+if redis.call('ZSCORE', 'ice:replicas', me) then peers = peers - 1 end
 local h, alive = redis.call('HGETALL', live), {}
 for i = 1, #h, 2 do
   local r, e = string.match(h[i], '^([^|]*)|(.*)$')
   if r and r ~= me then
     local ok = alive[r]
     if ok == nil then
-      ok = redis.call('EXISTS', 'ice:alive:' .. r) == 1
+      ok = redis.call('ZSCORE', 'ice:replicas', r) ~= false
       alive[r] = ok
     end
     if ok then L[e] = (L[e] or 0) + tonumber(h[i + 1]) else redis.call('HDEL', live, h[i]) end
@@ -110,7 +116,7 @@ local function flat(m)
 end
 """
 
-STATE_SCRIPT = _STATE + "return {1, flat(A), flat(L)}\n"
+STATE_SCRIPT = _STATE + "return {1, flat(A), flat(L), peers}\n"
 
 # ARGV[4..]: endpoint, blocks, seq, live total after, slack (-1: no check), then per checked
 # endpoint: name, A and L it was judged with (the mirror's "" plus its own).
@@ -124,7 +130,7 @@ if slack >= 0 then
     local e = ARGV[i]
     local a = (A[''] or 0) + (A[e] or 0) - tonumber(ARGV[i + 1])
     local l = (L[''] or 0) + (L[e] or 0) - tonumber(ARGV[i + 2])
-    if math.max(a, l) > slack then return {0, flat(A), flat(L)} end
+    if math.max(a, l) > slack then return {0, flat(A), flat(L), peers} end
   end
 end
 if blocks > 0 then
@@ -135,14 +141,16 @@ if total > 0 then
 else
   redis.call('HDEL', live, me .. '|' .. endpoint)
 end
-return {1, flat(A), flat(L)}
+return {1, flat(A), flat(L), peers}
 """
 )
 
-# KEYS: alive key, then one live hash per pool; ARGV: ttl ms, me, then per pool the number of
-# its totals and (endpoint, total) pairs: the replica's own totals, rewritten whole.
+# KEYS: the replicas set, then one live hash per pool; ARGV: ttl ms, me, then per pool the
+# number of its totals and (endpoint, total) pairs: the replica's own totals, rewritten whole.
 HEARTBEAT_SCRIPT = """
-redis.call('SET', KEYS[1], '1', 'PX', ARGV[1])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), ARGV[2])
 local me, i = ARGV[2], 3
 for k = 2, #KEYS do
   local n = tonumber(ARGV[i]); i = i + 1
@@ -190,8 +198,7 @@ def live_key(pool: str) -> str:
     return f"ice:{{{pool}}}:live"
 
 
-def alive_key(replica: str) -> str:
-    return f"ice:alive:{replica}"
+REPLICAS_KEY = "ice:replicas"
 
 
 def default_replica_id() -> str:
@@ -264,6 +271,9 @@ class RedisLedger:
         self.view_age_ms = view_age_ms
         self.pools = pools
         self.active = False
+        # other replicas alive when Redis last answered: while it does not, this replica
+        # counts its own ledger (1 + peers) times (``fallback_factor``)
+        self.peers = 0
         self._seq = itertools.count()
         # pool → (A by endpoint since the view it was read for, L by endpoint): others only
         self.mirror: dict[str, tuple[dict[str, int], dict[str, int]]] = {}
@@ -288,6 +298,13 @@ class RedisLedger:
         got = self.mirror.get(pool) if self.active else None
         return got[1] if got is not None else {}
 
+    @property
+    def fallback_factor(self) -> int:
+        """While Redis does not answer: how many times this replica counts its own ledger,
+        1 + the other replicas alive when it last answered (balanced traffic: each holds
+        about what this one does); 1 while it answers, or never did."""
+        return 1 if self.active else 1 + self.peers
+
     def has_others(self, pool: str) -> bool:
         got = self.mirror.get(pool) if self.active else None
         return got is not None and (any(got[0].values()) or any(got[1].values()))
@@ -308,7 +325,7 @@ class RedisLedger:
         for t in list(self._pending):
             t.cancel()
         with contextlib.suppress(Exception):  # leaving: the others stop counting us now
-            await asyncio.wait_for(self.client.delete(alive_key(self.replica)), 0.2)
+            await asyncio.wait_for(self.client.zrem(REPLICAS_KEY, self.replica), 0.2)
         await self.client.aclose()
 
     async def reserve(self, r: Reserve) -> bool:
@@ -330,7 +347,7 @@ class RedisLedger:
                 r.slack = None  # sure the others count it (its check may have refused it)
                 self._spawn(self._forced(r))
             return True
-        ok, a, l_ = got
+        ok, a, l_, self.peers = got
         self.mirror[r.pool] = (_pairs(a), _pairs(l_))
         if not ok:
             telemetry.LEDGER_CONFLICTS.labels(pool=r.pool).inc()
@@ -359,6 +376,7 @@ class RedisLedger:
         )
         if got is not None:
             self.mirror[pool] = (_pairs(got[1]), _pairs(got[2]))
+            self.peers = int(got[3])
 
     def released(self, pool: str, endpoint: str, total: int) -> None:
         """This replica's live total at ``endpoint`` of ``pool`` is now ``total`` (a request
@@ -409,11 +427,11 @@ class RedisLedger:
         telemetry.LEDGER_BACKEND.labels(backend="local").set(0 if redis_up else 1)
 
     async def _beat(self) -> bool:
-        """Renew this replica's alive key and rewrite its live totals; refresh the mirror of
+        """Renew this replica's presence and rewrite its live totals; refresh the mirror of
         every pool with a view. True when Redis answered."""
         totals = self.own_totals()
         pools = sorted(set(self.pools()) | set(totals))
-        keys = [alive_key(self.replica), *(live_key(p) for p in pools)]
+        keys = [REPLICAS_KEY, *(live_key(p) for p in pools)]
         argv: list[Any] = [int(self.ttl_s * 1000), self.replica]
         for p in pools:
             own = [(e, b) for e, b in totals.get(p, {}).items()]
