@@ -18,7 +18,7 @@ from pathlib import Path
 from ext_proc.lab.redis_local import RedisServer
 from ext_proc.lab.stack import Stack, free_port, render_envoy_config
 
-from .harness import CHAT, ENVOY_TEMPLATE, request, write_policy
+from .harness import CHAT, ENVOY_TEMPLATE, free_ports, request, write_policy
 
 REQUESTS = 12
 FIT = 5  # 100 usable blocks // 20 per request
@@ -30,17 +30,19 @@ BODY = {
 }
 
 
-def burst(workdir: Path, ice_extra: list[str]) -> list[int]:
-    """REQUESTS streamed requests at once through Envoy over two ICE replicas: their status."""
+def burst(workdir: Path, ice_extra: list[str], workers: int = 1) -> list[int]:
+    """REQUESTS streamed requests at once through Envoy over two ICE replicas (each with
+    ``workers`` workers): their status."""
     with Stack(workdir) as stack:
         backend = free_port()
         stack.start_backend(backend)
         policy = write_policy(workdir / "policy.yaml", backend, "    on_kv_shortfall: shed\n")
         replicas = []
         for i in range(2):
-            address = f"127.0.0.1:{free_port()}"
-            stack.start_ice(address, policy=policy, extra=ice_extra, name=f"ice{i}")
-            replicas.append(address)
+            address = f"127.0.0.1:{free_ports(workers)}"
+            replicas += stack.start_ice(
+                address, policy=policy, workers=workers, extra=ice_extra, name=f"ice{i}"
+            )
         envoy, admin = free_port(), free_port()
         config = render_envoy_config(
             ENVOY_TEMPLATE,
@@ -78,3 +80,14 @@ def test_two_replicas_on_a_shared_redis_ledger_admit_what_fits(
     statuses = burst(tmp_path, ["--ledger", redis_server.url, "--ledger-deadline-ms", "100"])
     assert statuses.count(200) == FIT, statuses
     assert statuses.count(429) == REQUESTS - FIT
+
+
+def test_replicas_with_several_workers_each_on_a_shared_ledger_admit_what_fits(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    # 2 × 2 workers: each worker is a replica in Redis (the host's shared memory is the
+    # fallback only)
+    redis_server.client().flushdb()
+    extra = ["--ledger", redis_server.url, "--ledger-deadline-ms", "100"]
+    statuses = burst(tmp_path, extra, workers=2)
+    assert statuses.count(200) == FIT, statuses
