@@ -41,6 +41,7 @@ from typing import Any
 
 import yaml
 
+from ext_proc.lab.redis_local import RedisServer
 from ext_proc.lab.stack import free_port
 
 from .harness import CHAT, E2E, HIGH, LOW, PROBE, PROBE_HEADERS, request, running_stack, upload
@@ -286,22 +287,26 @@ def _targets(prom: Prometheus) -> list[tuple[str, str, str]]:
     return [(t["labels"].get("job", "?"), t["health"], t.get("lastError", "")) for t in active]
 
 
-def test_dashboard_queries_and_alert_rules_on_a_real_prometheus(tmp_path: Path) -> None:
+def test_dashboard_queries_and_alert_rules_on_a_real_prometheus(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
     ops = _ops()
     rules = ops.alert_rules()
+    # ICE on the shared ledger too (a real Redis): its ice_ledger_backend gauge is scraped
+    ice_extra = [*ICE_EXTRA, "--ledger", redis_server.url]
     with (
         running_stack(
             tmp_path / "stack",
             profile_extra=PROFILE_EXTRA,
             policy_extra=f"embedding:\n  model: {tmp_path / 'no-model'}\n"
             "prefix_tracking: {enabled: true, sample_every: 1}\n",
-            ice_extra=ICE_EXTRA,
+            ice_extra=ice_extra,
         ) as e2e,
         running_prometheus(tmp_path / "prometheus", e2e, ops.RULES) as prom,
     ):
         # Each target scraped once before the events: their counters' increases are seen.
         wait_for_every_query(prom, {"all targets up": "count(up == 1) == 3"}, timeout_s=15)
-        fail_open_then_restart(e2e, ICE_EXTRA)
+        fail_open_then_restart(e2e, ice_extra)
         failed_scrapes(e2e)
         every_decision(e2e)
 
