@@ -141,6 +141,7 @@ def test_shipped_config_passes_every_envoy_check(
         "envoy.endpoint_pick",
         "envoy.ice_cluster",
         "envoy.ice_health_checks",
+        "envoy.ice_replicas",
     }
     assert {c.name for c in got} == expected_names
 
@@ -567,6 +568,7 @@ def test_metric_names_are_ices_own() -> None:
     assert telemetry.POOL_STALE._name == ice_checks.POOL_STALE
     assert telemetry.SCRAPE_ERRORS._name + "_total" == ice_checks.SCRAPE_ERRORS
     assert telemetry.ERRORS._name + "_total" == ice_checks.INTERNAL_ERRORS
+    assert telemetry.LEDGER_BACKEND._name == ice_checks.LEDGER_BACKEND
     if hasattr(telemetry, "POLICY_INFO"):  # policy reload: ice_policy_info{sha256}
         assert telemetry.POLICY_INFO._name == ice_checks.POLICY_INFO
         assert telemetry.POLICY_RELOADS._name + "_total" == ice_checks.POLICY_RELOADS
@@ -714,3 +716,67 @@ def test_every_check_is_documented() -> None:
     assert len(names) > 25
     doc = (REPO / "docs" / "doctor.md").read_text()
     assert sorted(n for n in names if f"`{n}`" not in doc) == []
+
+
+def ice_endpoints(*levels: list[str]) -> dict[str, Any]:
+    """DUMP with ICE's cluster holding ``levels`` (priority i: its ``host:port`` list)."""
+    dump = copy.deepcopy(DUMP)
+    groups = []
+    for i, addresses in enumerate(levels):
+        group: dict[str, Any] = {
+            "lb_endpoints": [
+                {
+                    "endpoint": {
+                        "address": {
+                            "socket_address": {
+                                "address": a.rsplit(":", 1)[0],
+                                "port_value": int(a.rsplit(":", 1)[1]),
+                            }
+                        }
+                    }
+                }
+                for a in addresses
+            ]
+        }
+        if i:
+            group["priority"] = i
+        groups.append(group)
+    cluster(dump, "ice")["load_assignment"]["endpoints"] = groups
+    return dump
+
+
+@pytest.mark.parametrize(
+    ("levels", "status"),
+    [
+        pytest.param([["10.0.0.1:50051"]], "PASS", id="one-ice"),
+        pytest.param([["10.0.0.1:50051", "10.0.0.1:50052"]], "PASS", id="workers-of-one-host"),
+        pytest.param([["10.0.0.1:50051"], ["10.0.0.2:50051"]], "PASS", id="active-passive"),
+        pytest.param([["10.0.0.1:50051", "10.0.0.2:50051"]], "WARN", id="two-hosts-one-level"),
+    ],
+)
+def test_ice_replicas_at_one_priority_on_several_hosts_warn(
+    levels: list[list[str]], status: str
+) -> None:
+    got = statuses(envoy_of(ice_endpoints(*levels)))
+    assert got["envoy.ice_replicas"] == {status}
+
+
+def test_a_dns_ice_cluster_asks_how_its_replicas_share_the_judging() -> None:
+    dump = copy.deepcopy(DUMP)
+    cluster(dump, "ice")["type"] = "STRICT_DNS"
+    assert statuses(envoy_of(dump))["envoy.ice_replicas"] == {"MANUAL"}
+
+
+@pytest.mark.parametrize(
+    ("up", "status"),
+    [pytest.param("redis", "PASS", id="shared"), pytest.param("local", "WARN", id="fell-back")],
+)
+def test_ice_on_the_shared_ledger_passes_and_fallen_back_warns(up: str, status: str) -> None:
+    down = "local" if up == "redis" else "redis"
+    page = ice_page(NOW - 0.2) + (
+        "# TYPE ice_ledger_backend gauge\n"
+        f'ice_ledger_backend{{backend="{up}"}} 1.0\n'
+        f'ice_ledger_backend{{backend="{down}"}} 0.0\n'
+    )
+    assert statuses(ice_metrics(page))["ice.ledger"] == {status}
+    assert "ice.ledger" not in statuses(ice_metrics(ice_page(NOW - 0.2)))  # no --ledger

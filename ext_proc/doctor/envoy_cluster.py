@@ -1,5 +1,8 @@
 """Checks of ICE's cluster as each ext_proc filter names it: defined, HTTP/2 (gRPC),
-health-checked with gRPC health (what ``pieces.ice_cluster`` builds).
+health-checked with gRPC health (what ``pieces.ice_cluster`` builds), and how its ICE
+replicas share the judging (``envoy.ice_replicas``: one ICE, the workers of one host, priority
+levels for active-passive, or several hosts at one level, which over-admit unless they share
+``--ledger``; docs/high-availability.md).
 
 Invariants: pure; a ``google_grpc`` service needs no cluster (gRPC's own client, HTTP/2).
 """
@@ -83,4 +86,59 @@ def ice_cluster_checks(hcm: HcmView, clusters: dict[str, dict[str, Any]]) -> lis
                     "health_checks with grpc_health_check (pieces.ice_cluster)",
                 )
             )
+        out.append(_replicas_check(name, cluster))
     return out
+
+
+def _levels(cluster: dict[str, Any]) -> dict[int, list[str]]:
+    """priority → the ``host`` of each endpoint at it."""
+    levels: dict[int, list[str]] = {}
+    for group in as_list(as_dict(cluster.get("load_assignment")).get("endpoints")):
+        g = as_dict(group)
+        hosts = levels.setdefault(int(g.get("priority", 0) or 0), [])
+        for lb in as_list(g.get("lb_endpoints")):
+            sock = as_dict(
+                as_dict(as_dict(as_dict(lb).get("endpoint")).get("address")).get("socket_address")
+            )
+            hosts.append(str(sock.get("address", "")))
+    return levels
+
+
+def _replicas_check(name: str, cluster: dict[str, Any]) -> Check:
+    """How the cluster spreads streams over ICE replicas (each keeps its own in-flight
+    ledger unless they share ``--ledger``)."""
+    check = "envoy.ice_replicas"
+    levels = _levels(cluster)
+    dns = str(cluster.get("type", "STATIC")) in ("STRICT_DNS", "LOGICAL_DNS")
+    if len(levels) > 1 and all(len(h) == 1 for h in levels.values()):
+        return Check(
+            "PASS", check, f"cluster {name}: active-passive, {len(levels)} priority levels"
+        )
+    widest = max((len(h) for h in levels.values()), default=0)
+    if dns:
+        return Check(
+            "MANUAL",
+            check,
+            f"cluster {name}: resolved by DNS: if the name has several ICE replicas, each keeps "
+            "its own ledger and together they can admit up to N× what fits",
+            "--ledger redis://… on every replica, or one leader (--leader-elect), "
+            "docs/high-availability.md",
+        )
+    if widest <= 1:
+        return Check("PASS", check, f"cluster {name}: one ICE")
+    hosts = {h for hs in levels.values() for h in hs}
+    if len(hosts) == 1:
+        return Check(
+            "PASS",
+            check,
+            f"cluster {name}: {widest} endpoints on {hosts.pop()}: the workers of one ice serve "
+            "--workers share a ledger (separate ice serve processes there would not)",
+        )
+    return Check(
+        "WARN",
+        check,
+        f"cluster {name}: {widest} ICE endpoints on {len(hosts)} hosts at one priority: each "
+        "keeps its own ledger, and together they can admit up to that many times what fits",
+        "--ledger redis://… on every replica (ice.ledger shows it with --ice-metrics), or "
+        "priority levels (pieces.ice_cluster(standby=True))",
+    )

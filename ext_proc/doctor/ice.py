@@ -37,6 +37,7 @@ SCRAPE_ERRORS = "ice_scrape_errors_total"
 POLICY_INFO = "ice_policy_info"
 POLICY_RELOADS = "ice_policy_reloads_total"
 INTERNAL_ERRORS = "ice_internal_errors_total"
+LEDGER_BACKEND = "ice_ledger_backend"
 DEFAULT_MAX_AGE_S = 5.0
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
@@ -133,6 +134,24 @@ def _policy_check(samples: Samples, ex: X.Expected) -> Check:
             "read ICE's log for the refused file's error",
         )
     return Check("PASS", "ice.policy_in_force", f"{ex.policy_source} (sha256 {ours[:12]})")
+
+
+def _ledger_checks(samples: Samples) -> list[Check]:
+    """With ``--ledger``: whether this ICE judges with the shared ledger now (none without)."""
+    up = {labels.get("backend"): value for labels, value in samples.get(LEDGER_BACKEND, [])}
+    if not up:
+        return []
+    if up.get("redis", 0) >= 1:
+        return [Check("PASS", "ice.ledger", "judging with the replicas' shared ledger (Redis)")]
+    return [
+        Check(
+            "WARN",
+            "ice.ledger",
+            "started with --ledger but judging with its local ledger: Redis is unreachable, "
+            "failing or slower than --ledger-deadline-ms",
+            "check Redis and ice_ledger_errors_total{op}; ICE returns to it by itself",
+        )
+    ]
 
 
 def metrics_checks(
@@ -237,6 +256,7 @@ def metrics_checks(
                 Check("PASS", "ice.scrape_errors", f"pool {pool}: none now ({total:g} since start)")
             )
     out.append(_policy_check(first, ex))
+    out += _ledger_checks(first)
     faults = sum(v for _, v in first.get(INTERNAL_ERRORS, []))
     if faults:
         out.append(
