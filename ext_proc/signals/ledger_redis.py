@@ -309,7 +309,8 @@ class RedisLedger:
     async def _call(self, op: str, call: Awaitable[Any], deadline_s: float | None = None) -> Any:
         """``call`` within the deadline; None on a fault (then the ledger is local)."""
         try:
-            got = await asyncio.wait_for(call, deadline_s or self.deadline_s)
+            async with asyncio.timeout(deadline_s or self.deadline_s):  # no task of its own
+                got = await call
             self._slow = 0
             return got
         except asyncio.CancelledError:
