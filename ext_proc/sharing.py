@@ -67,7 +67,7 @@ def _rejudgeable(verdict: BodyVerdict, facts: HeaderFacts) -> bool:
 
 
 def _reserve_of(
-    pipeline: Pipeline, route: Route, hold: Hold, snapshot: PoolSnapshot | None, free: int | None
+    pipeline: Pipeline, hold: Hold, snapshot: PoolSnapshot | None, free: int | None
 ) -> Reserve:
     """``hold`` as a reservation; ``free``: the room it was judged against (its blocks before
     it was held), None or less than it needs: no check (it did not pass by fitting)."""
@@ -100,19 +100,18 @@ async def admit_shared(
     if again and _limited(verdict) and remote.has_others(route.pool):
         await remote.sync(route.pool, view_age_ms(pipeline.lookup(route.pool)))
         verdict = pipeline.rejudge(route, facts, verdict, body)
-    hold: Hold | None = None
     for attempt in range(TRIES):
         free = _room(pipeline, route, verdict) if again and attempt < TRIES - 1 else None
-        hold = pipeline.hold_of(route, verdict)
+        # in facts at once: a stream cancelled while its reservation is on the wire releases it
+        hold = facts.hold = pipeline.hold_of(route, verdict)
         if hold is None:
             break
         snapshot = pipeline.lookup(route.pool)
-        if await remote.reserve(_reserve_of(pipeline, route, hold, snapshot, free)):
+        if await remote.reserve(_reserve_of(pipeline, hold, snapshot, free)):
             break
         pipeline.views.unhold(hold)
-        hold = None
+        facts.hold = None
         verdict = pipeline.rejudge(route, facts, verdict, body)
-    facts.hold = hold
     pipeline.count(route, verdict)
     return verdict
 
@@ -122,4 +121,4 @@ def share_hold(pipeline: Pipeline, route: Route, hold: Hold | None) -> None:
     remote = pipeline.views.remote
     if hold is None or remote is None or not remote.active:
         return
-    remote.reserve_later(_reserve_of(pipeline, route, hold, pipeline.lookup(route.pool), False))
+    remote.reserve_later(_reserve_of(pipeline, hold, pipeline.lookup(route.pool), None))

@@ -301,6 +301,35 @@ async def test_a_redis_that_hangs_costs_each_request_its_deadline_then_the_ledge
 
 
 @aio
+async def test_a_stream_cancelled_while_its_reservation_is_on_the_wire_releases_its_hold(
+    view: dict[str, PoolSnapshot],
+) -> None:
+    listener = socket.socket()  # a Redis that accepts and never answers
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    try:
+        r = Replica(f"redis://127.0.0.1:{listener.getsockname()[1]}/0", view)
+        r.ledger.deadline_s = 30.0
+        r.ledger.active = True  # as if it had answered before it hung
+        route = r.pipeline.router.resolve([])
+        facts = HeaderFacts(adapter=OPENAI_CHAT, priority="standard")
+        verdict = r.pipeline.on_body(route, facts, BODY.encode())
+        assert verdict is not None
+        task = asyncio.ensure_future(admit_shared(r.pipeline, route, facts, verdict, BODY.encode()))
+        await asyncio.sleep(0.3)
+        assert r.pipeline.views.live["default"][""] == 7  # held, waiting on Redis
+        task.cancel()  # Envoy closed the stream (the client left)
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        assert facts.hold is not None  # the servicer's finally releases what facts hold
+        r.end(facts)
+        assert r.pipeline.views.live["default"][""] == 0
+        await r.ledger.client.aclose()
+    finally:
+        listener.close()
+
+
+@aio
 async def test_an_unreachable_redis_at_start_starts_local(caplog: pytest.LogCaptureFixture) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
