@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,6 +77,7 @@ __all__ = [
     "kind_breakdown",
     "quantile",
     "run_burst",
+    "sse_chunks",
     "send",
     "tenant_breakdown",
 ]
@@ -144,16 +145,9 @@ async def send(
                 shot.ttft_s = time.monotonic() - start
                 shot.error = text[:2000]
             else:
-                async for raw in resp.content:
-                    line = raw.strip()
-                    if not line.startswith(b"data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == b"[DONE]":
-                        break
+                async for chunk in sse_chunks(resp):
                     if shot.ttft_s is None:
                         shot.ttft_s = time.monotonic() - start
-                    chunk = json.loads(data)
                     if isinstance(chunk.get("error"), dict):  # refused inside the stream
                         err = chunk["error"]
                         code = err.get("code")
@@ -168,6 +162,20 @@ async def send(
         shot.error = f"{type(e).__name__}: {e}"
     shot.latency_s = time.monotonic() - start
     return shot
+
+
+async def sse_chunks(resp: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
+    """The JSON chunks of an OpenAI-style event stream, up to ``data: [DONE]``."""
+    async for raw in resp.content:
+        line = raw.strip()
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            return
+        chunk = json.loads(data)
+        if isinstance(chunk, dict):
+            yield chunk
 
 
 def _number(text: str | None) -> float | None:

@@ -48,6 +48,7 @@ from typing import Any
 
 import aiohttp
 
+from ext_proc.lab.overload.run import sse_chunks
 from ext_proc.lab.replicas.accounting import blocks_for
 
 __all__ = [
@@ -189,14 +190,7 @@ async def send(
             answer.headers_s = time.monotonic() - t0
             _read_headers(answer, resp)
             if body.get("stream") is True and resp.status == 200:
-                async for raw in resp.content:
-                    line = raw.strip()
-                    if not line.startswith(b"data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == b"[DONE]":
-                        break
-                    chunk = json.loads(data)
+                async for chunk in sse_chunks(resp):
                     if isinstance(chunk.get("error"), dict):
                         answer.error = json.dumps(chunk)[:500]
                         break
