@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from ext_proc.lab.redis_local import RedisServer
 from ext_proc.lab.stack import ENVOY_DIR, Stack, free_port, render_envoy_config
 
 from .harness import Reply, request
@@ -82,6 +83,7 @@ def pool_stack(
     dead_endpoint: bool = False,
     epp_header: bool = False,
     subset_of: str = "",
+    ice_extra: list[str] | None = None,
 ) -> Iterator[Pool]:
     """Two dev backends (FULL, ROOMY) in one pool; with ``dead_endpoint`` a third backend's
     metrics (idle) are mapped to a closed port that is also in Envoy's backend cluster."""
@@ -105,7 +107,7 @@ def pool_stack(
         )
         policy.write_text(text)
         ice = f"127.0.0.1:{free_port()}"
-        stack.start_ice(ice, policy=policy)
+        stack.start_ice(ice, policy=policy, extra=ice_extra)
         envoy_port, admin_port = free_port(), free_port()
         config = render_envoy_config(
             ENVOY_DIR / "envoy.yaml",
@@ -180,6 +182,25 @@ def test_ice_mode_sends_no_request_where_it_does_not_fit(tmp_path: Path) -> None
         assert all(r.header("x-ice-decision") == "pass" for r in replies)
         assert pool.received("full") == []
         assert len(pool.received("roomy")) == 20
+
+
+def test_ice_mode_on_the_shared_ledger_still_sends_every_request_where_it_fits(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    # the reservation's round trip (and a re-judgement on a conflict) keeps the pick
+    redis_server.client().flushdb()
+    extra = ["--ledger", redis_server.url, "--ledger-deadline-ms", "100"]
+    with pool_stack(tmp_path, "ice", ice_extra=extra) as pool:
+        replies = [pool.post(BODY) for _ in range(20)]
+        assert all(r.status == 200 for r in replies), replies
+        roomy = f"127.0.0.1:{pool.backends['roomy']}"
+        assert {r.header("x-ice-endpoint") for r in replies} == {roomy}
+        assert pool.received("full") == []
+        assert len(pool.received("roomy")) == 20
+        # each reservation in the shared ledger names the endpoint ICE picked
+        seen = redis_server.client().zrange("ice:{default}:seen", 0, -1)
+        assert len(seen) == 20
+        assert {m.decode().split("|")[2] for m in seen} == {roomy}
 
 
 def test_none_mode_lets_nothing_land_un_downgraded_where_it_does_not_fit(
