@@ -77,8 +77,8 @@ __all__ = [
     "kind_breakdown",
     "quantile",
     "run_burst",
-    "sse_chunks",
     "send",
+    "sse_chunks",
     "tenant_breakdown",
 ]
 
