@@ -42,7 +42,7 @@ typecheck: $(STAMP)
 
 # Regenerate ext_proc/_pb from protos/ (the generated files are committed; a test checks they match).
 protos: $(STAMP)
-	$(BIN)/python -m ext_proc.protogen
+	$(BIN)/python -m ext_proc.tools.protogen
 
 bench: $(STAMP)
 	$(BIN)/python bench/throughput.py

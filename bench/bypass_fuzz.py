@@ -65,11 +65,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ext_proc.decision import Downgrade, Pass, Reject, Truncated
-from ext_proc.pipeline import BodyVerdict, Pipeline
-from ext_proc.plan import Continue
+from ext_proc.admit.outcome import Continue
+from ext_proc.admit.pipeline import BodyVerdict, Pipeline
+from ext_proc.admit.routing import Route
+from ext_proc.policy.decision import Downgrade, Pass, Reject, Truncated
 from ext_proc.policy.load import parse_policy
-from ext_proc.routing import Route
 from ext_proc.schemas import ADAPTERS
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
 

@@ -40,8 +40,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from ext_proc.lab.stack import free_port  # noqa: E402
-from ext_proc.policy.model import Pool  # noqa: E402
 from ext_proc.signals.collector import Collector, Fetch  # noqa: E402
+from ext_proc.signals.pool import Pool  # noqa: E402
 from ext_proc.signals.snapshot import PoolSnapshot  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from ext_proc.lab.redis_local import start_redis
-from ext_proc.signals.ledger_redis import RedisLedger, Reserve
+from ext_proc.placement.ledger_redis import RedisLedger, Reserve
 
 
 def _quantiles(xs: list[float]) -> str:

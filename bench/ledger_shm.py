@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from multiprocessing.synchronize import Event
 
-from ext_proc.signals.ledger_shm import LedgerHandle, LedgerSegment, endpoint_key
+from ext_proc.placement.ledger_shm import LedgerHandle, LedgerSegment, endpoint_key
 
 KEYS = [endpoint_key("chat", f"10.0.0.{i}:8000") for i in range(15)] + [endpoint_key("chat", "")]
 

@@ -36,12 +36,13 @@ import yaml
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from ext_proc import rawjson, render
+from ext_proc.admit.pipeline import Pipeline
 from ext_proc.lab.stack import ENVOY_DIR
-from ext_proc.pipeline import Pipeline
 from ext_proc.policy.evaluate import evaluate
 from ext_proc.policy.load import load_policy
-from ext_proc.servicer import ExtProcServicer
+from ext_proc.schemas import rawjson
+from ext_proc.serve import render
+from ext_proc.serve.servicer import ExtProcServicer
 from ext_proc.signals.collector import backend_from_scrape
 from ext_proc.signals.parse import parse_engine
 from ext_proc.signals.snapshot import PoolSnapshot

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ext_proc.schemas.estimate import estimate_text_tokens
 from ext_proc.tokencount import ExactCounter, TokenizerSpec
-from ext_proc.tokens import estimate_text_tokens
 
 REPO = Path(__file__).resolve().parent.parent
 TINY_DIR = REPO / "tests" / "data" / "vllm_cpu" / "tokenizer"

@@ -3,9 +3,10 @@
     .venv/bin/python bench/truncation.py [--cold 10] [--warm 100] [--json]
 
 1. Planning time for a 50-message mixed English/Chinese chat of about 8,000 tokens, budget
-   50 %: the server's whole truncation path (``Pipeline.on_body`` + ``finish_truncation``:
-   parse, features, the Truncate rule, turns, similarities from a real embedding worker
-   process over its Unix socket, the plan, the edited body, the second judgement).
+   50 %: the server's whole truncation path (``Pipeline.on_body`` +
+   ``admit.truncation.finish_truncation``: parse, features, the Truncate rule, turns, similarities
+   from a real embedding worker process over its Unix socket, the plan, the edited body, the second
+   judgement).
    - cold: every run a conversation never seen (nothing cached): p50 / p95 / max;
    - warm: the same conversation again (every turn cached): p50 / p95;
    - next turn: the conversation grown by one turn (one new text to embed): p50 / p95.
@@ -32,8 +33,9 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
+from ext_proc.admit.pipeline import BodyVerdict, HeaderFacts, Pipeline
+from ext_proc.admit.truncation import finish_truncation
 from ext_proc.lab.stack import Stack, free_port
-from ext_proc.pipeline import BodyVerdict, HeaderFacts, Pipeline
 from ext_proc.policy.load import default_policy_text, parse_policy
 from ext_proc.schemas import OPENAI_CHAT
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
@@ -139,7 +141,7 @@ async def _planning(
         t = time.perf_counter()
         verdict = pipeline.on_body(route, facts, body)
         assert verdict is not None and verdict.pending is not None
-        done = await pipeline.finish_truncation(route, facts, verdict)
+        done = await finish_truncation(pipeline, route, facts, verdict)
         return time.perf_counter() - t, done
 
     await once(json.dumps(conversation("warmup")).encode())  # first-call costs (connection)

@@ -21,8 +21,8 @@ def _lab_installed() -> bool:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from ext_proc.backlog import DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_MESSAGE_TIMEOUT_S
-    from ext_proc.signals.ledger_redis import DEFAULT_DEADLINE_S, DEFAULT_TTL_S
+    from ext_proc.admit.backlog import DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_MESSAGE_TIMEOUT_S
+    from ext_proc.placement.ledger_redis import DEFAULT_DEADLINE_S, DEFAULT_TTL_S
 
     ap = argparse.ArgumentParser(prog="ice", description="ICE, the Inference Constraint Evaluator")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -76,7 +76,7 @@ def _parser() -> argparse.ArgumentParser:
         "--leader-elect",
         action="store_true",
         help="active-passive in Kubernetes: gRPC health SERVING only while this pod holds the "
-        "Lease (ext_proc/ha/lease.py; needs the k8s extra and --workers 1)",
+        "Lease (ext_proc/serve/lease.py; needs the k8s extra and --workers 1)",
     )
     s.add_argument("--lease-name", default="ice-leader", help="the Lease (--leader-elect)")
     s.add_argument(
@@ -157,15 +157,15 @@ def main(argv: list[str] | None = None) -> int:
 
         return prefix_report_main(argv[1:])
     if argv[:1] == ["calibrate"]:
-        from ext_proc.calibrate.cli import main as calibrate_main
+        from ext_proc.tools.calibrate.cli import main as calibrate_main
 
         return calibrate_main(argv[1:])
     if argv[:1] == ["doctor"]:
-        from ext_proc.doctor import main as doctor_main
+        from ext_proc.tools.doctor import main as doctor_main
 
         return doctor_main(argv[1:])
     if argv[:1] == ["envoy-config"]:
-        from ext_proc.envoygen.cli import main as envoy_config_main
+        from ext_proc.tools.envoygen.cli import main as envoy_config_main
 
         return envoy_config_main(argv[1:])
     if argv[:1] == ["truncate"]:
@@ -173,16 +173,16 @@ def main(argv: list[str] | None = None) -> int:
 
         return truncate_main(argv[1:])
     args = _parser().parse_args(argv)
+    from ext_proc.placement.ledger_redis import LedgerURLError
     from ext_proc.policy.load import PolicyError
-    from ext_proc.signals.ledger_redis import LedgerURLError
 
     try:
         if args.command == "serve":
-            from ext_proc.server import ServeOptions, serve
-            from ext_proc.signals.ledger_redis import check_ledger_url
+            from ext_proc.placement.ledger_redis import check_ledger_url
+            from ext_proc.serve.server import ServeOptions, serve
 
             if args.leader_elect:
-                from ext_proc.ha import lease
+                from ext_proc.serve import lease
 
                 if args.workers > 1:
                     print("ice: --leader-elect needs --workers 1 (one vote a pod)", file=sys.stderr)
@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
         if args.command == "evaluate":
-            from ext_proc.dryrun import dry_run
+            from ext_proc.tools.dryrun import dry_run
 
             request = (
                 sys.stdin.buffer.read() if args.request == "-" else Path(args.request).read_bytes()

@@ -11,8 +11,6 @@ import functools
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from ext_proc.signals.snapshot import PoolSnapshot
-
 __all__ = [
     "BACKEND_OVERLOADS",
     "BACKLOG_BYTES",
@@ -82,7 +80,7 @@ TOKEN_COUNTS = Counter(
     "does not allow the split).",
     ["mode"],
 )
-# The flood guard (ext_proc/backlog.py, ext_proc/coarse.py).
+# The flood guard (ext_proc/admit/backlog.py, ext_proc/admit/headeronly.py).
 COARSE_VERDICTS = Counter(
     "ice_coarse_verdicts",
     "Requests judged without their body because the worker was busy, by route and why: "
@@ -113,7 +111,7 @@ BACKLOG_WINDOW = Gauge(
     "on an admitted body and grown back by bodies answered in time.",
     multiprocess_mode="livesum",
 )
-# The admission queue (ext_proc/queueing.py).
+# The admission queue (ext_proc/admit/queue.py).
 QUEUE_DEPTH = Gauge(
     "ice_queue_depth",
     "Requests waiting in the admission queue, by pool and priority.",
@@ -337,11 +335,10 @@ def collector_metrics() -> tuple[Counter | Gauge, ...]:
     )
 
 
-def observe_pool(snapshot: PoolSnapshot) -> None:
-    """Record a fresh pool snapshot in the gauges."""
+def observe_pool(pool: str, kv_cache_usage: float | None) -> None:
+    """Record a fresh view of ``pool`` in the gauges (its KV-cache usage, 0–1, when known)."""
     import time
 
-    usage = snapshot.kv_cache_usage
-    if usage is not None:
-        KV_USAGE.labels(pool=snapshot.pool).set(usage)
-    SNAPSHOT_AGE.labels(pool=snapshot.pool).set(time.time())
+    if kv_cache_usage is not None:
+        KV_USAGE.labels(pool=pool).set(kv_cache_usage)
+    SNAPSHOT_AGE.labels(pool=pool).set(time.time())

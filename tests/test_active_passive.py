@@ -24,11 +24,11 @@ from e2e.harness import (
     write_policy,
 )
 
-from ext_proc.envoygen import pieces
-from ext_proc.envoygen.emit import as_dict
-from ext_proc.envoygen.local import local_bootstrap
-from ext_proc.envoygen.spec import load_spec
 from ext_proc.lab.stack import Stack, free_port, render_envoy_config
+from ext_proc.tools.envoygen import pieces
+from ext_proc.tools.envoygen.emit import as_dict
+from ext_proc.tools.envoygen.local import local_bootstrap
+from ext_proc.tools.envoygen.spec import load_spec
 
 REPO = Path(__file__).resolve().parent.parent
 ADDRESSES = ["10.0.0.1:50051", "10.0.0.2:50051", "10.0.0.3:50051"]

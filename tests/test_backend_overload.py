@@ -1,4 +1,4 @@
-"""``ext_proc.backend_overload``: which responses are a backend's own overload 503, what ICE
+"""``ext_proc.admit.overload_answer``: which responses are a backend's own overload 503, what ICE
 answers instead (status, Retry-After, verdict headers, the API's error body), which requests
 it watches and what they need of the pool. Plain data: no gRPC, no Envoy."""
 
@@ -9,15 +9,15 @@ from dataclasses import replace
 
 import pytest
 
-from ext_proc.backend_overload import REASON, answer, from_backend, need_tokens, watches
-from ext_proc.decision import Downgrade, Pass, Reject, Truncated
-from ext_proc.plan import Continue
+from ext_proc.admit.outcome import Continue
+from ext_proc.admit.overload_answer import REASON, answer, from_backend, need_tokens, watches
+from ext_proc.admit.verdict import BodyVerdict
+from ext_proc.policy.decision import Downgrade, Pass, Reject, Truncated
 from ext_proc.policy.model import Level, Profile
 from ext_proc.policy.pressure import Pressure
 from ext_proc.policy.scores import DrainInputs
 from ext_proc.schemas import OPENAI_CHAT, OPENAI_COMPLETIONS, RequestFeatures
 from ext_proc.schemas.anthropic_messages import ANTHROPIC_MESSAGES
-from ext_proc.verdict import BodyVerdict
 
 PROFILE = Profile(name="p", min_output_tokens=16, retry_after_s=2)
 HIGH = Pressure(score=74.0, level=Level.HIGH)

@@ -1,6 +1,6 @@
 """The worker's body backlog: admission by bytes and by time, the window, the cost, hand-computed.
 
-Figures follow ``ext_proc/backlog.py``'s docstring: window W (starting at
+Figures follow ``ext_proc/admit/backlog.py``'s docstring: window W (starting at
 max_inflight_bytes), bodies over 64 KiB stop at W × 7/8, budget = 0.5 × message_timeout in a
 busy lane and the whole timeout in an empty one, cost c in seconds per byte.
 """
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ext_proc.backlog import (
+from ext_proc.admit.backlog import (
     DEFAULT_COST_S_PER_BYTE,
     MIN_WINDOW_BYTES,
     SMALL_BODY_BYTES,
@@ -171,7 +171,7 @@ def test_inflight_bytes_is_the_sum_of_live_tickets(
 def test_the_default_message_timeout_is_the_shipped_envoy_configs() -> None:
     import yaml
 
-    from ext_proc.backlog import DEFAULT_MESSAGE_TIMEOUT_S
+    from ext_proc.admit.backlog import DEFAULT_MESSAGE_TIMEOUT_S
     from ext_proc.lab.stack import ENVOY_DIR
 
     for name in ("envoy.yaml", "bench.yaml"):

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from ext_proc.decision import Downgrade, Pass, Reject
-from ext_proc.pipeline import BodyVerdict
-from ext_proc.plan import Continue, Respond
+from ext_proc.admit.outcome import Continue, Respond
+from ext_proc.admit.pipeline import BodyVerdict
+from ext_proc.policy.decision import Downgrade, Pass, Reject
 from ext_proc.schemas import ADAPTERS, SCHEMAS
 from ext_proc.schemas.base import RequestFeatures
 

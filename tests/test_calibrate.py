@@ -9,9 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ext_proc.calibrate.cli import fragment, main, parse_duration
-from ext_proc.calibrate.fit import auc, fit_pressure, thresholds_for
-from ext_proc.calibrate.history import (
+from ext_proc.policy.load import parse_policy
+from ext_proc.policy.model import PressureModel
+from ext_proc.tools.calibrate.cli import fragment, main, parse_duration
+from ext_proc.tools.calibrate.fit import auc, fit_pressure, thresholds_for
+from ext_proc.tools.calibrate.history import (
     History,
     Track,
     build_history,
@@ -20,8 +22,6 @@ from ext_proc.calibrate.history import (
     outcome_events,
     over_target,
 )
-from ext_proc.policy.load import parse_policy
-from ext_proc.policy.model import PressureModel
 
 DATA = Path(__file__).parent / "data" / "vllm_cpu"
 
@@ -205,8 +205,8 @@ def test_no_events_prints_the_defaults(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 def test_pages_history_reads_the_recorded_pages(tmp_path: Path) -> None:
-    from ext_proc.calibrate.pages import history_from_pages
     from ext_proc.signals.parse import parse_engine
+    from ext_proc.tools.calibrate.pages import history_from_pages
 
     texts = [(DATA / f"metrics_{k}.txt").read_text() for k in ("idle", "loaded", "preempting")]
     root = _pages(tmp_path, texts)
@@ -222,7 +222,7 @@ def test_pages_history_reads_the_recorded_pages(tmp_path: Path) -> None:
 
 
 def test_sidecar_times(tmp_path: Path) -> None:
-    from ext_proc.calibrate.pages import page_times
+    from ext_proc.tools.calibrate.pages import page_times
 
     (tmp_path / "a.txt").write_text("x")
     (tmp_path / "b.txt").write_text("x")

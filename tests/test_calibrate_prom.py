@@ -12,8 +12,8 @@ from urllib.parse import parse_qs, urlparse
 import numpy as np
 import pytest
 
-from ext_proc.calibrate import prom
-from ext_proc.calibrate.cli import main
+from ext_proc.tools.calibrate import prom
+from ext_proc.tools.calibrate.cli import main
 
 T0, STEP, N = 1000.0, 30.0, 10
 TIMES = [T0 + STEP * i for i in range(N)]

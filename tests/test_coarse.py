@@ -8,10 +8,15 @@ from __future__ import annotations
 
 import time
 
-from ext_proc.coarse import H_JUDGED, TEMPLATE_SLACK_TOKENS, coarse_features, coarse_tokens
-from ext_proc.decision import Pass, Reject
-from ext_proc.pipeline import HeaderFacts, Pipeline
-from ext_proc.plan import Continue, Respond
+from ext_proc.admit.headeronly import (
+    H_JUDGED,
+    TEMPLATE_SLACK_TOKENS,
+    coarse_features,
+    coarse_tokens,
+)
+from ext_proc.admit.outcome import Continue, Respond
+from ext_proc.admit.pipeline import HeaderFacts, Pipeline
+from ext_proc.policy.decision import Pass, Reject
 from ext_proc.policy.load import parse_policy
 from ext_proc.schemas import BY_NAME
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot

@@ -18,9 +18,9 @@ from test_signals_nvml import (  # type: ignore[import-not-found]
     FakeNVMLError,
 )
 
-from ext_proc.policy.model import Pool
 from ext_proc.signals.collector import Collector
 from ext_proc.signals.nvml import NvmlSource
+from ext_proc.signals.pool import Pool
 from ext_proc.signals.poolbuild import SATURATED_WAITING
 from ext_proc.signals.snapshot import PoolSnapshot
 

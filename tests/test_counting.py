@@ -1,4 +1,4 @@
-"""Exact counts only when the verdict depends on them (ext_proc/counting.py), hand-computed.
+"""Exact counts only when the verdict depends on them (ext_proc/admit/counting.py), hand-computed.
 
 The estimate's bounds are lo = ⌈text × 0.5⌉ + media and hi = ⌈text × 2⌉ + media; when the
 ladder gives both the same verdict the estimate decides at hi (``x-ice-tokens: estimate``),
@@ -12,9 +12,9 @@ from pathlib import Path
 
 from test_exact_tokens_pipeline import pipeline as exact_pipeline  # type: ignore[import-not-found]
 
-from ext_proc.counting import bounds, same_verdict
-from ext_proc.decision import Downgrade, Pass, Reject
-from ext_proc.pipeline import HeaderFacts, Pipeline
+from ext_proc.admit.counting import bounds, same_verdict
+from ext_proc.admit.pipeline import HeaderFacts, Pipeline
+from ext_proc.policy.decision import Downgrade, Pass, Reject
 from ext_proc.schemas import BY_NAME, RequestFeatures
 
 DATA = Path(__file__).parent / "data"

@@ -21,18 +21,18 @@ import pytest
 import yaml
 
 from ext_proc import telemetry
-from ext_proc.doctor import ice as ice_checks
-from ext_proc.doctor import main
-from ext_proc.doctor.backend import backend_checks
-from ext_proc.doctor.dump import from_bootstrap, from_config_dump
-from ext_proc.doctor.envoy import view_checks
-from ext_proc.doctor.expect import Expected, expected
-from ext_proc.doctor.fetch import FetchError
-from ext_proc.doctor.model import STATUSES, Check, render_text
-from ext_proc.doctor.routing import filter_on, route_to, select_vhost
-from ext_proc.envoygen import pieces
 from ext_proc.lab.stack import free_port
 from ext_proc.policy.load import default_policy_text, load_policy, parse_policy
+from ext_proc.tools.doctor import ice as ice_checks
+from ext_proc.tools.doctor import main
+from ext_proc.tools.doctor.backend import backend_checks
+from ext_proc.tools.doctor.dump import from_bootstrap, from_config_dump
+from ext_proc.tools.doctor.envoy import view_checks
+from ext_proc.tools.doctor.expect import Expected, expected
+from ext_proc.tools.doctor.fetch import FetchError
+from ext_proc.tools.doctor.model import STATUSES, Check, render_text
+from ext_proc.tools.doctor.routing import filter_on, route_to, select_vhost
+from ext_proc.tools.envoygen import pieces
 
 REPO = Path(__file__).resolve().parents[1]
 DUMP_FILE = REPO / "tests" / "data" / "doctor" / "config_dump.json"
@@ -711,7 +711,7 @@ def test_default_policy_is_ices_built_in() -> None:
 
 
 def test_every_check_is_documented() -> None:
-    source = "".join(p.read_text() for p in (REPO / "ext_proc" / "doctor").glob("*.py"))
+    source = "".join(p.read_text() for p in (REPO / "ext_proc" / "tools" / "doctor").glob("*.py"))
     names = set(re.findall(r'"((?:envoy|ice|backend)\.[a-z_]+)"', source))
     assert len(names) > 25
     doc = (REPO / "docs" / "doctor.md").read_text()

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from ext_proc.envoygen.cli import main, render_all
-from ext_proc.envoygen.spec import SpecError, load_spec, parse_spec
+from ext_proc.tools.envoygen.cli import main, render_all
+from ext_proc.tools.envoygen.spec import SpecError, load_spec, parse_spec
 
 REPO = Path(__file__).resolve().parent.parent
 SPEC = REPO / "envoy" / "mesh.yaml"

@@ -1,4 +1,4 @@
-"""Envoy Gateway's objects (ext_proc/envoygen/gateway.py): deterministic; closed by default;
+"""Envoy Gateway's objects (ext_proc/tools/envoygen/gateway.py): deterministic; closed by default;
 one EnvoyExtensionPolicy per profile; every judged route's name (and profile) reaches ICE
 through the patch; the verdict headers on the judged routes' responses; spoofed headers
 removed before ext_proc; and the bootstrap EG would build from them passes
@@ -16,11 +16,11 @@ import yaml
 from e2e import eg_xds  # the EG-shaped bootstrap (tests/e2e/eg_xds.py)
 from envoy_data_plane.google.protobuf import Any as PbAny
 
-from ext_proc.envoygen import gateway, pieces
-from ext_proc.envoygen.emit import as_dict, to_yaml
-from ext_proc.envoygen.local import local_bootstrap
-from ext_proc.envoygen.spec import MeshSpec, load_spec, parse_spec
 from ext_proc.lab.stack import envoy_binary
+from ext_proc.tools.envoygen import gateway, pieces
+from ext_proc.tools.envoygen.emit import as_dict, to_yaml
+from ext_proc.tools.envoygen.local import local_bootstrap
+from ext_proc.tools.envoygen.spec import MeshSpec, load_spec, parse_spec
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC = load_spec(REPO / "envoy" / "mesh.yaml")

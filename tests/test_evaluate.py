@@ -7,7 +7,7 @@ from types import MappingProxyType
 
 import pytest
 
-from ext_proc.decision import Decision, Downgrade, Pass, Reject, verdict_headers
+from ext_proc.policy.decision import Decision, Downgrade, Pass, Reject, verdict_headers
 from ext_proc.policy.evaluate import KvFit, Shape, evaluate, safe_output_tokens
 from ext_proc.policy.model import Level, Priority, Profile
 from ext_proc.policy.pressure import Pressure

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ext_proc.pipeline import HeaderFacts, Pipeline
+from ext_proc.admit.pipeline import HeaderFacts, Pipeline
 from ext_proc.policy.load import PolicyError, parse_policy
 from ext_proc.schemas import adapter_for_path
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ext_proc.pipeline import Pipeline
+from ext_proc.admit.pipeline import Pipeline
 from ext_proc.policy.load import PolicyError, load_policy, parse_policy
 
 

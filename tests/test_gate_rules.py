@@ -10,14 +10,13 @@ from typing import Any
 
 import pytest
 
-from ext_proc import rawjson
-from ext_proc.decision import Downgrade, Pass, Reject
-from ext_proc.plan import Continue, plan
+from ext_proc.admit.outcome import Continue, plan
+from ext_proc.placement.poolview import PoolViews
+from ext_proc.policy.decision import Downgrade, Pass, Reject
 from ext_proc.policy.evaluate import Shape, evaluate
 from ext_proc.policy.model import Level, Profile
 from ext_proc.policy.pressure import Pressure
-from ext_proc.poolview import PoolViews
-from ext_proc.schemas import ADAPTERS, SCHEMAS, RequestFeatures
+from ext_proc.schemas import ADAPTERS, SCHEMAS, RequestFeatures, rawjson
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
 
 PROFILE = Profile(name="p", max_model_len=8192, output_buffer_tokens=512, min_output_tokens=16)

@@ -1,7 +1,7 @@
 """No way around the gate, in the adapters: every generating endpoint, every sequence, the
 limit the backend uses, repeated keys, media parts and stored context (pure, hand-computed).
 
-Estimates used below (ext_proc/tokens.py): ASCII text costs ceil(chars / 4) tokens, each
+Estimates used below (ext_proc/schemas/estimate.py): ASCII text costs ceil(chars / 4) tokens, each
 message adds PER_MESSAGE_TOKENS = 4, a prompt adds REPLY_PRIMER_TOKENS = 3, an image of
 unknown size costs the default tokens_per_image = 576.
 """
@@ -13,10 +13,9 @@ from typing import Any
 
 import pytest
 
-from ext_proc import rawjson
 from ext_proc.media import media_cost
-from ext_proc.policy.model import MediaSpec
-from ext_proc.schemas import ADAPTERS, SCHEMAS, BadRequest, RequestFeatures
+from ext_proc.media.spec import MediaSpec
+from ext_proc.schemas import ADAPTERS, SCHEMAS, BadRequest, RequestFeatures, rawjson
 
 CHAT = ADAPTERS["/v1/chat/completions"]
 COMPLETIONS = ADAPTERS["/v1/completions"]

@@ -1,4 +1,4 @@
-"""Requests ICE passed count against the view's free blocks (``ext_proc.poolview``): those
+"""Requests ICE passed count against the view's free blocks (``ext_proc.placement.poolview``): those
 passed since the view was taken (a burst between two scrapes is not judged against the same
 free blocks request after request), and, under ``kv_hold: done`` (the default), every request
 still in flight with its whole need until its stream ends:
@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import time
 
-from ext_proc.pipeline import HeaderFacts, Pipeline
+from ext_proc.admit.pipeline import HeaderFacts, Pipeline
+from ext_proc.placement.poolview import Hold
 from ext_proc.policy.load import parse_policy
-from ext_proc.poolview import Hold
 from ext_proc.schemas import OPENAI_CHAT
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
 
@@ -110,7 +110,7 @@ def test_the_room_is_the_lesser_of_the_views_free_blocks_and_what_is_not_reserve
 
 
 def test_the_ledgers_running_total_follows_expiry_and_its_cap() -> None:
-    from ext_proc.poolview import MAX_INFLIGHT, _Entries
+    from ext_proc.placement.poolview import MAX_INFLIGHT, _Entries
 
     entries = _Entries()
     for i in range(MAX_INFLIGHT + 10):
@@ -122,7 +122,7 @@ def test_the_ledgers_running_total_follows_expiry_and_its_cap() -> None:
 
 
 def test_workers_sharing_a_ledger_count_each_others_passed_requests() -> None:
-    from ext_proc.signals.ledger_shm import LedgerHandle, LedgerSegment
+    from ext_proc.placement.ledger_shm import LedgerHandle, LedgerSegment
 
     views = {"now": PoolSnapshot("default", (BACKEND,), time.monotonic() - 1.0)}
     policy = parse_policy(UNTIL_SEEN)
@@ -143,7 +143,7 @@ def test_workers_sharing_a_ledger_count_each_others_passed_requests() -> None:
 
 
 def test_workers_sharing_a_ledger_count_each_others_live_reservations() -> None:
-    from ext_proc.signals.ledger_shm import LedgerHandle, LedgerSegment
+    from ext_proc.placement.ledger_shm import LedgerHandle, LedgerSegment
 
     views = {"now": PoolSnapshot("default", (BACKEND,), time.monotonic() - 1.0)}
     policy = parse_policy(SHED)

@@ -608,8 +608,8 @@ def _generator_variants(tmp: Path) -> dict[str, list[Obj]]:
     """Envoy Gateway objects of specs other than envoy/mesh.yaml, as tests/
     test_envoygen_gateway.py builds them: two profiles (and one route naming the default),
     a backend in another namespace than the gateway, more judged routes than an HTTPRoute holds."""
-    from ext_proc.envoygen import gateway
-    from ext_proc.envoygen.spec import parse_spec
+    from ext_proc.tools.envoygen import gateway
+    from ext_proc.tools.envoygen.spec import parse_spec
 
     policy = yaml.safe_load((ROOT / "ext_proc" / "default_policy.yaml").read_text())
     policy["profiles"]["batch"] = {
@@ -745,7 +745,7 @@ def test_probes_are_grpc_on_the_grpc_port() -> None:
         spec = container[probe]
         assert set(spec) & {"grpc", "httpGet", "tcpSocket", "exec"} == {"grpc"}, probe
         assert spec["grpc"]["port"] == grpc_port
-        # The services ICE's health servicer knows (ext_proc/server.py).
+        # The services ICE's health servicer knows (ext_proc/serve/server.py).
         assert spec["grpc"].get("service", "") in (
             "",
             "envoy.service.ext_proc.v3.ExternalProcessor",
@@ -856,7 +856,7 @@ def test_active_passive_runs_ice_serve_leader_elect_with_the_leases_rbac() -> No
 
 
 def test_active_passive_probes_keep_a_standby_alive_but_not_ready() -> None:
-    from ext_proc.ha.lease import ELECTED_SERVICES, LIVENESS_SERVICE, LeaseTimings
+    from ext_proc.serve.lease import ELECTED_SERVICES, LIVENESS_SERVICE, LeaseTimings
 
     container = ice_container(render("overlays/istio+components/active-passive"))
     grpc_port = next(p["containerPort"] for p in container["ports"] if p["name"] == "grpc")
@@ -886,7 +886,7 @@ def test_redis_ledger_is_the_address_in_ices_ledger_flag() -> None:
     from urllib.parse import urlsplit
 
     from ext_proc.cli import _parser
-    from ext_proc.signals.ledger_redis import check_ledger_url
+    from ext_proc.placement.ledger_redis import check_ledger_url
 
     for overlay in OVERLAYS:
         objs = render(f"overlays/{overlay}+components/redis-ledger")

@@ -1,4 +1,4 @@
-"""``ice serve --leader-elect`` (ext_proc/ha/lease.py) against the Kubernetes client's real
+"""``ice serve --leader-elect`` (ext_proc/serve/lease.py) against the Kubernetes client's real
 election: its ``LeaderElection`` loop decides, over an in-memory lock that keeps the lock
 interface's contract (a write carries the version it read, as a Lease's resourceVersion),
 the only stand-in, since no API server runs here. Health is grpc_health's own asyncio
@@ -29,8 +29,8 @@ from kubernetes.client.rest import ApiException
 from kubernetes.leaderelection.leaderelectionrecord import LeaderElectionRecord
 
 from ext_proc import cli
-from ext_proc.ha import lease
-from ext_proc.ha.lease import (
+from ext_proc.serve import lease
+from ext_proc.serve.lease import (
     ELECTED_SERVICES,
     LIVENESS_SERVICE,
     LeaderElector,
@@ -546,7 +546,7 @@ def test_ice_serve_leader_elect_refuses_several_workers(
 def test_the_serve_flags_reach_serve_options(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[Any] = []
     monkeypatch.setattr(lease, "load_kubernetes", lambda: None)
-    monkeypatch.setattr("ext_proc.server.serve", lambda opts: seen.append(opts) or 0)
+    monkeypatch.setattr("ext_proc.serve.server.serve", lambda opts: seen.append(opts) or 0)
     argv = ["serve", "--leader-elect", "--lease-name", "mine", "--lease-namespace", "ns"]
     assert cli.main(argv) == 0
     (opts,) = seen
@@ -584,7 +584,7 @@ def test_identity_and_namespace_come_from_the_downward_api(
 def test_a_serving_worker_answers_health_by_its_lease_and_releases_it_at_sigterm(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """ext_proc/server.py's worker as ``ice serve --leader-elect`` runs it, with the Lease
+    """ext_proc/serve/server.py's worker as ``ice serve --leader-elect`` runs it, with the Lease
     the in-memory lock (the only stand-in): its gRPC health, read over the network, follows
     the election; SIGTERM releases the lease to the rival."""
     import os
@@ -593,8 +593,8 @@ def test_a_serving_worker_answers_health_by_its_lease_and_releases_it_at_sigterm
     import grpc
     from grpc_health.v1 import health_pb2_grpc
 
-    from ext_proc import server
     from ext_proc.lab.stack import free_port
+    from ext_proc.serve import server
 
     store = Store()
     seen: dict[str, Any] = {}

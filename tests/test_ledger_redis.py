@@ -1,7 +1,7 @@
-"""Several ICE replicas on one shared ledger in a real Redis (``ext_proc.signals.ledger_redis``,
-``ext_proc.sharing``): N replicas admit no more than one would, reservations race safely, a
-dead replica's reservations stop counting after its TTL, and a Redis that dies or hangs turns
-the ledger local (and back) without failing a request."""
+"""Several ICE replicas on one shared ledger in a real Redis (``ext_proc.placement.ledger_redis``,
+``ext_proc.admit.shared_ledger``): N replicas admit no more than one would, reservations race
+safely, a dead replica's reservations stop counting after its TTL, and a Redis that dies or hangs
+turns the ledger local (and back) without failing a request."""
 
 from __future__ import annotations
 
@@ -20,12 +20,10 @@ from typing import Any
 import pytest
 
 from ext_proc import telemetry
+from ext_proc.admit.pipeline import BodyVerdict, HeaderFacts, Pipeline
+from ext_proc.admit.shared_ledger import admit_shared, view_age_ms
 from ext_proc.lab.redis_local import RedisServer
-from ext_proc.pipeline import BodyVerdict, HeaderFacts, Pipeline
-from ext_proc.policy.load import parse_policy
-from ext_proc.schemas import OPENAI_CHAT
-from ext_proc.sharing import admit_shared, view_age_ms
-from ext_proc.signals.ledger_redis import (
+from ext_proc.placement.ledger_redis import (
     SLOW_CALLS_DOWN,
     LedgerURLError,
     RedisLedger,
@@ -33,6 +31,8 @@ from ext_proc.signals.ledger_redis import (
     check_ledger_url,
     live_key,
 )
+from ext_proc.policy.load import parse_policy
+from ext_proc.schemas import OPENAI_CHAT
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
 
 

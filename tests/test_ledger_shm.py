@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from ext_proc.signals.ledger_shm import (
+from ext_proc.placement.ledger_shm import (
     LedgerHandle,
     LedgerSegment,
     default_segment_name,
@@ -303,7 +303,7 @@ def test_a_handle_in_a_fresh_interpreter_does_not_unlink_the_segment_at_exit() -
     """bpo-38119: a ``SharedMemory(name)`` there would be unlinked by its resource tracker."""
     with LedgerSegment(2, ring_entries=8) as seg:
         code = (
-            "from ext_proc.signals.ledger_shm import LedgerHandle\n"
+            "from ext_proc.placement.ledger_shm import LedgerHandle\n"
             f"h = LedgerHandle({seg.name!r}, 1)\n"
             "h.publish(5, 1.0, 9)\n"
             "print(h.others(0.0))\n"

@@ -29,7 +29,7 @@ from ext_proc.media import (
     media_cost,
     part_of,
 )
-from ext_proc.policy.model import MediaSpec
+from ext_proc.media.spec import MediaSpec
 
 QWEN2_MAX = 12845056  # Qwen2-VL's published max_pixels
 QWEN25_MAX = 28 * 28 * 1280  # 1003520, transformers' default

@@ -8,8 +8,8 @@ import platform
 
 import pytest
 
-from ext_proc import memory
-from ext_proc.memory import Trimmer
+from ext_proc.serve import memtrim
+from ext_proc.serve.memtrim import Trimmer
 
 
 def test_trim_fires_once_the_backlog_has_stayed_idle_after_enough_bytes() -> None:
@@ -56,5 +56,5 @@ def test_trim_is_not_armed_while_bodies_are_still_in_flight() -> None:
 )
 def test_glibc_accepts_the_fixed_mmap_threshold_and_the_trim() -> None:
     assert ctypes.util.find_library("c") is not None
-    assert memory.tune() is True
-    memory.trim()  # returns whether memory went back; must not fail
+    assert memtrim.tune() is True
+    memtrim.trim()  # returns whether memory went back; must not fail

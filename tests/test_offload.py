@@ -8,11 +8,11 @@ import time
 
 import pytest
 
-from ext_proc.offload import Offload
-from ext_proc.pipeline import HeaderFacts, Pipeline
+from ext_proc.admit.pipeline import HeaderFacts, Pipeline
 from ext_proc.policy.evaluate import Shape
 from ext_proc.policy.load import load_policy
 from ext_proc.schemas import OPENAI_CHAT
+from ext_proc.serve.helper import Offload
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
 
 PART = {"type": "text", "text": "a"}

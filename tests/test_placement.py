@@ -9,12 +9,12 @@ from dataclasses import replace
 
 import pytest
 
-from ext_proc import render
-from ext_proc.picking import Affinity, Candidate, endpoint_of, pick, prefix_key
-from ext_proc.pipeline import Pipeline
-from ext_proc.plan import Continue
+from ext_proc.admit.outcome import Continue
+from ext_proc.admit.pipeline import Pipeline
+from ext_proc.placement.endpoints import Affinity, Candidate, endpoint_of, pick, prefix_key
 from ext_proc.policy.evaluate import Shape
 from ext_proc.policy.load import parse_policy
+from ext_proc.serve import render
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
 
 FULL = "http://10.0.0.1:8000/metrics"
@@ -282,7 +282,7 @@ def test_the_subset_hint_is_read_from_forwarded_metadata() -> None:
     from envoy.config.core.v3 import base_pb2
     from google.protobuf import struct_pb2
 
-    from ext_proc.servicer import _subset_hint
+    from ext_proc.serve.servicer import _subset_hint
 
     def metadata(value: object) -> base_pb2.Metadata:
         md = base_pb2.Metadata()

@@ -7,13 +7,13 @@ import json
 import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from ext_proc import rawjson, render
-from ext_proc.decision import Downgrade, Pass, Reject
-from ext_proc.plan import Continue, Respond, plan
+from ext_proc.admit.outcome import Continue, Respond, plan
+from ext_proc.policy.decision import Downgrade, Pass, Reject
 from ext_proc.policy.model import Level
 from ext_proc.policy.pressure import Pressure
-from ext_proc.schemas import OPENAI_CHAT, OPENAI_COMPLETIONS
+from ext_proc.schemas import OPENAI_CHAT, OPENAI_COMPLETIONS, rawjson
 from ext_proc.schemas.anthropic_messages import ANTHROPIC_MESSAGES
+from ext_proc.serve import render
 
 HIGH = Pressure(70.0, Level.HIGH)
 

@@ -8,7 +8,7 @@ import pytest
 
 from ext_proc.policy.load import PolicyError, load_policy, parse_policy
 from ext_proc.policy.model import Level
-from ext_proc.protogen import ROOT, generate
+from ext_proc.tools.protogen import ROOT, generate
 
 
 def test_builtin_default_policy_loads_with_documented_defaults() -> None:

@@ -8,7 +8,7 @@ import time
 
 from prometheus_client import REGISTRY
 
-from ext_proc.pipeline import HeaderFacts, Pipeline
+from ext_proc.admit.pipeline import HeaderFacts, Pipeline
 from ext_proc.policy.load import default_policy_text, parse_policy
 from ext_proc.schemas import OPENAI_CHAT
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
@@ -52,7 +52,7 @@ def test_off_by_default_and_sampled_when_on() -> None:
 
 
 def test_the_sampled_request_also_gives_the_routes_system_prompt_weight() -> None:
-    from ext_proc.sysprompt import system_prompt_complexity
+    from ext_proc.sysprompt.complexity import system_prompt_complexity
 
     pipeline = _pipeline("prefix_tracking: {enabled: true, sample_every: 1}\n")
     _send(pipeline, SHARED)

@@ -16,11 +16,10 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ext_proc import rawjson
 from ext_proc.kv import plan_capacity
 from ext_proc.kv.geometry import build_geometry
 from ext_proc.kv.hfconfig import ModelShape
-from ext_proc.schemas import ADAPTERS, BadRequest
+from ext_proc.schemas import ADAPTERS, BadRequest, rawjson
 
 SCALARS = (
     st.none()

@@ -1,4 +1,4 @@
-"""The admission queue (``ext_proc.queueing``): a request shed for memory waits for room,
+"""The admission queue (``ext_proc.admit.queue``): a request shed for memory waits for room,
 by priority band, then round robin between tenants; it leaves on a timeout, a full queue or
 its stream's end."""
 
@@ -10,10 +10,8 @@ import time
 
 import pytest
 
-from ext_proc.pipeline import HeaderFacts, Pipeline
-from ext_proc.policy.load import parse_policy
-from ext_proc.poolview import Hold
-from ext_proc.queueing import (
+from ext_proc.admit.pipeline import HeaderFacts, Pipeline
+from ext_proc.admit.queue import (
     H_QUEUED_MS,
     MAX_TENANT_CHARS,
     OTHER_TENANT,
@@ -22,9 +20,11 @@ from ext_proc.queueing import (
     queueable,
     tenant_key,
 )
+from ext_proc.admit.verdict import BodyVerdict
+from ext_proc.placement.poolview import Hold
+from ext_proc.policy.load import parse_policy
 from ext_proc.schemas import OPENAI_CHAT
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
-from ext_proc.verdict import BodyVerdict
 
 # 11 blocks of 16 tokens: floor((11 − 1) × (1 − usage)) free blocks
 IDLE = BackendSignals(

@@ -6,7 +6,13 @@ import json
 
 import pytest
 
-from ext_proc.rawjson import InvalidJSON, add_member, decode_object, parse_object, replace_value
+from ext_proc.schemas.rawjson import (
+    InvalidJSON,
+    add_member,
+    decode_object,
+    parse_object,
+    replace_value,
+)
 
 ODD = '{ "z": 1,\n  "model" :"m",  "max_tokens":   4096 , "x": {"max_tokens": 7}, "u": "é€😀" }'
 

@@ -15,9 +15,9 @@ import pytest
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from ext_proc.pipeline import Pipeline
+from ext_proc.admit.pipeline import Pipeline
 from ext_proc.policy.load import PolicyError, parse_policy
-from ext_proc.servicer import ExtProcServicer
+from ext_proc.serve.servicer import ExtProcServicer
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
 
 POLICY = parse_policy(
@@ -231,7 +231,7 @@ def test_each_answered_message_is_timed_by_phase() -> None:
     assert _processed("request_body") == before["request_body"] + 1
 
 
-# --- the response phase: a backend's overload 503 (ext_proc.backend_overload) ---------------
+# --- the response phase: a backend's overload 503 (ext_proc.admit.overload_answer) ---------------
 
 VALVE_BODY_HEADERS = {"server": "uvicorn", "content-type": "application/json"}
 BASE_SEND, BUFFERED = 1, 2  # ProcessingMode: HeaderSendMode.SEND, BodySendMode.BUFFERED
@@ -337,12 +337,12 @@ def test_a_fault_in_the_response_phase_continues_even_when_failing_closed(
 ) -> None:
     from prometheus_client import REGISTRY
 
-    from ext_proc import backend_overload
+    from ext_proc.admit import overload_answer
 
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(backend_overload, "answer", broken)
+    monkeypatch.setattr(overload_answer, "answer", broken)
     labels = {"phase": "response_headers", "fail_mode": "open"}  # whatever the profile says
     before = REGISTRY.get_sample_value("ice_internal_errors_total", labels) or 0.0
     out = run(

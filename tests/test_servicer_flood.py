@@ -24,9 +24,9 @@ from test_servicer import (  # type: ignore[import-not-found]
     snapshot,
 )
 
-from ext_proc.backlog import Backlog
-from ext_proc.pipeline import Pipeline
-from ext_proc.servicer import ExtProcServicer
+from ext_proc.admit.backlog import Backlog
+from ext_proc.admit.pipeline import Pipeline
+from ext_proc.serve.servicer import ExtProcServicer
 
 MIB = 1024 * 1024
 CHAT = json.dumps(
@@ -106,7 +106,7 @@ def test_an_admitted_body_is_judged_in_full_and_releases_its_promise() -> None:
     assert seen == [len(CHAT)]  # promised at the headers
     # the body phase stays on (BUFFERED); the override only asks for the response headers
     assert out[0].mode_override.request_body_mode == 2
-    assert out[0].mode_override.response_header_mode == 1  # SEND: ext_proc.backend_overload
+    assert out[0].mode_override.response_header_mode == 1  # SEND: ext_proc.admit.overload_answer
     headers = set_headers(out[1].request_body.response.header_mutation)
     assert headers["x-ice-decision"] == "pass" and "x-ice-judged" not in headers
     assert backlog.idle

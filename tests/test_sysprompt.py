@@ -1,4 +1,5 @@
-"""ext_proc.sysprompt: the complexity score (hand-computed) and lossless JSON compaction."""
+"""ext_proc.sysprompt.complexity: the complexity score (hand-computed) and lossless JSON
+compaction."""
 
 from __future__ import annotations
 
@@ -10,12 +11,12 @@ import pytest
 
 from ext_proc.schemas.anthropic_messages import ANTHROPIC_MESSAGES
 from ext_proc.schemas.openai import OPENAI_CHAT
-from ext_proc.sysprompt import (
+from ext_proc.sysprompt.complexity import (
     compact_system_json,
     maybe_compact,
     system_prompt_complexity,
 )
-from ext_proc.sysprompt_scan import compact_text, embedded_json_spans
+from ext_proc.sysprompt.scan import compact_text, embedded_json_spans
 
 
 def _chat(system: Any, user: str = "hi", tools: Any = None) -> dict[str, Any]:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import time
 
-from ext_proc.pipeline import HeaderFacts, Pipeline
-from ext_proc.plan import Continue
+from ext_proc.admit.outcome import Continue
+from ext_proc.admit.pipeline import HeaderFacts, Pipeline
 from ext_proc.policy.load import default_policy_text, parse_policy
 from ext_proc.schemas import OPENAI_CHAT
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot

@@ -1,4 +1,4 @@
-"""Property tests (hypothesis) of ext_proc.sysprompt's compaction: lossless, byte-exact
+"""Property tests (hypothesis) of ext_proc.sysprompt.complexity's compaction: lossless, byte-exact
 outside the edited values, idempotent, and its tokens saved are the estimate's drop."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from ext_proc.schemas.anthropic_messages import ANTHROPIC_MESSAGES
 from ext_proc.schemas.openai import OPENAI_CHAT
-from ext_proc.sysprompt import compact_system_json
-from ext_proc.sysprompt_scan import compact_text, delete_in_literal, embedded_json_spans
+from ext_proc.sysprompt.complexity import compact_system_json
+from ext_proc.sysprompt.scan import compact_text, delete_in_literal, embedded_json_spans
 
 SCALARS = (
     st.none()

@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from ext_proc.lab import vllm_local as vl
+from ext_proc.schemas.estimate import estimate_text_tokens
 from ext_proc.tokencount import (
     CounterRegistry,
     ExactCounter,
@@ -36,7 +37,6 @@ from ext_proc.tokencount import (
     TokenizerSpec,
     anthropic_to_chat,
 )
-from ext_proc.tokens import estimate_text_tokens
 
 DATA = Path(__file__).parent / "data"
 TOKENIZER_DIR = DATA / "vllm_cpu" / "tokenizer"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ext_proc.tokens import estimate_text_tokens
+from ext_proc.schemas.estimate import estimate_text_tokens
 
 
 @pytest.mark.parametrize(

@@ -13,13 +13,14 @@ from typing import Any
 
 import pytest
 
-from ext_proc.decision import Downgrade, Reject, Truncated
-from ext_proc.offload import Offload
-from ext_proc.pipeline import BodyVerdict, HeaderFacts, Pipeline, Route
-from ext_proc.plan import Continue, Respond
+from ext_proc.admit.outcome import Continue, Respond
+from ext_proc.admit.pipeline import BodyVerdict, HeaderFacts, Pipeline, Route
+from ext_proc.admit.truncation import finish_truncation
+from ext_proc.policy.decision import Downgrade, Reject, Truncated
 from ext_proc.policy.load import parse_policy
 from ext_proc.schemas import OPENAI_CHAT
 from ext_proc.schemas.anthropic_messages import ANTHROPIC_MESSAGES
+from ext_proc.serve.helper import Offload
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
 from ext_proc.truncate import cli as truncate_cli
 from ext_proc.truncate.client import EmbeddingClient, EmbeddingWorkerProcess
@@ -92,7 +93,7 @@ def _judge(pipeline: Pipeline, route: Route, body: bytes, adapter: Any = OPENAI_
 
     async def finish() -> BodyVerdict:
         try:
-            return await pipeline.finish_truncation(route, facts, verdict)
+            return await finish_truncation(pipeline, route, facts, verdict)
         finally:
             if isinstance(pipeline.similarity, EmbeddingClient):
                 await pipeline.similarity.close()
@@ -231,7 +232,7 @@ def test_a_heavy_body_judged_in_the_helper_process_still_truncates(tmp_path: Pat
     local = pipeline.on_body(route, facts, raw)
     assert remote is not None and remote.pending is not None
     assert remote == local
-    done = asyncio.run(pipeline.finish_truncation(route, facts, remote))
+    done = asyncio.run(finish_truncation(pipeline, route, facts, remote))
     assert isinstance(done.decision, Truncated)  # no worker configured: recency
     assert done.decision.fallback == "unavailable"
 

@@ -8,7 +8,7 @@ from types import MappingProxyType
 
 import pytest
 
-from ext_proc.decision import Downgrade, Pass, Reject, Truncate, Truncated, verdict_headers
+from ext_proc.policy.decision import Downgrade, Pass, Reject, Truncate, Truncated, verdict_headers
 from ext_proc.policy.evaluate import evaluate
 from ext_proc.policy.model import Level, Profile, TruncationSpec
 from ext_proc.policy.pressure import Pressure

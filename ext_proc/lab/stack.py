@@ -170,8 +170,8 @@ def render_envoy_config(
 
 def _standby(cluster: dict[str, Any], endpoints: list[dict[str, Any]]) -> None:
     """Priority levels, the standby health checks and no panic mode, from the generator."""
-    from ext_proc.envoygen import pieces
-    from ext_proc.envoygen.emit import as_dict
+    from ext_proc.tools.envoygen import pieces
+    from ext_proc.tools.envoygen.emit import as_dict
 
     shaped = as_dict(pieces.ice_cluster(cluster["name"], ["127.0.0.1:1"], standby=True))
     cluster["load_assignment"]["endpoints"] = [
@@ -335,7 +335,7 @@ class Stack:
         argv += extra or []
         proc = self._spawn(name, argv, env={"PYTHONUNBUFFERED": "1"})
         self._drain_to_log(name, proc)
-        from ext_proc.server import worker_addresses
+        from ext_proc.serve.server import worker_addresses
 
         addresses = worker_addresses(address, workers)
         for a in addresses:  # generous: with truncation, the embedding model loads first

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ext_proc.media.parts import MediaPart
-from ext_proc.policy.model import MediaSpec
+from ext_proc.media.spec import MediaSpec
 
 __all__ = ["MediaCost", "MediaModelError", "media_cost"]
 

@@ -59,7 +59,7 @@ best_of) per prompt:
   P is taken as max(P, max_model_len − O).
 Free blocks are
 floor((num_gpu_blocks − 1) × (1 − kv_cache_usage)) of the endpoint the request is placed on
-(``ext_proc.placement``: the one ICE picked, the one another picker named, or, when Envoy
+(``ext_proc.placement.placer``: the one ICE picked, the one another picker named, or, when Envoy
 places it, the one with the least room), less the blocks of the requests the worker passed
 since the view was taken (``PoolViews.room``).
 """
@@ -69,7 +69,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ext_proc.decision import Decision, Downgrade, Pass, Reject, Truncate
+from ext_proc.policy.decision import Decision, Downgrade, Pass, Reject, Truncate
 from ext_proc.policy.kvfit import KvFit, Shape
 from ext_proc.policy.model import Priority, Profile
 from ext_proc.policy.pressure import Pressure

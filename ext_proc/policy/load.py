@@ -21,6 +21,7 @@ from google.protobuf import json_format
 from ext_proc._pb import policy_pb2
 from ext_proc.kv.geometry import build_geometry
 from ext_proc.kv.hfconfig import shape_from_config
+from ext_proc.media.spec import MediaSpec
 from ext_proc.policy.errors import PolicyError
 from ext_proc.policy.load_pool import pool_spec, positive
 from ext_proc.policy.load_queue import queue_spec
@@ -29,9 +30,7 @@ from ext_proc.policy.model import (
     PRIORITIES,
     KvModelSpec,
     Level,
-    MediaSpec,
     Policy,
-    Pool,
     PrefixTrackingSpec,
     PressureModel,
     Priority,
@@ -39,10 +38,11 @@ from ext_proc.policy.model import (
     RouteBinding,
 )
 from ext_proc.schemas import SCHEMAS, schema_for_path
+from ext_proc.signals.pool import Pool
 
 __all__ = ["PolicyError", "default_policy_text", "load_policy", "parse_policy"]
 
-# What a backend's own overload 503 may become for the client (ext_proc.backend_overload): the
+# What a backend's own overload 503 may become for the client (ext_proc.admit.overload_answer): the
 # status as it is, ICE's shedding status, or 0: the response phase off.
 BACKEND_OVERLOAD_STATUSES = (503, 429, 0)
 

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 from ext_proc._pb import policy_pb2
 from ext_proc.policy.errors import PolicyError
-from ext_proc.policy.model import Pool
+from ext_proc.signals.pool import Pool
 
 __all__ = ["pool_spec", "positive"]
 

@@ -12,24 +12,22 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from ext_proc.kv.hfconfig import ModelShape
+from ext_proc.media.spec import MediaSpec
+from ext_proc.signals.pool import Pool
 
 __all__ = [
     "PRIORITIES",
     "EmbeddingSpec",
-    "EndpointPick",
     "FailMode",
     "KvModelSpec",
     "KvShortfall",
     "Level",
-    "MediaSpec",
     "Policy",
-    "Pool",
     "PressureModel",
     "Priority",
     "Profile",
     "QueueSpec",
     "RouteBinding",
-    "StalePolicy",
     "StoredContext",
     "TruncationSpec",
 ]
@@ -78,17 +76,6 @@ class KvModelSpec:
     kv_dtype: str = "auto"
     tp: int = 1
     max_num_batched_tokens: int = 8192
-
-
-@dataclass(frozen=True, slots=True)
-class MediaSpec:
-    """What non-text parts cost in prompt tokens (see ``ext_proc.media``)."""
-
-    model_dir: str = ""  # a local model folder: the model's own image processor settings
-    tokens_per_image: int = 576  # when the processor or the image's size is unknown
-    tokens_per_audio_second: float = 25.0
-    tokens_per_audio: int = 750  # an audio part whose duration cannot be read
-    tokens_per_video: int = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,13 +129,13 @@ class Profile:
     compact_system_json: bool = False  # lossless whitespace compaction of system-prompt JSON
     queue: QueueSpec | None = None  # None: requests shed for memory are refused at once
     # the status a backend's own overload 503 reaches the client with (503 or 429;
-    # ext_proc.backend_overload); 0: off, ICE never asks for the response headers
+    # ext_proc.admit.overload_answer); 0: off, ICE never asks for the response headers
     backend_overload_status: int = 503
 
 
 @dataclass(frozen=True, slots=True)
 class QueueSpec:
-    """The admission queue of a profile (``ext_proc.queueing``). Times in milliseconds."""
+    """The admission queue of a profile (``ext_proc.admit.queue``). Times in milliseconds."""
 
     max_queue_wait_ms: int = 3000
     max_queue_length: int = 64  # per worker and pool
@@ -193,52 +180,6 @@ class EmbeddingSpec:
     max_seq_length: int = 64  # word pieces embedded per turn text (cost grows with it)
     quantize: bool = True  # int8 Linear layers: about 2x faster embeddings on CPU
     socket: str = ""  # Unix socket path; "" = a private path chosen by `ice serve`
-
-
-StalePolicy = Literal["ignore", "last_known", "saturated"]
-EndpointPick = Literal["none", "ice", "header"]
-KvHold = Literal["done", "seen"]
-
-
-@dataclass(frozen=True, slots=True)
-class Pool:
-    """A set of backends whose ``/metrics`` ICE scrapes, and how fresh their view must be."""
-
-    name: str
-    metrics_urls: tuple[str, ...]
-    scrape_interval_s: float = 0.2
-    scrape_timeout_s: float = 1.0
-    max_age_s: float = 5.0  # `last_known` keeps a stale source's values this long
-    kind: str = "vllm"  # vllm | sglang
-    stale: StalePolicy = "last_known"
-    stale_after_s: float = 0.3  # default: 1.5 scrape intervals
-    window_s: float = 10.0  # window of derived rates and quantiles
-    dns_name: str = ""  # headless Service: one backend per address
-    dns_port: int = 8000
-    dns_path: str = "/metrics"
-    dns_scheme: str = "http"
-    dns_refresh_s: float = 5.0
-    gpu_metrics_urls: tuple[str, ...] = ()  # DCGM exporters
-    # pool: every GPU they report | host: GPUs on the backends' hosts | pod: GPUs of the
-    # backends' pods (GPU pod label = backend pod; namespace too when the backend's is known)
-    gpu_join: str = "pool"
-    pcie_bandwidth_bytes_s: float = 32e9  # per direction; PCIe Gen4 x16 ≈ 32 GB/s
-    prometheus_url: str = ""  # read the backends from a Prometheus server instead of scraping
-    prometheus_matchers: str = ""  # e.g. 'namespace="llm",job="vllm"'
-    prometheus_group_by: str = "instance"  # the label that tells backends apart
-    # static backend's metrics URL → (namespace, pod); namespace "" when not given
-    backend_pods: MappingProxyType[str, tuple[str, str]] = field(
-        default_factory=lambda: MappingProxyType({})
-    )
-    local_gpus: str = ""  # "nvml": this host's GPUs through NVML (ICE as a sidecar)
-    endpoint_pick: EndpointPick = "none"
-    # static backend's metrics URL → serving address "ip:port" (default: the URL's host:port)
-    backend_endpoints: MappingProxyType[str, str] = field(
-        default_factory=lambda: MappingProxyType({})
-    )
-    # how long a passed request's KV blocks count in ICE's ledger: done (until its stream
-    # ends: its whole need is reserved) | seen (until a view taken after it arrived)
-    kv_hold: KvHold = "done"
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ numerator and the denominator. With no signal at all there is no score (level un
 Backends whose engine sleeps (vLLM sleep mode, ``BackendSignals.asleep``) take no part in
 s_kv and s_queue: they serve nothing, and a sleeping engine's released cache would read as
 idle; when every backend sleeps they all count (the pool answers 503 ``backend_asleep``
-anyway, see ``ext_proc.placement``).
+anyway, see ``ext_proc.placement.placer``).
 Defaults: w_kv = 0.40, w_pcie = 0.35, w_queue = 0.25 (the design's weights; the PCIe term
 joins only when the pool has GPU sources), queue_saturation_requests = 8, PCIe Gen4 x16
 bandwidth 32e9 bytes/s per direction. GPU framebuffer use is not a pressure term: vLLM

@@ -4,7 +4,7 @@
   requests, per route and (``prefix_tracking.tenant_header``) tenant: the first
   ``max_tenants`` tenants a worker sees get their own label, later ones ``other``, none "".
 - ``ice_system_prompt_complexity_score{route}``: the last sampled request's
-  ``ext_proc.sysprompt.system_prompt_complexity``.
+  ``ext_proc.sysprompt.complexity.system_prompt_complexity``.
 - ``ice_prefix_divergence_character{route, section, kind}``: where the route's recent sampled
   prompts first differ (the same finding ``ice prefix-report`` gives over recorded
   requests), the character offset in that section; ``-1`` once that place is no longer seen.
@@ -131,7 +131,7 @@ class LivePrefix:
         if (self.seen + 1) % self.sample_every:
             self.seen += 1
             return False
-        from ext_proc.sysprompt import system_prompt_complexity
+        from ext_proc.sysprompt.complexity import system_prompt_complexity
 
         weight = system_prompt_complexity(values, features.schema, features).score
         ids = prompt_ids(counters, values, features)

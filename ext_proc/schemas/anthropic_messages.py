@@ -21,7 +21,7 @@ from ext_proc.schemas.base import (
     json_tokens,
     optional_token_limit,
 )
-from ext_proc.tokens import PER_MESSAGE_TOKENS, REPLY_PRIMER_TOKENS
+from ext_proc.schemas.estimate import PER_MESSAGE_TOKENS, REPLY_PRIMER_TOKENS
 
 __all__ = ["ANTHROPIC_MESSAGES", "anthropic_error_body"]
 

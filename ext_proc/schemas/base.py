@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ext_proc.media import MediaCost, media_cost, part_of
-from ext_proc.policy.model import MediaSpec
-from ext_proc.rawjson import duplicate_keys
-from ext_proc.tokens import estimate_text_tokens
+from ext_proc.media.spec import MediaSpec
+from ext_proc.schemas.estimate import estimate_text_tokens
+from ext_proc.schemas.rawjson import duplicate_keys
 
 __all__ = [
     "DEFAULT_MEDIA",
@@ -69,8 +69,8 @@ class RequestFeatures:
     max_tokens_field: str | None
     stream: bool
     message_count: int
-    # "estimate" (ext_proc/tokens.py), "exact" (the model's tokenizer and chat template) or
-    # "fallback" (a tokenizer is configured but could not count this request).
+    # "estimate" (ext_proc/schemas/estimate.py), "exact" (the model's tokenizer and chat template)
+    # or "fallback" (a tokenizer is configured but could not count this request).
     input_tokens_source: str = "estimate"
     # tokens of each prompt when the request carries several (each its own sequence group)
     prompt_tokens: tuple[int, ...] = ()

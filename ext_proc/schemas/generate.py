@@ -13,7 +13,7 @@ item is a media part); ``sampling_params`` (an object, or a list of objects, one
 with ``max_new_tokens`` (absent: 128, SGLang's default) and ``n``. With a list, the largest
 limit and ``n`` are judged, and a downgrade rewrites every element.
 
-The output limit lives inside ``sampling_params``: ``ext_proc.plan`` edits it there.
+The output limit lives inside ``sampling_params``: ``ext_proc.admit.outcome`` edits it there.
 Errors use OpenAI's error object (both servers answer JSON errors of their own shape).
 """
 

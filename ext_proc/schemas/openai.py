@@ -26,7 +26,7 @@ from ext_proc.schemas.base import (
     optional_token_limit,
     samples_of,
 )
-from ext_proc.tokens import PER_MESSAGE_TOKENS, REPLY_PRIMER_TOKENS, estimate_text_tokens
+from ext_proc.schemas.estimate import PER_MESSAGE_TOKENS, REPLY_PRIMER_TOKENS, estimate_text_tokens
 
 __all__ = [
     "CHAT_KEYS",

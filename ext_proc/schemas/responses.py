@@ -28,8 +28,8 @@ from ext_proc.schemas.base import (
     json_tokens,
     optional_token_limit,
 )
+from ext_proc.schemas.estimate import PER_MESSAGE_TOKENS, REPLY_PRIMER_TOKENS
 from ext_proc.schemas.openai import openai_error_body
-from ext_proc.tokens import PER_MESSAGE_TOKENS, REPLY_PRIMER_TOKENS
 
 __all__ = ["OPENAI_RESPONSES", "STORED_CONTEXT_FIELDS"]
 

@@ -53,11 +53,11 @@ from typing import Any
 from urllib.parse import urlencode
 
 from ext_proc import telemetry
-from ext_proc.policy.model import Pool
 from ext_proc.signals.httpget import HttpGetter
 from ext_proc.signals.model import GpuScrape
 from ext_proc.signals.nvml import NvmlReader, NvmlSource
 from ext_proc.signals.parse import SourceParseError, parse_dcgm, parse_engine
+from ext_proc.signals.pool import Pool
 from ext_proc.signals.poolbuild import (
     LOCAL_GPUS,
     backend_from_scrape,
@@ -230,7 +230,7 @@ class Collector:
             self._views.pop(pool.name, None)
         else:
             self._views[pool.name] = view
-            telemetry.observe_pool(view)
+            telemetry.observe_pool(view.pool, view.kv_cache_usage)
         telemetry.POOL_STALE.labels(pool=pool.name).set(1.0 if view is None or view.stale else 0.0)
         self._publish(dict(self._views))
         return view

@@ -2,7 +2,7 @@
 
 Job: when the policy names a tokenizer for a model, count a request's prompt tokens exactly
 (the number vLLM reports as ``usage.prompt_tokens``) instead of estimating them
-(``ext_proc.tokens``). ``ExactCounter`` holds one Hugging Face ``tokenizers`` tokenizer
+(``ext_proc.schemas.estimate``). ``ExactCounter`` holds one Hugging Face ``tokenizers`` tokenizer
 (``tokenizer.json``) and the model's chat template (jinja2); ``CounterRegistry`` maps served
 model names to counters, loaded once from configuration.
 

@@ -23,11 +23,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ext_proc import rawjson
 from ext_proc.policy.errors import PolicyError
 from ext_proc.policy.load import load_policy
 from ext_proc.policy.model import EmbeddingSpec, TruncationSpec
-from ext_proc.schemas import BadRequest, adapter_for_path
+from ext_proc.schemas import BadRequest, adapter_for_path, rawjson
 from ext_proc.truncate.planner import Overflow, apply_plan
 from ext_proc.truncate.runner import (
     LocalSimilarity,

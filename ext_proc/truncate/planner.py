@@ -31,8 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from ext_proc import rawjson
-from ext_proc.tokens import PER_MESSAGE_TOKENS, estimate_text_tokens
+from ext_proc.schemas import rawjson
+from ext_proc.schemas.estimate import PER_MESSAGE_TOKENS, estimate_text_tokens
 from ext_proc.truncate.units import Conversation
 
 __all__ = ["Overflow", "Plan", "PlanRules", "apply_plan", "plan_truncation"]

@@ -20,7 +20,7 @@ A tool result whose call sits in an earlier unit (a malformed but possible order
 units from the call's to the result's, so the pair cannot be split; an orphaned tool result
 (no call anywhere before it) stays inside its turn, never made worse than it came.
 
-Tokens per message use the same estimator as the schema adapters (``ext_proc.tokens``):
+Tokens per message use the same estimator as the schema adapters (``ext_proc.schemas.estimate``):
 ``PER_MESSAGE_TOKENS`` + the content's text + tool-call names and arguments. The texts
 embedded for a message are its text parts, tool-call names/arguments and tool-result text;
 non-text parts (images, documents) are counted in ``non_text_parts`` and go with their
@@ -39,8 +39,8 @@ from typing import Any
 
 from ext_proc.media import MediaCost
 from ext_proc.schemas.base import DEFAULT_MEDIA, BadRequest, text_of_content
+from ext_proc.schemas.estimate import PER_MESSAGE_TOKENS, REPLY_PRIMER_TOKENS
 from ext_proc.schemas.openai import tool_call_tokens
-from ext_proc.tokens import PER_MESSAGE_TOKENS, REPLY_PRIMER_TOKENS
 
 __all__ = ["Conversation", "TurnRules", "Unit", "conversation_of", "message_text"]
 

@@ -1,4 +1,4 @@
-"""An Envoy bootstrap shaped as Envoy Gateway translates ``ext_proc.envoygen.gateway``'s
+"""An Envoy bootstrap shaped as Envoy Gateway translates ``ext_proc.tools.envoygen.gateway``'s
 objects, for ``tests/e2e/test_mesh.py``: EG's listener and route names, its route order, its
 ext_proc filters disabled in the HCM and enabled per route, the EnvoyPatchPolicy's JSON
 patches applied with ``jsonpatch`` (EG's facts, with their sources, are in ``gateway``'s
@@ -65,9 +65,9 @@ from envoy_data_plane.envoy.extensions.http.early_header_mutation.header_mutatio
 from envoy_data_plane.envoy.type.matcher.v3 import StringMatcher
 from envoy_data_plane.google.protobuf import Any as PbAny
 
-from ext_proc.envoygen import pieces
-from ext_proc.envoygen.emit import as_dict
-from ext_proc.envoygen.gateway import (
+from ext_proc.tools.envoygen import pieces
+from ext_proc.tools.envoygen.emit import as_dict
+from ext_proc.tools.envoygen.gateway import (
     BODY_MODES,
     EARLY_MUTATION,
     EG_GRPC_TIMEOUT,

@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ext_proc.lab.devbackend import DevState
 from ext_proc.lab.stack import ENVOY_DIR, Stack, free_port, render_envoy_config
-from ext_proc.server import worker_addresses
+from ext_proc.serve.server import worker_addresses
 
 ENVOY_TEMPLATE = ENVOY_DIR / "envoy.yaml"
 CHAT = "/v1/chat/completions"

@@ -28,9 +28,9 @@ from typing import Any
 
 import yaml
 
-from ext_proc.envoygen import gateway, istio, pieces
-from ext_proc.envoygen.emit import as_dict
-from ext_proc.envoygen.spec import load_spec
+from ext_proc.tools.envoygen import gateway, istio, pieces
+from ext_proc.tools.envoygen.emit import as_dict
+from ext_proc.tools.envoygen.spec import load_spec
 
 from . import eg_xds
 

@@ -1,6 +1,6 @@
 """A backend's own overload 503 (vLLM 0.32's admission valve, imitated by the dev backend's
 ``valve``) reaches the client as ICE's answer, through real Envoy and ICE
-(``ext_proc.backend_overload``): the status (503, or 429 where the profile maps it),
+(``ext_proc.admit.overload_answer``): the status (503, or 429 where the profile maps it),
 Retry-After, the verdict headers and the API's error body; Envoy's own 503 and a fault in
 ICE's response phase leave the response as it was; a pool of two endpoints retries the 503 on
 the other one (the generated configuration's route retry policy).
@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 import yaml
 
-from ext_proc.envoygen.cli import render_all
 from ext_proc.lab.devbackend.answers import VALVE_MESSAGES
 from ext_proc.lab.stack import Stack, free_port, render_envoy_config
+from ext_proc.tools.envoygen.cli import render_all
 
 from .harness import (
     CHAT,
@@ -117,14 +117,14 @@ def test_an_idle_pool_costs_no_response_phase(tmp_path: Path) -> None:
 # --- a profile that maps the 503 to 429, a fault in the response phase, Envoy's own 503 ------
 
 # Loaded by every Python process of the stack (PYTHONPATH): wraps
-# ext_proc.backend_overload.respond, once ICE imports it, to raise while FLAG exists.
+# ext_proc.admit.overload_answer.respond, once ICE imports it, to raise while FLAG exists.
 FAULT_HOOK = """\
 import importlib.abc
 import os
 import sys
 
 FLAG = {flag!r}
-TARGET = "ext_proc.backend_overload"
+TARGET = "ext_proc.admit.overload_answer"
 
 
 def _broken(real):

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from ext_proc.doctor import main
-from ext_proc.doctor.dump import from_bootstrap
-from ext_proc.doctor.envoy import view_checks
-from ext_proc.doctor.expect import expected
 from ext_proc.policy.load import default_policy_text, load_policy
+from ext_proc.tools.doctor import main
+from ext_proc.tools.doctor.dump import from_bootstrap
+from ext_proc.tools.doctor.envoy import view_checks
+from ext_proc.tools.doctor.expect import expected
 
 from . import meshes
 from .harness import E2E, LOW, LOW_SCORE, MAX_AGE_S, running_stack

@@ -14,8 +14,7 @@ import anthropic
 import openai
 import pytest
 
-from ext_proc import rawjson
-from ext_proc.schemas import ADAPTERS, SCHEMAS
+from ext_proc.schemas import ADAPTERS, SCHEMAS, rawjson
 
 from .harness import (
     CAP_HIGH,

@@ -82,7 +82,7 @@ __all__ = [
     "tenant_breakdown",
 ]
 
-H_QUEUED_MS = "x-ice-queued-ms"  # ext_proc.queueing.H_QUEUED_MS: the wait ICE added
+H_QUEUED_MS = "x-ice-queued-ms"  # ext_proc.admit.queue.H_QUEUED_MS: the wait ICE added
 
 
 @dataclass

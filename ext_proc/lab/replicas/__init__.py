@@ -1,6 +1,6 @@
 """Do N ICE replicas over-admit? The lab half of ``bench/replicas.py``.
 
-Each ICE keeps its in-flight KV ledger per process (``ext_proc.poolview``): behind Envoy's
+Each ICE keeps its in-flight KV ledger per process (``ext_proc.placement.poolview``): behind Envoy's
 round robin, N replicas each believe they own the pool's free blocks and can admit up to N
 times what it holds. This package measures that, and what the remedies change:
 

@@ -6,8 +6,8 @@
   is the prompt size as built (the dev backend counts words + 4 per message; for vLLM the
   filler words are one token each), used when an answer carries no ``usage``.
 - ``prompt_text(kind, words, seed)``: seeded prompt text. Dev: three-letter words, so ICE's
-  estimate (``ext_proc.tokens``: ceil(chars / 4) + 4 per message + 3) reads one token a word,
-  as the dev backend does; vLLM: the tiny tokenizer's one-token filler words
+  estimate (``ext_proc.schemas.estimate``: ceil(chars / 4) + 4 per message + 3) reads one token a
+  word, as the dev backend does; vLLM: the tiny tokenizer's one-token filler words
   (``ext_proc.lab.vllm_local.filler_text``).
 - ``Answer``: what one request got: when it started and ended (s after the run's t0), status
   (0: transport error), whether ICE judged it (``x-mem-pressure`` present: Envoy adds ICE's

@@ -1,0 +1,177 @@
+"""Turn a Decision into what Envoy must do: continue with edits, or answer at once (pure).
+
+``plan_body`` edits the original bytes through ``rawjson`` so that every field ICE does not
+change survives exactly; an untouched body is never re-serialised (``Continue.body is None``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ext_proc.policy.decision import (
+    H_SEQUENCES,
+    Decision,
+    Downgrade,
+    Reject,
+    Truncated,
+    verdict_headers,
+)
+from ext_proc.schemas import rawjson
+from ext_proc.schemas.base import RequestFeatures, SchemaAdapter
+
+__all__ = ["LIMIT_FIELDS", "Continue", "Outcome", "Respond", "plan", "reject_outcome"]
+
+# Output-limit fields per schema (paths: a top-level key, or a key inside the object(s) of a
+# top-level key). A downgrade lowers every one present that is above the new limit, so no
+# backend's precedence rule can undo it; with none present it injects the first.
+LIMIT_FIELDS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "openai.chat": (("max_tokens",), ("max_completion_tokens",)),
+    "openai.chat_batch": (("max_tokens",), ("max_completion_tokens",)),
+    "openai.completions": (("max_tokens",),),
+    "anthropic.messages": (("max_tokens",),),
+    "openai.responses": (("max_output_tokens",),),
+    "vllm.generate": (("sampling_params", "max_tokens"),),
+    "sglang.generate": (("sampling_params", "max_new_tokens"),),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Continue:
+    """Forward the request with these headers set and, when ``body`` is not None, this body."""
+
+    headers: list[tuple[str, str]]
+    body: bytes | None
+    # ICE picked this endpoint (ip:port): Envoy routes there (envoy.lb dynamic metadata and
+    # the endpoint-picker header, with the route cache cleared)
+    lb_endpoint: str | None = None
+    # for Envoy's access log only (dynamic metadata ``ice``, never a header): ``log_fields``
+    log: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Respond:
+    """Answer the client at once; ``headers`` include the verdict headers."""
+
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes
+    log: tuple[tuple[str, str], ...] = ()
+
+
+Outcome = Continue | Respond
+
+
+def reject_outcome(
+    adapter: SchemaAdapter,
+    status: int,
+    code: str,
+    message: str,
+    param: str | None = None,
+    extra_headers: list[tuple[str, str]] | None = None,
+    retry_after_s: int | None = None,
+) -> Respond:
+    """An immediate error answer in the adapter's API format."""
+    headers = [("content-type", "application/json")]
+    if retry_after_s is not None:
+        headers.append(("retry-after", str(retry_after_s)))
+    headers.extend(extra_headers or ())
+    return Respond(status, headers, adapter.error_body(status, code, message, param))
+
+
+def log_fields(decision: Decision, features: RequestFeatures) -> tuple[tuple[str, str], ...]:
+    """What the access log gets beside the verdict headers: the input tokens judged, the
+    output limit the client asked for (absent: none) and the one the request goes on with."""
+    fields = [("input_tokens", str(features.input_tokens))]
+    requested = features.max_tokens
+    if requested is not None:
+        fields.append(("max_tokens_requested", str(requested)))
+    then = decision.then if isinstance(decision, Truncated) else decision
+    if isinstance(then, Downgrade):
+        fields.append(("max_tokens_granted", str(then.max_tokens)))
+    elif requested is not None and not isinstance(decision, Reject):
+        fields.append(("max_tokens_granted", str(requested)))
+    return tuple(fields)
+
+
+def plan(
+    decision: Decision, adapter: SchemaAdapter, body: bytes, features: RequestFeatures
+) -> Outcome:
+    """The edits (or immediate answer) that carry out ``decision`` on this request.
+
+    For ``Truncated``, ``body`` is the already shortened body (always sent), with the
+    output limit lowered too when the shorter request was downgraded. A request of more
+    than one sequence says how many ICE judged (``x-ice-sequences``)."""
+    outcome = _plan(decision, adapter, body, features)
+    return replace(outcome, log=log_fields(decision, features))
+
+
+def _plan(
+    decision: Decision, adapter: SchemaAdapter, body: bytes, features: RequestFeatures
+) -> Outcome:
+    headers = verdict_headers(decision)
+    if features.sequences > 1:
+        headers.append((H_SEQUENCES, str(features.sequences)))
+    if isinstance(decision, Truncated):
+        if isinstance(decision.then, Downgrade):
+            doc = rawjson.parse_object(body)
+            return Continue(
+                headers, _rewrite_limit(doc, features, adapter, decision.then.max_tokens)
+            )
+        return Continue(headers, body)
+    if isinstance(decision, Reject):
+        return reject_outcome(
+            adapter,
+            decision.status,
+            decision.reason,
+            decision.message,
+            decision.param,
+            extra_headers=headers,
+            retry_after_s=decision.retry_after_s,
+        )
+    if isinstance(decision, Downgrade):
+        doc = rawjson.parse_object(body)  # spans are needed only to edit
+        return Continue(headers, _rewrite_limit(doc, features, adapter, decision.max_tokens))
+    return Continue(headers, None)
+
+
+def _lower(doc: rawjson.TopLevel, key: str, limit: int) -> bytes | None:
+    """``doc`` with ``key`` lowered to ``limit`` (added when absent); None: already ≤."""
+    value = doc.values.get(key)
+    if value is None:
+        if key in doc.values:
+            return rawjson.replace_value(doc, key, limit)
+        return rawjson.add_member(doc, key, limit)
+    if isinstance(value, int) and value > limit:
+        return rawjson.replace_value(doc, key, limit)
+    return None
+
+
+def _rewrite_limit(
+    doc: rawjson.TopLevel, features: RequestFeatures, adapter: SchemaAdapter, limit: int
+) -> bytes:
+    paths = LIMIT_FIELDS.get(features.schema, ((adapter.inject_field,),))
+    # every limit field present, null ones too: a null is replaced, never shadowed by a second
+    # copy of the key (a first-copy-wins parser would read the null: no limit)
+    top = [p[0] for p in paths if len(p) == 1 and p[0] in doc.values]
+    nested = [p for p in paths if len(p) == 2]
+    if nested:
+        outer, inner = nested[0]
+        if doc.values.get(outer) is None:  # absent or null: a fresh object with the limit
+            if outer in doc.values:
+                return rawjson.replace_value(doc, outer, {inner: limit})
+            return rawjson.add_member(doc, outer, {inner: limit})
+
+        def edit(obj: rawjson.TopLevel) -> bytes:
+            lowered = _lower(obj, inner, limit)
+            return lowered if lowered is not None else obj.text.encode("utf-8")
+
+        return rawjson.edit_member(doc, outer, edit)
+    if not top:
+        return rawjson.add_member(doc, paths[0][0], limit)
+    body: bytes | None = None
+    for field in top:
+        lowered = _lower(doc, field, limit)
+        if lowered is not None:
+            body = lowered
+            doc = rawjson.parse_object(body)
+    return body if body is not None else doc.text.encode("utf-8")

@@ -1,0 +1,411 @@
+"""The admission queue: a request that would be shed for memory waits for room instead.
+
+A body verdict that is a 429 ``memory_pressure`` or ``kv_exhausted`` on a profile with
+``queue`` (``queueable``) is not sent: ``AdmissionQueue.offer`` holds the request (its first
+verdict, its body) in its pool's queue, and the stream asks Envoy for the wait
+(``override_message_timeout``) and awaits ``wait``. Each worker has one ``AdmissionQueue``.
+
+Order (``tick``, every ``poll_ms`` while anything waits, and at the earliest deadline):
+
+1. A waiter whose deadline (enqueued + ``max_queue_wait_ms``) has passed gets 429
+   ``queue_timeout`` with the first verdict's Retry-After (the pool's drain estimate).
+2. Bands by priority: ``standard``, then ``sheddable`` (``critical`` is never shed, so never
+   queued). A lower band is tried only when no request of a higher band is left waiting: a
+   request of a higher band that does not fit holds back the lower ones.
+3. Within a band, tenants take turns, FIFO within a tenant: the tenant with the fewest
+   requests in flight goes first (``started`` / ``ended``: a request of a queue-enabled
+   profile that went upstream, queued or not, until its stream ends), and among equals the
+   one served longest ago (round robin). Counting what is in flight, not only what was
+   queued, keeps a tenant whose requests went straight in while the pool had room from also
+   taking the next turns: each tenant's share of the pool's slots tends to an equal one. The
+   head of each tenant's queue, in that order, is judged again
+   (``Pipeline.rejudge``: the same features against the pool's view now and the in-flight
+   ledger, the ladder without history truncation). A head that is still queueable stays;
+   any other verdict (pass, downgrade, or another refusal) is its answer: it is recorded at
+   once, so its KV blocks count in the ledger before the next head is judged, and its stream
+   wakes with ``x-ice-queued-ms``. A tenant whose head stays does not hold up the others.
+
+Refused at once (429 ``queue_full``): a request when its pool's queue in this worker holds
+``max_queue_length`` requests, or ``max_queue_bytes`` of bodies. When ICE shuts down
+(``close``), every waiter, and every request offered after, gets 429 ``queue_shutdown``.
+
+Tenants: the value of the profile's ``tenant_header`` (else the route's name), printable
+ASCII only, at most ``MAX_TENANT_CHARS`` characters. At most ``max_tenants`` tenants have a
+queue of their own per pool and band at a time; a request of any other tenant joins the
+shared ``OTHER_TENANT`` queue. Metric labels name the first ``max_tenants`` tenants a worker
+sees per pool, then ``other``: memory and label values stay bounded whatever clients send.
+
+A stream that ends while queued (the client left, Envoy's timeout, ICE shutting down) leaves
+the queue at once (``wait`` is cancelled): it never reaches the backend, holds no blocks.
+
+Invariants: every waiter is in exactly one tenant queue until its future is resolved or it
+is cancelled, and then in none; ``depth`` = the waiters in queues; a waiter's verdict is
+recorded by the queue (``Pipeline.record``) exactly once, unless it is gone; runs on the
+event loop's thread only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from ext_proc import telemetry
+from ext_proc.admit.headeronly import H_JUDGED
+from ext_proc.admit.verdict import BodyVerdict, HeaderFacts, make_verdict
+from ext_proc.policy.decision import Downgrade, Pass, Reject, Truncated
+from ext_proc.policy.model import QueueSpec
+
+if TYPE_CHECKING:
+    from ext_proc.admit.pipeline import Pipeline, Route
+
+__all__ = [
+    "BANDS",
+    "H_QUEUED_MS",
+    "MAX_TENANT_CHARS",
+    "OTHER_TENANT",
+    "QUEUE_REASONS",
+    "AdmissionQueue",
+    "Waiter",
+    "queueable",
+    "tenant_key",
+]
+
+log = logging.getLogger("ice.queue")
+
+QUEUE_REASONS = frozenset({"memory_pressure", "kv_exhausted"})
+H_QUEUED_MS = "x-ice-queued-ms"
+OTHER_TENANT = "other"
+MAX_TENANT_CHARS = 64
+BANDS = ("standard", "sheddable")
+DEFAULT_MAX_QUEUE_BYTES = 64 * 1024 * 1024
+
+
+def queueable(route: Route, verdict: BodyVerdict | None) -> bool:
+    """A verdict the profile's queue takes: a 429 for memory on a full judgement."""
+    spec = route.profile.queue
+    if spec is None or verdict is None or route.profile.mode == "shadow":
+        return False
+    d = verdict.decision
+    if not isinstance(d, Reject) or d.status != 429 or d.reason not in QUEUE_REASONS:
+        return False
+    if verdict.pending is not None or verdict.features is None:
+        return False
+    return (H_JUDGED, "headers") not in verdict.outcome.headers  # judged by its size: no
+
+
+def tenant_key(value: str, fallback: str) -> str:
+    """The tenant a header value names: printable ASCII, at most MAX_TENANT_CHARS."""
+    clean = "".join(c for c in value[: MAX_TENANT_CHARS * 4] if " " < c < "\x7f")
+    return clean[:MAX_TENANT_CHARS] or fallback
+
+
+@dataclass(eq=False)
+class Waiter:
+    """One queued request."""
+
+    pipeline: Pipeline
+    route: Route
+    facts: HeaderFacts
+    first: BodyVerdict  # the 429 it would have had
+    body: bytes
+    tenant: str  # its queue
+    label: str  # its metrics label
+    band: str
+    enqueued_s: float
+    deadline_s: float
+    future: asyncio.Future[BodyVerdict] = field(repr=False)
+
+    @property
+    def spec(self) -> QueueSpec:
+        assert self.route.profile.queue is not None
+        return self.route.profile.queue
+
+
+class _Band:
+    """A priority band of one pool: tenant → FIFO, the tenant served longest ago first."""
+
+    __slots__ = ("tenants",)
+
+    def __init__(self) -> None:
+        self.tenants: OrderedDict[str, deque[Waiter]] = OrderedDict()
+
+
+@dataclass
+class _Pool:
+    bands: dict[str, _Band] = field(default_factory=lambda: {b: _Band() for b in BANDS})
+    length: int = 0
+    nbytes: int = 0
+    labels: set[str] = field(default_factory=set)  # tenants named in metrics
+
+
+class AdmissionQueue:
+    """One worker's queues, one per pool (see the module docstring)."""
+
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        max_queue_bytes: int = DEFAULT_MAX_QUEUE_BYTES,
+    ) -> None:
+        self._clock = clock
+        self._pools: dict[str, _Pool] = {}
+        self._task: asyncio.Task[None] | None = None
+        self.max_queue_bytes = max_queue_bytes
+        self.closed = False
+        # (pool, tenant) → its requests in flight (``started`` less ``ended``; no zeros)
+        self.inflight: dict[tuple[str, str], int] = {}
+
+    def started(self, pool: str, tenant: str) -> None:
+        """A request of ``tenant`` went upstream to ``pool`` (its stream calls ``ended``)."""
+        key = (pool, tenant)
+        self.inflight[key] = self.inflight.get(key, 0) + 1
+
+    def count_started(self, route: Route, facts: HeaderFacts, verdict: BodyVerdict) -> None:
+        """``started`` for a verdict that sends the request upstream on a queue-enabled
+        profile (once per request: ``facts.inflight`` remembers it for ``ended``)."""
+        if route.profile.queue is None or facts.inflight is not None:
+            return
+        if not isinstance(verdict.decision, Pass | Downgrade | Truncated):
+            return
+        facts.inflight = (route.pool, tenant_key(facts.queue_tenant, route.name))
+        self.started(*facts.inflight)
+
+    def ended(self, pool: str, tenant: str) -> None:
+        """A request ``started`` is over."""
+        key = (pool, tenant)
+        left = self.inflight.get(key, 0) - 1
+        if left > 0:
+            self.inflight[key] = left
+        else:
+            self.inflight.pop(key, None)
+
+    @property
+    def depth(self) -> int:
+        return sum(p.length for p in self._pools.values())
+
+    def offer(
+        self, pipeline: Pipeline, route: Route, facts: HeaderFacts, first: BodyVerdict, body: bytes
+    ) -> Waiter | BodyVerdict:
+        """Queue a ``queueable`` request, or its 429 ``queue_full`` (not recorded)."""
+        spec = route.profile.queue
+        assert spec is not None
+        pool = self._pools.setdefault(route.pool, _Pool())
+        tenant = tenant_key(facts.queue_tenant, route.name)
+        label = tenant if tenant in pool.labels or len(pool.labels) < spec.max_tenants else ""
+        if label:
+            pool.labels.add(label)
+        label = label or OTHER_TENANT
+        if self.closed:
+            telemetry.QUEUE_OUTCOMES.labels(pool=route.pool, tenant=label, outcome="shutdown").inc()
+            return refusal(
+                pipeline,
+                route,
+                facts,
+                first,
+                "queue_shutdown",
+                "The gateway's admission queue is shutting down; the backend has no room.",
+            )
+        if pool.length >= spec.max_queue_length or pool.nbytes + len(body) > self.max_queue_bytes:
+            telemetry.QUEUE_OUTCOMES.labels(pool=route.pool, tenant=label, outcome="full").inc()
+            what = f"{pool.length} requests" if pool.length >= spec.max_queue_length else "bytes"
+            return refusal(
+                pipeline,
+                route,
+                facts,
+                first,
+                "queue_full",
+                f"The admission queue is full ({what} waiting); the backend has no room.",
+            )
+        band = pool.bands[facts.priority if facts.priority in BANDS else BANDS[0]]
+        if tenant not in band.tenants and len(band.tenants) >= spec.max_tenants:
+            tenant = OTHER_TENANT
+        now = self._clock()
+        waiter = Waiter(
+            pipeline,
+            route,
+            facts,
+            first,
+            body,
+            tenant,
+            label,
+            facts.priority if facts.priority in BANDS else BANDS[0],
+            now,
+            now + spec.max_queue_wait_ms / 1000,
+            asyncio.get_running_loop().create_future(),
+        )
+        band.tenants.setdefault(tenant, deque()).append(waiter)
+        pool.length += 1
+        pool.nbytes += len(body)
+        telemetry.QUEUE_DEPTH.labels(pool=route.pool, priority=waiter.band).inc()
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._pump())
+        return waiter
+
+    async def wait(self, waiter: Waiter) -> BodyVerdict:
+        """The waiter's verdict (recorded); a cancelled wait leaves the queue at once."""
+        try:
+            return await waiter.future
+        except asyncio.CancelledError:
+            if self._remove(waiter):
+                self._count(waiter, "gone")
+            raise
+
+    def tick(self) -> None:
+        """Time out, then admit what the pools' views have room for (module docstring)."""
+        now = self._clock()
+        for pool_name, pool in self._pools.items():
+            for band in pool.bands.values():
+                for q in list(band.tenants.values()):
+                    for w in [w for w in q if w.deadline_s <= now]:
+                        self._remove(w)
+                        self._resolve(w, self._timed_out(w, now), "timeout", now)
+            for name in BANDS:
+                band = pool.bands[name]
+                self._admit(pool_name, band, now)
+                if band.tenants:  # a higher band still waits: the lower ones wait too
+                    break
+
+    def _admit(self, pool: str, band: _Band, now: float) -> None:
+        progress = True
+        inflight = self.inflight
+        while progress and band.tenants:
+            progress = False
+            # fewest in flight first; sorted() is stable: equals keep the round-robin order
+            turns = sorted(band.tenants.items(), key=lambda t: inflight.get((pool, t[0]), 0))
+            for tenant, q in turns:
+                w = q[0]
+                try:
+                    verdict = w.pipeline.rejudge(w.route, w.facts, w.first, w.body)
+                except Exception as e:  # fail the stream (its fail_mode decides), not the queue
+                    self._remove(w)
+                    if not w.future.done():
+                        w.future.set_exception(e)
+                    progress = True
+                    break
+                if queueable(w.route, verdict):
+                    continue
+                self._remove(w)
+                if band.tenants.get(tenant):
+                    band.tenants.move_to_end(tenant)
+                self._resolve(w, verdict, "admitted", now)
+                progress = True
+                break
+
+    def _timed_out(self, w: Waiter, now: float) -> BodyVerdict:
+        waited = now - w.enqueued_s
+        return refusal(
+            w.pipeline,
+            w.route,
+            w.facts,
+            w.first,
+            "queue_timeout",
+            f"The request waited {waited * 1000:.0f} ms for room on the backend (the limit is "
+            f"{w.spec.max_queue_wait_ms} ms).",
+        )
+
+    def _resolve(self, w: Waiter, verdict: BodyVerdict, outcome: str, now: float) -> None:
+        if w.future.done():  # cancelled in the meantime
+            return
+        verdict = with_queued_ms(verdict, now - w.enqueued_s)
+        w.facts.hold = w.pipeline.record(w.route, verdict)  # released by its stream
+        self.count_started(w.route, w.facts, verdict)  # before the next head is judged
+        w.future.set_result(verdict)
+        self._count(w, outcome, now)
+
+    def _count(self, w: Waiter, outcome: str, now: float | None = None) -> None:
+        waited = (self._clock() if now is None else now) - w.enqueued_s
+        pool = w.route.pool
+        telemetry.QUEUE_WAIT_SECONDS.labels(pool=pool, outcome=outcome).observe(waited)
+        telemetry.QUEUE_OUTCOMES.labels(pool=pool, tenant=w.label, outcome=outcome).inc()
+
+    def _remove(self, w: Waiter) -> bool:
+        """Take ``w`` out of its queue; False when it was not in one."""
+        pool = self._pools.get(w.route.pool)
+        if pool is None:
+            return False
+        band = pool.bands[w.band]
+        q = band.tenants.get(w.tenant)
+        if q is None or w not in q:
+            return False
+        q.remove(w)
+        if not q:
+            del band.tenants[w.tenant]
+        pool.length -= 1
+        pool.nbytes -= len(w.body)
+        telemetry.QUEUE_DEPTH.labels(pool=w.route.pool, priority=w.band).dec()
+        return True
+
+    def _waiters(self) -> list[Waiter]:
+        return [
+            w
+            for p in self._pools.values()
+            for b in p.bands.values()
+            for q in b.tenants.values()
+            for w in q
+        ]
+
+    async def _pump(self) -> None:
+        """Tick while anything waits: every poll_ms, and at the earliest deadline."""
+        while True:
+            waiters = self._waiters()
+            if not waiters:
+                return
+            now = self._clock()
+            poll = min(w.spec.poll_ms for w in waiters) / 1000
+            due = min(w.deadline_s for w in waiters) - now
+            await asyncio.sleep(max(0.0, min(poll, due)))
+            try:
+                self.tick()
+            except Exception:  # never leave waiters without a pump
+                log.exception("admission queue tick failed")
+
+    def close(self) -> None:
+        """ICE is shutting down: every waiter gets 429 ``queue_shutdown`` (with Retry-After)
+        now, rather than a pass Envoy would give it unjudged when the stream is cut; later
+        offers get it at once."""
+        self.closed = True
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+        now = self._clock()
+        for w in self._waiters():
+            self._remove(w)
+            verdict = refusal(
+                w.pipeline,
+                w.route,
+                w.facts,
+                w.first,
+                "queue_shutdown",
+                "The gateway's admission queue is shutting down; the backend had no room.",
+            )
+            self._resolve(w, verdict, "shutdown", now)
+
+
+def with_queued_ms(verdict: BodyVerdict, waited_s: float) -> BodyVerdict:
+    """The verdict with ``x-ice-queued-ms`` (to the backend and the client)."""
+    headers = [*verdict.outcome.headers, (H_QUEUED_MS, str(round(waited_s * 1000)))]
+    return replace(verdict, outcome=replace(verdict.outcome, headers=headers))
+
+
+def refusal(
+    pipeline: Pipeline,
+    route: Route,
+    facts: HeaderFacts,
+    first: BodyVerdict,
+    reason: str,
+    message: str,
+) -> BodyVerdict:
+    """A 429 ``reason`` for a queued (or queue-refused) request, with the first verdict's
+    Retry-After and the pool's pressure now."""
+    d = first.decision
+    assert isinstance(d, Reject) and first.features is not None and facts.adapter is not None
+    assert first.placement is not None
+    pressure = pipeline.views.pressure(route.profile, pipeline.lookup(route.pool))
+    retry = d.retry_after_s
+    text = f"{message} Retry after {retry} s." if retry is not None else message
+    decision = Reject(pressure, 429, reason, text, retry_after_s=retry)
+    return make_verdict(decision, first.features, facts.adapter, b"", first.placement)

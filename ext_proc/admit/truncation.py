@@ -1,0 +1,95 @@
+"""Finishing a truncation: the plan the embedding worker's similarities allow, the shorter
+body, and the verdict on it (the shell calls it for a verdict with ``pending`` set).
+
+Overflow under the context budget judges the request as it is (as without truncation);
+overflow under a pressure or efficiency budget is a 400 ``truncation_budget_exceeded``
+(``on_overflow: reject``); otherwise the shorter request goes down the rest of the ladder
+(``LADDER_AFTER_TRUNCATION``) on the placement it was judged against, recounted exactly when
+the original was counted exactly and the new body is small enough.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from ext_proc import telemetry
+from ext_proc.admit.routing import Route
+from ext_proc.admit.verdict import BodyVerdict, HeaderFacts, make_verdict
+from ext_proc.placement.placer import Placement
+from ext_proc.policy.decision import Reject, Truncate, Truncated
+from ext_proc.policy.evaluate import LADDER_AFTER_TRUNCATION
+
+if TYPE_CHECKING:
+    from ext_proc.admit.pipeline import Pipeline
+
+__all__ = ["finish_truncation"]
+
+
+async def finish_truncation(
+    pipeline: Pipeline, route: Route, facts: HeaderFacts, verdict: BodyVerdict
+) -> BodyVerdict:
+    """Carry out a pending ``Truncate`` (see ext_proc/truncate/runner.py), then judge the
+    shorter request with the ladder's other rules."""
+    from ext_proc.truncate.planner import Overflow, apply_plan
+    from ext_proc.truncate.runner import truncate
+
+    pending, decision, features = verdict.pending, verdict.decision, verdict.features
+    adapter = facts.adapter
+    spec = route.profile.truncation
+    if pending is None or not isinstance(decision, Truncate) or features is None:
+        return verdict
+    if adapter is None or spec is None:
+        return verdict
+    prefix = verdict.placement.prefix if verdict.placement is not None else None
+    result = await truncate(
+        pending.conversation,
+        features.input_tokens,
+        decision.budget_tokens,
+        spec,
+        pipeline.similarity,
+    )
+    tplan = result.plan
+    if isinstance(tplan, Overflow) and decision.reason == "context_budget":
+        # the context, not pressure, asked: judge the request as it is (a downgrade to the
+        # room left, or 400 context_length_exceeded), as without truncation
+        as_is, placed = pipeline.judge(route, facts, features, LADDER_AFTER_TRUNCATION, prefix)
+        return make_verdict(as_is, features, adapter, pending.body, placed)
+    if isinstance(tplan, Overflow):
+        k = spec.keep_last_turns
+        message = (
+            f"The conversation cannot be shortened enough: the messages ICE must keep "
+            f"(system messages, the current question and the last {k} turns) need about "
+            f"{tplan.must_keep_tokens} tokens; the budget is {tplan.budget_tokens} tokens "
+            f"({decision.reason.replace('_', ' ')})."
+        )
+        reject = Reject(decision.pressure, 400, "truncation_budget_exceeded", message, "messages")
+        return make_verdict(
+            reject, features, adapter, pending.body, verdict.placement or Placement()
+        )
+    body = apply_plan(pending.body, tplan) if tplan.changed else pending.body
+    placeholders = len(tplan.runs) if tplan.placeholder else 0
+    shorter = replace(
+        features,
+        input_tokens=max(0, features.input_tokens - result.saved_tokens),
+        message_count=len(tplan.kept_messages) + placeholders,
+    )
+    saved = result.saved_tokens
+    if tplan.changed and features.input_tokens_source == "exact":
+        shorter = pipeline.recount(adapter, shorter, body)
+        if shorter.input_tokens_source == "exact":
+            saved = features.input_tokens - shorter.input_tokens
+    then, placed = pipeline.judge(route, facts, shorter, LADDER_AFTER_TRUNCATION, prefix)
+    if isinstance(then, Reject) or not tplan.changed:
+        return make_verdict(then, shorter, adapter, body, placed)
+    assert not isinstance(then, Truncate | Truncated)
+    done = Truncated(
+        then=then,
+        reason=decision.reason,
+        dropped_messages=tplan.dropped_messages,
+        saved_tokens=saved,
+        mode=tplan.mode,
+        fallback=result.fallback,
+    )
+    telemetry.count_truncation(route.name, done.mode, done.fallback, done.saved_tokens)
+    return make_verdict(done, shorter, adapter, body, placed)

@@ -1,0 +1,472 @@
+"""What a pool's snapshot says for a profile, each figure computed once per snapshot, and the
+worker's ledger of requests in flight.
+
+- ``pressure``: ``mem_pressure_score`` and level under the profile's model;
+- ``efficiency``: ``cache_efficiency_ratio`` (the prefix-cache hit ratio over the window);
+- ``drain``: the inputs of the drain-rate Retry-After;
+- ``room``: the KV room (``KvFit``: free and usable blocks, blocks a request needs; a
+  backend whose engine sleeps has no free blocks, whatever its gauge says) less the
+  blocks of the requests this worker passed since the snapshot was taken (``hold``). The
+  view cannot show those yet, and a burst that arrives between two scrapes would otherwise
+  be judged against the same free blocks request after request. A request counts until a
+  view taken after it arrives (then the backend's own gauges hold it, or its queue does),
+  so never twice. With ``--workers N`` each worker also publishes its entries to the host's
+  shared ledger (``ext_proc.placement.ledger_shm``) and counts the other workers' entries
+  newer than the view too, so N workers admit no more than one would; a heavy body judged
+  in the offload helper is judged with its worker's figures. What the backend's gauges lag
+  behind a scrape is not covered by this part.
+- ``kv_hold: done`` (the pool's default) also reserves each passed request's *whole* need
+  (prompt and output limit, all sequences) until its ext_proc stream ends (Envoy keeps it
+  open until the HTTP response is over, or the client left; ``release``): a backend's gauge
+  shows only the blocks a decoding request holds *now*, and vLLM admits a request once its
+  prompt fits, so the view alone lets the output of the running requests outgrow the cache
+  (preemption). Per endpoint e, with U = usable, F = free (the view), A = unseen ledger
+  blocks (above) and L = live reserved blocks (this worker's and, with ``--workers N``, the
+  others' published totals):
+
+      room(e) = min(F − A, U − L)    ⇔  held(e) = max(A, L − (U − F))
+
+  exact when every request reaches the backend through ICE (then U − F ≤ L); traffic around
+  ICE still counts through F − A. Entries placed by Envoy's balancer (endpoint "") count
+  against every endpoint in A, and spread evenly, ceil(L_"" / endpoints), in L (a request
+  stays on one endpoint for its whole life; ``endpoint_pick: ice`` makes it exact).
+  ``kv_hold: seen`` keeps only the first part (the ledger until a newer view).
+- Several replicas (``--ledger redis://``, ``ext_proc.placement.ledger_redis``): while the
+  shared ledger answers, the other replicas' A and L come from its mirror instead of the
+  host's shared memory (which still gets every entry, for when Redis stops answering), and
+  ``unhold`` takes back a request whose reservation the shared ledger refused. While it does
+  not answer, this worker's own A and L count ``1 + P`` times, P the other replicas alive
+  when it last answered (``RedisLedger.fallback_factor``; the host's shared memory is then
+  not added: its workers are among the P).
+
+KV blocks of a sequence: ceil((input + output) / block_size) on a full-attention model, or
+the ``ext_proc.kv`` geometry's ``request_blocks`` (sliding-window and hybrid layer groups)
+when the profile names the model's config; less the whole blocks of its expected prefix-cache
+hit: cached = floor(input × reuse), reuse = the pool's recent hit ratio, at most input − 1
+tokens (vLLM always recomputes the last prompt token). Further samples of one prompt (``n``)
+hit its whole prompt (at most input − 1 tokens) when every backend caches prefixes; a
+request's blocks are summed over its sequences (``KvFit.need``).
+
+Invariant: caches are keyed by snapshot identity, so a new snapshot recomputes everything;
+nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from ext_proc.kv.geometry import KVGeometry, build_geometry
+from ext_proc.placement.endpoints import endpoint_of
+from ext_proc.placement.ledger_shm import LedgerHandle, endpoint_key
+from ext_proc.policy.evaluate import KvFit, Shape
+from ext_proc.policy.model import PressureModel, Profile
+from ext_proc.policy.pressure import Pressure, pressure_of
+from ext_proc.policy.scores import DrainInputs, drain_inputs, pool_cache_efficiency
+from ext_proc.signals.snapshot import PoolSnapshot
+
+if TYPE_CHECKING:
+    from ext_proc.placement.ledger_redis import RedisLedger
+
+__all__ = ["Endpoint", "Hold", "PoolViews"]
+
+# Ledger entries kept per pool when no newer view arrives for a long while (the newest stay).
+MAX_INFLIGHT = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One backend of a pool as a place to send requests: its serving address, its own KV
+    room (no ledger taken off), its queue, whether its view is stale and whether its engine
+    sleeps (then its room has no free blocks: it must not be sent work)."""
+
+    endpoint: str
+    fit: KvFit
+    waiting: float | None
+    stale: bool
+    asleep: bool = False
+
+
+class _Entries:
+    """One endpoint's ledger: (time passed, KV blocks) of the requests sent there, oldest
+    first, and their running total (read on every request: no sum over the entries)."""
+
+    __slots__ = ("entries", "total")
+
+    def __init__(self) -> None:
+        self.entries: deque[tuple[float, int]] = deque()
+        self.total = 0
+
+    def add(self, at_s: float, blocks: int) -> None:
+        self.entries.append((at_s, blocks))
+        self.total += blocks
+        if len(self.entries) > MAX_INFLIGHT:  # the newest stay
+            self.total -= self.entries.popleft()[1]
+
+    def remove(self, at_s: float, blocks: int) -> None:
+        """Take back the entry (``at_s``, ``blocks``) if it is still here (newest first)."""
+        for i in range(len(self.entries) - 1, -1, -1):
+            if self.entries[i] == (at_s, blocks):
+                del self.entries[i]
+                self.total -= blocks
+                return
+
+    def expire(self, before_s: float) -> None:
+        """Drop the entries a view taken at ``before_s`` already shows."""
+        entries = self.entries
+        while entries and entries[0][0] <= before_s:
+            self.total -= entries.popleft()[1]
+
+
+@dataclass(slots=True, eq=False)
+class Hold:
+    """A passed request's blocks: ``blocks`` at ``endpoint`` ("": anywhere) of ``pool``,
+    its ledger entry passed at ``at_s``; ``live``: also reserved until ``PoolViews.release``
+    (its stream ended; False under ``kv_hold: seen``)."""
+
+    pool: str
+    endpoint: str
+    blocks: int
+    at_s: float = 0.0
+    live: bool = True
+    released: bool = False
+
+
+def _add(out: dict[str, int], more: Mapping[str, int]) -> None:
+    for endpoint, blocks in more.items():
+        if blocks:
+            out[endpoint] = out.get(endpoint, 0) + blocks
+
+
+def _times(out: dict[str, int], factor: int) -> dict[str, int]:
+    return {endpoint: blocks * factor for endpoint, blocks in out.items()}
+
+
+def _less(fit: KvFit, held: int) -> KvFit:
+    return replace(fit, free_blocks=max(0, fit.free_blocks - held)) if held else fit
+
+
+class PoolViews:
+    """Per-snapshot figures of every pool a worker judges against, and its in-flight ledger.
+
+    ``endpoint_overrides``: pool → (metrics URL → serving address), the pools'
+    ``backend_endpoints``."""
+
+    def __init__(
+        self,
+        endpoint_overrides: Mapping[str, Mapping[str, str]] | None = None,
+        shared: LedgerHandle | None = None,
+        until_seen: frozenset[str] = frozenset(),
+        live: dict[str, dict[str, int]] | None = None,
+    ) -> None:
+        self._overrides = dict(endpoint_overrides or {})
+        self.shared = shared  # the host's ledger: the other workers' entries
+        self.remote: RedisLedger | None = None  # the replicas' ledger (--ledger), when set
+        self.until_seen = until_seen  # pools with kv_hold: seen (no live reservations)
+        # pool → endpoint ("" anywhere) → KV blocks reserved by this worker's live requests
+        # (shared with the views of a reloaded policy, whose holds release into it)
+        self.live: dict[str, dict[str, int]] = {} if live is None else live
+        self._pressure: dict[tuple[str, PressureModel], tuple[PoolSnapshot, Pressure | None]] = {}
+        self._drain: dict[str, tuple[PoolSnapshot, DrainInputs | None]] = {}
+        self._efficiency: dict[str, tuple[PoolSnapshot, float | None]] = {}
+        self._kv: dict[tuple[str, str], tuple[PoolSnapshot, tuple[Endpoint, ...]]] = {}
+        self._geometries: dict[tuple[str, int], KVGeometry] = {}
+        # pool → endpoint ("" anywhere) → (time.monotonic() it was passed, KV blocks) of the
+        # requests sent upstream
+        self._inflight: dict[str, dict[str, _Entries]] = {}
+
+    def pressure(self, profile: Profile, snapshot: PoolSnapshot | None) -> Pressure | None:
+        """The pool's pressure under the profile's model."""
+        if snapshot is None:
+            return None
+        key = (snapshot.pool, profile.pressure)
+        cached = self._pressure.get(key)
+        if cached is not None and cached[0] is snapshot:
+            return cached[1]
+        pressure = pressure_of(snapshot, profile.pressure)
+        self._pressure[key] = (snapshot, pressure)
+        return pressure
+
+    def drain(self, snapshot: PoolSnapshot | None) -> DrainInputs | None:
+        """The pool's drain-rate inputs (None without rates)."""
+        if snapshot is None:
+            return None
+        cached = self._drain.get(snapshot.pool)
+        if cached is not None and cached[0] is snapshot:
+            return cached[1]
+        drain = drain_inputs(snapshot)
+        self._drain[snapshot.pool] = (snapshot, drain)
+        return drain
+
+    def efficiency(self, snapshot: PoolSnapshot | None) -> float | None:
+        """The pool's cache_efficiency_ratio (None: no backend says)."""
+        if snapshot is None:
+            return None
+        cached = self._efficiency.get(snapshot.pool)
+        if cached is not None and cached[0] is snapshot:
+            return cached[1]
+        ratio = pool_cache_efficiency(snapshot)
+        self._efficiency[snapshot.pool] = (snapshot, ratio)
+        return ratio
+
+    def endpoints(self, profile: Profile, snapshot: PoolSnapshot | None) -> tuple[Endpoint, ...]:
+        """Each backend of the pool that reports its KV blocks, as an endpoint (its own free
+        and usable blocks; the ledger not yet taken off), built once per snapshot."""
+        if snapshot is None:
+            return ()
+        key = (snapshot.pool, profile.name)
+        cached = self._kv.get(key)
+        if cached is not None and cached[0] is snapshot:
+            return cached[1]
+        views: list[Endpoint] = []
+        bs = snapshot.block_size
+        if bs is not None:
+            reuse = self.efficiency(snapshot) or 0.0
+            blocks = self._blocks_fn(profile, bs)
+
+            def first(i: int, o: int) -> int:
+                return blocks(i, o, int(i * reuse))
+
+            def sibling(i: int, o: int) -> int:  # its prompt's full blocks are cached
+                return blocks(i, o, i)
+
+            shared = sibling if snapshot.prefix_caching else None
+            overrides = self._overrides.get(snapshot.pool)
+            for b in snapshot.backends:
+                free, usable = b.free_blocks, b.usable_blocks
+                if free is None or usable is None:
+                    continue
+                if b.asleep:  # a sleeping engine serves nothing: no room
+                    free = 0
+                fit = KvFit(free, usable, bs, first, shared)
+                address = endpoint_of(b.url, overrides)
+                views.append(Endpoint(address, fit, b.num_requests_waiting, b.stale, b.asleep))
+        result = tuple(views)
+        self._kv[key] = (snapshot, result)
+        return result
+
+    def addresses(self, snapshot: PoolSnapshot) -> list[str]:
+        """The serving address of every backend in ``snapshot``."""
+        overrides = self._overrides.get(snapshot.pool)
+        return [endpoint_of(b.url, overrides) for b in snapshot.backends]
+
+    def room(
+        self, profile: Profile, snapshot: PoolSnapshot | None, endpoint: str | None = None
+    ) -> KvFit | None:
+        """The KV room a request is judged against, less the blocks of the requests passed
+        since ``snapshot``: ``endpoint``'s when it is one of the pool's; else (anywhere, or
+        an endpoint the view does not know) the endpoint with the least room, since Envoy's
+        load balancer may send the request to any."""
+        views = self.endpoints(profile, snapshot)
+        if not views or snapshot is None:
+            return None
+        ledger = self.ledger(snapshot)
+        if endpoint is not None:
+            for v in views:
+                if v.endpoint == endpoint:
+                    return _less(v.fit, ledger.get("", 0) + ledger.get(v.endpoint, 0))
+        return self.worst(views, ledger)
+
+    def worst(self, views: tuple[Endpoint, ...], ledger: Mapping[str, int]) -> KvFit:
+        """The least free and the least usable blocks over ``views`` (each less its ledger):
+        what a request placed anywhere can count on."""
+        anywhere = ledger.get("", 0)
+        free = min(max(0, v.fit.free_blocks - anywhere - ledger.get(v.endpoint, 0)) for v in views)
+        usable = min(v.fit.usable_blocks for v in views)
+        return replace(views[0].fit, free_blocks=free, usable_blocks=usable)
+
+    def candidates(
+        self, profile: Profile, snapshot: PoolSnapshot | None
+    ) -> list[tuple[Endpoint, KvFit]]:
+        """Every awake endpoint with its room less the ledger (for picking: a sleeping one is
+        never a candidate); stale ones only when no fresh awake one is left."""
+        views = self.endpoints(profile, snapshot)
+        if not views or snapshot is None:
+            return []
+        awake = [v for v in views if not v.asleep]
+        fresh = [v for v in awake if not v.stale] or awake
+        ledger = self.ledger(snapshot)
+        anywhere = ledger.get("", 0)
+        return [(v, _less(v.fit, anywhere + ledger.get(v.endpoint, 0))) for v in fresh]
+
+    def ledger(self, snapshot: PoolSnapshot) -> dict[str, int]:
+        """KV blocks to take off the free blocks of ``snapshot``'s endpoints: those of the
+        requests passed to its pool since it was taken, by the endpoint they were sent to ("":
+        anywhere, Envoy's load balancer placed them); with live reservations, per endpoint
+        max(A, L − used) (the module docstring) and no "" entry."""
+        unseen = self._unseen(snapshot)
+        live = self._live_of(snapshot)
+        if not live:
+            return unseen
+        overrides = self._overrides.get(snapshot.pool)
+        known = [
+            (endpoint_of(b.url, overrides), b.usable_blocks - b.free_blocks)
+            for b in snapshot.backends
+            if b.free_blocks is not None and b.usable_blocks is not None
+        ]
+        if not known:
+            return unseen
+        spread = -(-live.get("", 0) // len(known))
+        anywhere = unseen.get("", 0)
+        out: dict[str, int] = {}
+        for endpoint, used in known:
+            a = anywhere + unseen.get(endpoint, 0)
+            held = max(a, spread + live.get(endpoint, 0) - max(0, used))
+            if held > 0:
+                out[endpoint] = held
+        return out
+
+    def _unseen(self, snapshot: PoolSnapshot) -> dict[str, int]:
+        """The ledger's entries newer than ``snapshot``, by endpoint ("": anywhere)."""
+        pool = self._inflight.get(snapshot.pool)
+        out: dict[str, int] = {}
+        for endpoint, entries in (pool or {}).items():
+            entries.expire(snapshot.taken_at_s)  # the view shows these
+            if entries.total:
+                out[endpoint] = entries.total
+        remote = self.remote
+        if remote is not None and remote.active:
+            _add(out, remote.unseen(snapshot.pool))
+        elif remote is not None and remote.fallback_factor > 1:
+            return _times(out, remote.fallback_factor)
+        elif self.shared is not None:
+            self._add_others(out, snapshot, self.shared.others(snapshot.taken_at_s))
+        return out
+
+    def _add_others(
+        self, out: dict[str, int], snapshot: PoolSnapshot, others: Mapping[int, int]
+    ) -> None:
+        """Add the other workers' blocks (by ledger key) to ``out`` (by endpoint)."""
+        if not others:
+            return
+        for endpoint in ("", *self.addresses(snapshot)):
+            blocks = others.get(endpoint_key(snapshot.pool, endpoint), 0)
+            if blocks:
+                out[endpoint] = out.get(endpoint, 0) + blocks
+
+    def _live_of(self, snapshot: PoolSnapshot) -> dict[str, int]:
+        """Blocks reserved by live requests to ``snapshot``'s pool, this worker's and the
+        other workers', by endpoint ("": anywhere)."""
+        if snapshot.pool in self.until_seen:
+            return {}
+        out = {e: b for e, b in self.live.get(snapshot.pool, {}).items() if b}
+        remote = self.remote
+        if remote is not None and remote.active:
+            _add(out, remote.live(snapshot.pool))
+        elif remote is not None and remote.fallback_factor > 1:
+            return _times(out, remote.fallback_factor)
+        elif self.shared is not None:
+            self._add_others(out, snapshot, self.shared.others_live())
+        return out
+
+    def release(self, hold: Hold) -> None:
+        """``hold``'s request is over (its stream ended): its blocks are no longer reserved.
+        Idempotent."""
+        if hold.released:
+            return
+        hold.released = True
+        if not hold.live:
+            return
+        pool = self.live.setdefault(hold.pool, {})
+        total = pool[hold.endpoint] = max(0, pool.get(hold.endpoint, 0) - hold.blocks)
+        if self.shared is not None:
+            key = endpoint_key(hold.pool, hold.endpoint)
+            self.shared.publish_live(key, total, time.monotonic())
+        if self.remote is not None:
+            self.remote.released(hold.pool, hold.endpoint, total)
+
+    def unhold(self, hold: Hold) -> None:
+        """Take back a request that did not go on after all (the shared ledger refused its
+        reservation): its ledger entry and its live reservation. The host's shared memory
+        gets the entry's negative (its rings only append)."""
+        entries = self._inflight.get(hold.pool, {}).get(hold.endpoint)
+        if entries is not None:
+            entries.remove(hold.at_s, hold.blocks)
+        if self.shared is not None:
+            key = endpoint_key(hold.pool, hold.endpoint)
+            self.shared.publish(key, time.monotonic(), -hold.blocks)
+        remote, self.remote = self.remote, None  # the caller's next reservation says it
+        try:
+            self.release(hold)
+        finally:
+            self.remote = remote
+
+    def live_total(self, pool: str, endpoint: str) -> int:
+        """This worker's live reserved blocks at ``endpoint`` ("" anywhere) of ``pool``."""
+        return self.live.get(pool, {}).get(endpoint, 0)
+
+    def held(self, snapshot: PoolSnapshot) -> int:
+        """All KV blocks of the requests passed to ``snapshot``'s pool since it was taken."""
+        return sum(self.ledger(snapshot).values())
+
+    def assume_held(self, snapshot: PoolSnapshot, ledger: Mapping[str, int]) -> None:
+        """Make ``ledger`` (``ledger()``'s figures) the ledger of ``snapshot``'s pool: the
+        offload helper judges a heavy body with the blocks its ICE worker holds, as the worker
+        itself would."""
+        pool: dict[str, _Entries] = {}
+        for endpoint, blocks in ledger.items():
+            if blocks:
+                pool[endpoint] = _Entries()
+                pool[endpoint].add(float("inf"), blocks)
+        self._inflight[snapshot.pool] = pool
+
+    def hold(
+        self,
+        profile: Profile,
+        snapshot: PoolSnapshot | None,
+        shape: Shape,
+        output: int,
+        endpoint: str = "",
+    ) -> Hold | None:
+        """Remember the blocks of a request (all its sequences) sent upstream to
+        ``snapshot``'s pool: to ``endpoint``, or "" when Envoy's load balancer placed it.
+        Its reservation (None: no blocks; not ``live`` under ``kv_hold: seen``) lasts until
+        ``release``."""
+        views = self.endpoints(profile, snapshot)
+        if not views or snapshot is None:
+            return None
+        name = snapshot.pool
+        pool = self._inflight.setdefault(name, {})
+        entries = pool.get(endpoint)
+        if entries is None:
+            entries = pool[endpoint] = _Entries()
+        at, blocks = time.monotonic(), views[0].fit.need(shape, output)
+        entries.add(at, blocks)
+        key = endpoint_key(name, endpoint) if self.shared is not None else 0
+        if self.shared is not None:
+            self.shared.publish(key, at, blocks)
+        if blocks <= 0:
+            return None
+        if name in self.until_seen:
+            return Hold(name, endpoint, blocks, at, live=False)
+        live = self.live.setdefault(name, {})
+        total = live[endpoint] = live.get(endpoint, 0) + blocks
+        if self.shared is not None:
+            self.shared.publish_live(key, total, at)
+        return Hold(name, endpoint, blocks, at)
+
+    def _blocks_fn(self, profile: Profile, block_size: int) -> Callable[[int, int, int], int]:
+        """Blocks a request of (input, output) tokens needs with ``cached`` prompt tokens
+        already in the prefix cache (see the module docstring)."""
+        spec = profile.kv_model
+        if spec is None:
+
+            def full_attention(i: int, o: int, cached: int) -> int:
+                hit = min(cached, i - 1) if i > 1 else 0
+                return -(-(i + o) // block_size) - hit // block_size
+
+            return full_attention
+        key = (profile.name, block_size)
+        geometry = self._geometries.get(key)
+        if geometry is None:
+            geometry = self._geometries[key] = build_geometry(
+                spec.shape,
+                tp=spec.tp,
+                kv_dtype=spec.kv_dtype,
+                block_size=block_size,
+                max_num_batched_tokens=spec.max_num_batched_tokens,
+            )
+        return geometry.request_blocks

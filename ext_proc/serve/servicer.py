@@ -1,0 +1,406 @@
+"""The gRPC shell: one ext_proc ``Process`` stream per HTTP request.
+
+Envoy sends the request headers, then (for JSON inference requests) the buffered body, and,
+for a request ICE sent on with its response headers asked for (``ext_proc.admit.overload_answer``),
+the response headers; ICE answers each message exactly once. Any fault inside ICE is caught
+per message: with the route's ``fail_mode: open`` the request continues untouched, with
+``closed`` it gets a 503 in the API's format; in the response phase the response always
+continues as it was. Protocol state (which message we are at) stays here; request facts live
+in ``pipeline.HeaderFacts``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import dataclasses
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+
+from ext_proc import telemetry
+from ext_proc.admit import overload_answer
+from ext_proc.admit.backlog import SMALL_BODY_BYTES, Backlog, Lane
+from ext_proc.admit.outcome import Continue, Outcome, reject_outcome
+from ext_proc.admit.pipeline import BodyVerdict, HeaderFacts, Pipeline, Route
+from ext_proc.admit.queue import AdmissionQueue, Waiter, queueable
+from ext_proc.admit.shared_ledger import admit_shared, share_hold
+from ext_proc.admit.truncation import finish_truncation
+from ext_proc.schemas import OPENAI_CHAT_FALLBACK
+from ext_proc.serve import render
+from ext_proc.serve.helper import Offload
+from ext_proc.serve.memtrim import Trimmer
+
+__all__ = ["ExtProcServicer"]
+
+log = logging.getLogger("ice.servicer")
+
+
+def _with_profile(outcome: Outcome, route: Route) -> Outcome:
+    """The access log's ``profile`` field: the profile the request was judged under."""
+    return dataclasses.replace(outcome, log=(*outcome.log, ("profile", route.profile.name)))
+
+
+class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+    """Answers Envoy's ext_proc streams with the pipeline's verdicts."""
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        offload: Offload | None = None,
+        backlog: Backlog | None = None,
+    ) -> None:
+        self.pipeline = pipeline
+        self.offload = offload
+        self.backlog = backlog or Backlog()
+        self.trimmer = Trimmer(lambda: self.backlog.idle)
+        self._gate = asyncio.Lock()  # long bodies judged in-process: one at a time
+        self.queue = AdmissionQueue()  # shared by every stream of the worker
+        self._logged: set[str] = set()
+
+    def swap(self, pipeline: Pipeline, offload: Offload | None) -> None:
+        """A reloaded policy: streams that start from now on use ``pipeline``; a stream
+        already open keeps the one it started with (never a mix of two policies)."""
+        self.pipeline, self.offload = pipeline, offload
+
+    async def Process(
+        self,
+        request_iterator: AsyncIterator[pb.ProcessingRequest],
+        context: grpc.aio.ServicerContext[pb.ProcessingRequest, pb.ProcessingResponse],
+    ) -> AsyncIterator[pb.ProcessingResponse]:
+        # The stream's own view of the servicer: the pipeline and offload in force when it
+        # opened (``swap``), the shared backlog, gate and trimmer.
+        stream = copy.copy(self)
+        async for response in stream._process(request_iterator, context):
+            yield response
+
+    async def _process(
+        self,
+        request_iterator: AsyncIterator[pb.ProcessingRequest],
+        context: grpc.aio.ServicerContext[pb.ProcessingRequest, pb.ProcessingResponse],
+    ) -> AsyncIterator[pb.ProcessingResponse]:
+        route = self.pipeline.router.resolve(context.invocation_metadata() or ())
+        facts = HeaderFacts(priority=route.default_priority)
+        try:
+            async for request in request_iterator:
+                started = time.perf_counter()
+                phase = request.WhichOneof("request")
+                try:
+                    if phase == "request_headers":
+                        subset = _subset_hint(request.metadata_context)
+                        facts, response = self._headers(route, request.request_headers, subset)
+                    elif phase == "request_body":
+                        queued = False
+                        verdict = await self._judge(route, facts, request.request_body, started)
+                        if verdict is not None and verdict.pending is not None:
+                            # Truncation waits on the embedding worker: ask Envoy for the time
+                            # first (a reply with only override_message_timeout is not the
+                            # answer).
+                            spec = route.profile.truncation
+                            yield _extend_timeout(spec.deadline_ms if spec is not None else 0)
+                            verdict = await finish_truncation(self.pipeline, route, facts, verdict)
+                        elif queueable(route, verdict):
+                            assert verdict is not None
+                            got = self.queue.offer(
+                                self.pipeline, route, facts, verdict, request.request_body.body
+                            )
+                            if isinstance(got, Waiter):  # judged in time: the body's bytes
+                                # leave the backlog; Envoy is asked for the wait
+                                if facts.ticket is not None:
+                                    self.backlog.answered(facts.ticket)
+                                self._release(facts)
+                                yield _extend_timeout(got.spec.max_queue_wait_ms)
+                                verdict = await self.queue.wait(got)
+                                queued = True
+                                share_hold(self.pipeline, route, facts.hold)
+                            else:
+                                verdict = got
+                        if not queued and self._shares(verdict):
+                            assert verdict is not None
+                            body = request.request_body.body
+                            verdict = await admit_shared(self.pipeline, route, facts, verdict, body)
+                            self.queue.count_started(route, facts, verdict)
+                            queued = True  # counted and held
+                        response = self._body_response(route, facts, verdict, queued)
+                        if facts.ticket is not None and verdict is not _GONE:
+                            self.backlog.answered(facts.ticket)
+                        self._release(facts)
+                    elif phase == "response_headers":
+                        response = self._response_headers(route, facts, request)
+                    else:
+                        response = _continue(phase)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:
+                    response = self._fault(route, facts, phase, e)
+                telemetry.PROCESSING_SECONDS.labels(phase=phase or "unknown").observe(
+                    time.perf_counter() - started
+                )
+                yield response
+        except asyncio.CancelledError:  # Envoy closed the stream (its message timeout)
+            ticket = facts.ticket
+            if ticket is not None and not ticket.released:
+                self.backlog.lost()  # an admitted body Envoy gave up on: admit less
+                if ticket.received:
+                    telemetry.BODIES_DROPPED.labels(reason="stream_closed").inc()
+            raise
+        finally:
+            self._release(facts)
+            if facts.hold is not None:  # the request is over: its KV blocks are free again
+                self.pipeline.views.release(facts.hold)
+            if facts.inflight is not None:
+                self.queue.ended(*facts.inflight)
+
+    def _shares(self, verdict: BodyVerdict | None) -> bool:
+        """The verdict is reserved in the replicas' shared ledger
+        (``ext_proc.admit.shared_ledger``)."""
+        remote = self.pipeline.views.remote
+        return remote is not None and remote.active and verdict is not None and verdict is not _GONE
+
+    def _release(self, facts: HeaderFacts) -> None:
+        ticket = facts.ticket
+        if ticket is None or ticket.released:
+            return
+        self.backlog.release(ticket)
+        telemetry.BACKLOG_BYTES.set(self.backlog.inflight_bytes)
+        telemetry.BACKLOG_WINDOW.set(self.backlog.window)
+        if ticket.received:
+            self.trimmer.seen(ticket.nbytes)
+
+    def _headers(
+        self, route: Route, headers: pb.HttpHeaders, subset: frozenset[str] | None = None
+    ) -> tuple[HeaderFacts, pb.ProcessingResponse]:
+        pairs = ((h.key, h.raw_value or h.value.encode()) for h in headers.headers.headers)
+        facts = self.pipeline.on_headers(route, pairs, headers.end_of_stream)
+        facts.subset = subset
+        if facts.answer is not None:
+            return facts, render.render_immediate(facts.answer)
+        if facts.skip_body:
+            return facts, render.skip_body(facts.strip, facts.shadow_headers)
+        if facts.adapter is not None:
+            promised = facts.content_length
+            if promised is None:  # chunked: the body may be as large as the limit
+                promised = self.pipeline.max_body_bytes
+            helper = self.offload is not None and self.pipeline.needs_helper_size(promised)
+            admitted = self.backlog.admit(promised, "helper" if helper else "inline")
+            if isinstance(admitted, str):  # busy: the coarse verdict, without the body
+                verdict = self.pipeline.on_size(route, facts, promised)
+                facts.hold = self.pipeline.record(route, verdict)
+                share_hold(self.pipeline, route, facts.hold)
+                telemetry.COARSE_VERDICTS.labels(route=route.name, why=admitted).inc()
+                outcome = _with_profile(verdict.outcome, route)
+                self._watch(route, facts, verdict)
+                watch = facts.need_tokens is not None and self._watching(route)
+                return facts, render.headers_outcome(outcome, facts.strip, watch=watch)
+            facts.ticket = admitted
+            telemetry.BACKLOG_BYTES.set(self.backlog.inflight_bytes)
+        watch = facts.adapter is not None and self._watching(route)
+        return facts, render.headers_continue(facts.strip, watch=watch)
+
+    def _watching(self, route: Route) -> bool:
+        """Ask for this request's response headers (``ext_proc.admit.overload_answer``); a fault
+        reading the pool asks (the response phase fails open), it never fails the request."""
+        if not overload_answer.watches(route.profile):
+            return False
+        try:
+            return overload_answer.strained(self.pipeline, route)
+        except Exception:
+            return True
+
+    @staticmethod
+    def _watch(route: Route, facts: HeaderFacts, verdict: BodyVerdict | None) -> None:
+        """What the response phase needs of a verdict: the request's need, when it goes on
+        and its profile watches for a backend's overload 503."""
+        if overload_answer.watches(route.profile):
+            facts.need_tokens = overload_answer.need_tokens(route.profile, verdict)
+
+    def _response_headers(
+        self, route: Route, facts: HeaderFacts, request: pb.ProcessingRequest
+    ) -> pb.ProcessingResponse:
+        """A backend's overload 503 becomes ICE's answer; any other response goes on."""
+        headers = request.response_headers.headers.headers
+        pairs = ((h.key, h.raw_value or h.value.encode()) for h in headers)
+        details = _code_details(request)
+        got = overload_answer.respond(self.pipeline, route, facts, pairs, details)
+        if got is None:
+            return render.response_headers_continue()
+        return render.render_immediate(got, overload_answer.DETAILS)
+
+    async def _judge(
+        self, route: Route, facts: HeaderFacts, body: pb.HttpBody, started: float
+    ) -> BodyVerdict | None:
+        """The body's verdict: in full (in-process or in the offload helper), from its size
+        when it arrived too late to be read in time, None for a body that is not judged, or
+        ``_GONE`` (continue untouched, uncounted) when Envoy can no longer hear it."""
+        data = body.body
+        heavy = (
+            self.offload is not None
+            and facts.adapter is not None
+            and (self.offload.is_heavy(data) or self.pipeline.needs_helper(data))
+        )
+        lane: Lane = "helper" if heavy else "inline"
+        ticket = facts.ticket
+        if ticket is None:  # not admitted at the headers (an unknown path's body, tests)
+            return await self._judge_now(route, facts, data, heavy)
+        backlog = self.backlog
+        backlog.arrived(ticket, len(data), lane)
+        alone = backlog.queued_bytes[lane] == ticket.nbytes
+        if heavy or len(data) <= SMALL_BODY_BYTES:
+            verdict = await self._judged_in_time(route, facts, data, heavy, started, alone)
+        else:  # one long body per turn of the event loop: what is ready (headers) goes first
+            async with self._gate:
+                await asyncio.sleep(0)  # also where a stream Envoy has closed is cancelled
+                verdict = await self._judged_in_time(route, facts, data, heavy, started, True)
+        if verdict is not None and backlog.expired(time.perf_counter() - started):
+            telemetry.BODIES_DROPPED.labels(reason="deadline").inc()
+            backlog.lost()
+            return _GONE
+        return verdict
+
+    async def _judged_in_time(
+        self,
+        route: Route,
+        facts: HeaderFacts,
+        data: bytes,
+        heavy: bool,
+        started: float,
+        alone: bool,
+    ) -> BodyVerdict | None:
+        """The full verdict, or the coarse one when the body is too late to be read in time;
+        the judge time feeds the lane's cost (``alone``: nothing was ahead of it)."""
+        assert facts.ticket is not None
+        if self.backlog.late(facts.ticket, time.perf_counter() - started):
+            telemetry.COARSE_VERDICTS.labels(route=route.name, why="late").inc()
+            return self.pipeline.on_size(route, facts, len(data))
+        judging = time.perf_counter()
+        if heavy and self.offload is not None:
+            # exact counting of a long prompt has a budget: past it, the size decides
+            budget = self.pipeline.policy.exact_count_budget_ms / 1000 - (judging - started)
+            try:
+                verdict = await asyncio.wait_for(
+                    self.offload.on_body(self.pipeline, route, facts, data), max(0.0, budget)
+                )
+            except TimeoutError:
+                telemetry.COARSE_VERDICTS.labels(route=route.name, why="budget").inc()
+                self.backlog.observe("helper", len(data), time.perf_counter() - judging)
+                return self.pipeline.on_size(route, facts, len(data))
+        else:
+            verdict = self.pipeline.on_body(route, facts, data)
+        if alone:  # with bodies ahead of it in the helper, the time includes their wait
+            lane: Lane = "helper" if heavy else "inline"
+            self.backlog.observe(lane, len(data), time.perf_counter() - judging)
+        return verdict
+
+    async def _judge_now(
+        self, route: Route, facts: HeaderFacts, data: bytes, heavy: bool
+    ) -> BodyVerdict | None:
+        if heavy and self.offload is not None:
+            return await self.offload.on_body(self.pipeline, route, facts, data)
+        return self.pipeline.on_body(route, facts, data)
+
+    def _body_response(
+        self, route: Route, facts: HeaderFacts, verdict: BodyVerdict | None, recorded: bool
+    ) -> pb.ProcessingResponse:
+        """``recorded``: the admission queue counted the verdict already."""
+        if verdict is None or verdict is _GONE:
+            return render.body_continue()
+        if not recorded:
+            facts.hold = self.pipeline.record(route, verdict)
+            self.queue.count_started(route, facts, verdict)  # a tenant's requests in flight
+        self._watch(route, facts, verdict)
+        return render.render_body_outcome(_with_profile(verdict.outcome, route))
+
+    def _fault(
+        self, route: Route, facts: HeaderFacts, phase: str | None, error: Exception
+    ) -> pb.ProcessingResponse:
+        # the request phases fail as the profile says; the response phase always fails open
+        judging = phase in ("request_headers", "request_body")
+        mode = route.profile.fail_mode if judging else "open"
+        telemetry.ERRORS.labels(phase=phase or "unknown", fail_mode=mode).inc()
+        key = f"{phase}:{type(error).__name__}"
+        if key not in self._logged:
+            self._logged.add(key)
+            log.exception("internal error in phase %s (failing %s)", phase, mode)
+        if mode == "closed":
+            adapter = facts.adapter or OPENAI_CHAT_FALLBACK
+            return render.render_immediate(
+                reject_outcome(
+                    adapter, 503, "ice_internal_error", "ICE could not judge the request."
+                )
+            )
+        return _continue(phase)
+
+
+# The verdict of a body Envoy has given up on: answered with a plain continue, not counted.
+_GONE = BodyVerdict(None, None, Continue([], None))
+
+# What ICE asks of Envoy's message timeout beyond the time it holds a message for: the
+# truncation deadline (then the planning and the body edit) or a queued request's longest
+# wait. Envoy's max_message_timeout must allow it (ext_proc.tools.envoygen.pieces).
+TIMEOUT_MARGIN_MS = 1000
+
+
+def _extend_timeout(hold_ms: int) -> pb.ProcessingResponse:
+    """A reply that only extends Envoy's message timeout for this message (it is not the
+    answer): ``hold_ms`` plus the margin."""
+    response = pb.ProcessingResponse()
+    response.override_message_timeout.FromMilliseconds(hold_ms + TIMEOUT_MARGIN_MS)
+    return response
+
+
+SUBSET_NAMESPACE = "envoy.lb.subset_hint"
+SUBSET_KEY = "x-gateway-destination-endpoint-subset"
+
+
+def _subset_hint(metadata: Any) -> frozenset[str] | None:
+    """The endpoint-picker protocol's subset hint (filter metadata ``envoy.lb.subset_hint`` /
+    ``x-gateway-destination-endpoint-subset``: a list of ip:port, or one comma-separated
+    string), forwarded by Envoy's ``metadata_options.forwarding_namespaces``; None: no hint."""
+    namespaces = metadata.filter_metadata
+    if SUBSET_NAMESPACE not in namespaces:
+        return None
+    fields = namespaces[SUBSET_NAMESPACE].fields
+    if SUBSET_KEY not in fields:
+        return None
+    value = fields[SUBSET_KEY]
+    kind = value.WhichOneof("kind")
+    if kind == "list_value":
+        items = [v.string_value for v in value.list_value.values]
+    elif kind == "string_value":
+        items = value.string_value.split(",")
+    else:
+        return None
+    hint = frozenset(i.strip() for i in items if i.strip())
+    return hint or None
+
+
+def _code_details(request: pb.ProcessingRequest) -> str | None:
+    """Envoy's ``response.code_details`` among the message's attributes (the ext_proc
+    filter's ``response_attributes``); None: not sent."""
+    for attributes in request.attributes.values():
+        fields = attributes.fields
+        if overload_answer.CODE_DETAILS in fields:
+            return str(fields[overload_answer.CODE_DETAILS].string_value)
+    return None
+
+
+def _continue(phase: str | None) -> pb.ProcessingResponse:
+    """The do-nothing answer for any phase."""
+    if phase == "request_headers":
+        return pb.ProcessingResponse(request_headers=pb.HeadersResponse())
+    if phase == "request_body":
+        return pb.ProcessingResponse(request_body=pb.BodyResponse())
+    if phase == "response_headers":
+        return pb.ProcessingResponse(response_headers=pb.HeadersResponse())
+    if phase == "response_body":
+        return pb.ProcessingResponse(response_body=pb.BodyResponse())
+    if phase == "request_trailers":
+        return pb.ProcessingResponse(request_trailers=pb.TrailersResponse())
+    if phase == "response_trailers":
+        return pb.ProcessingResponse(response_trailers=pb.TrailersResponse())
+    return pb.ProcessingResponse()

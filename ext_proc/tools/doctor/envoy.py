@@ -1,0 +1,187 @@
+"""The Envoy half of ``ice doctor``: read the admin interface, find the listeners that
+serve inference, run the filter, route and cluster checks on each.
+
+Job: ``envoy_checks(admin_url, ex, fetch)`` (live: ``/config_dump`` and ``/clusters``) and
+``view_checks(view, ex)`` (any ``EnvoyView``: a dump or a bootstrap file, for tests and
+offline use).
+
+An HCM serves inference when it has an ext_proc filter or routes a judged path to a
+cluster; every such HCM is checked. None found is a FAIL (the doctor was pointed at the
+wrong Envoy, or ICE is not in it).
+
+Invariants: an unreachable or unreadable admin interface is one FAIL naming the reason,
+never an exception; ``/clusters`` is read only for the health of ICE's hosts, as Envoy
+sees them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ext_proc.tools.doctor import expect as X
+from ext_proc.tools.doctor.dump import EnvoyView, HcmView, as_dict, as_list, from_config_dump
+from ext_proc.tools.doctor.envoy_cluster import ice_cluster_checks
+from ext_proc.tools.doctor.envoy_filters import ext_proc_filters, filter_checks
+from ext_proc.tools.doctor.envoy_routes import route_checks
+from ext_proc.tools.doctor.fetch import Fetch, FetchError
+from ext_proc.tools.doctor.model import Check, fail
+from ext_proc.tools.doctor.routing import route_to, select_vhost
+
+__all__ = ["envoy_checks", "inference_hcms", "view_checks"]
+
+
+def _serves_inference(hcm: HcmView, ex: X.Expected, host: str | None) -> bool:
+    if ext_proc_filters(hcm):
+        return True
+    if hcm.route_config is None:
+        return False
+    vhost = select_vhost(hcm.route_config, host)
+    return any(route_to(vhost, "POST", p).upstream for p in ex.judged)
+
+
+def inference_hcms(view: EnvoyView, ex: X.Expected, host: str | None = None) -> list[HcmView]:
+    return [h for h in view.hcms if _serves_inference(h, ex, host)]
+
+
+def view_checks(view: EnvoyView, ex: X.Expected, host: str | None = None) -> list[Check]:
+    """Every configuration check of ``view``."""
+    out = [Check("MANUAL", "envoy.note", note) for note in view.notes]
+    hcms = inference_hcms(view, ex, host)
+    if not hcms:
+        listeners = sorted({h.listener for h in view.hcms}) or ["none"]
+        out.append(
+            fail(
+                "envoy.inference_listener",
+                f"no listener has ext_proc or routes a judged path (listeners: "
+                f"{', '.join(listeners)}; judged paths from {ex.mesh_source})",
+                "point --envoy-admin at the gateway that fronts the backends, or add ICE to it "
+                "(ice envoy-config)",
+            )
+        )
+        return out
+    for hcm in hcms:
+        out.append(
+            Check(
+                "PASS",
+                "envoy.inference_listener",
+                f"{hcm.listener}: routes from {hcm.route_source}"
+                + (f" (route table {hcm.route_config.get('name')})" if hcm.route_config else ""),
+            )
+        )
+        out += filter_checks(hcm, ex)
+        out += route_checks(hcm, ex, view.clusters, host)
+        out += ice_cluster_checks(hcm, view.clusters)
+    return out
+
+
+def _healthy(host: dict[str, Any]) -> bool:
+    status = as_dict(host.get("health_status"))
+    if any(k.startswith("failed_") and v is True for k, v in status.items()):
+        return False
+    return str(status.get("eds_health_status", "HEALTHY")) in ("HEALTHY", "DEGRADED")
+
+
+def _address(host: dict[str, Any]) -> str:
+    sock = as_dict(as_dict(host.get("address")).get("socket_address"))
+    if sock:
+        return f"{sock.get('address')}:{sock.get('port_value')}"
+    pipe = as_dict(as_dict(host.get("address")).get("pipe"))
+    return f"unix:{pipe.get('path')}" if pipe else "?"
+
+
+def _host_checks(
+    statuses: dict[str, Any], view: EnvoyView, ex: X.Expected, host: str | None
+) -> list[Check]:
+    names = sorted(
+        {
+            str(
+                as_dict(as_dict(f.config.get("grpc_service")).get("envoy_grpc")).get("cluster_name")
+            )
+            for h in inference_hcms(view, ex, host)
+            for _, f in ext_proc_filters(h)
+            if "envoy_grpc" in as_dict(f.config.get("grpc_service"))
+        }
+    )
+    by_name = {
+        str(as_dict(c).get("name")): as_dict(c) for c in as_list(statuses.get("cluster_statuses"))
+    }
+    out = []
+    for name in names:
+        hosts = [as_dict(h) for h in as_list(by_name.get(name, {}).get("host_statuses"))]
+        up = [_address(h) for h in hosts if _healthy(h)]
+        down = [_address(h) for h in hosts if not _healthy(h)]
+        if not hosts:
+            out.append(
+                fail(
+                    "envoy.ice_hosts",
+                    f"cluster {name} has no endpoints: every request passes unjudged",
+                    "give ICE's cluster its workers' addresses (one per --workers port)",
+                )
+            )
+        elif not up:
+            out.append(
+                fail(
+                    "envoy.ice_hosts",
+                    f"Envoy sees every ICE host of {name} unhealthy ({', '.join(down)}): "
+                    "requests pass unjudged (fail-open)",
+                    "start ICE, or fix the cluster's addresses",
+                )
+            )
+        elif down:
+            out.append(
+                Check(
+                    "WARN",
+                    "envoy.ice_hosts",
+                    f"{name}: healthy {', '.join(up)}; unhealthy {', '.join(down)}",
+                    "restart the unhealthy workers",
+                )
+            )
+        else:
+            out.append(Check("PASS", "envoy.ice_hosts", f"{name}: healthy {', '.join(up)}"))
+    return out
+
+
+def _read_json(fetch: Fetch, url: str, timeout_s: float) -> dict[str, Any]:
+    text = fetch(url, timeout_s)
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        raise FetchError(f"{url}: not JSON") from None
+    if not isinstance(doc, dict):
+        raise FetchError(f"{url}: not a JSON object")
+    return doc
+
+
+def envoy_checks(
+    admin_url: str, ex: X.Expected, fetch: Fetch, timeout_s: float, host: str | None = None
+) -> list[Check]:
+    """Read Envoy's admin interface at ``admin_url`` and check what is in force."""
+    base = admin_url.rstrip("/").removesuffix("/config_dump")
+    try:
+        dump = _read_json(fetch, f"{base}/config_dump", timeout_s)
+    except FetchError as e:
+        return [
+            fail(
+                "envoy.config_dump",
+                f"cannot read Envoy's configuration: {e}",
+                "pass --envoy-admin http://HOST:ADMIN_PORT (Envoy's admin address; "
+                "kubectl port-forward for a pod)",
+            )
+        ]
+    view = from_config_dump(dump)
+    out = [
+        Check(
+            "PASS",
+            "envoy.config_dump",
+            f"{base}: {len(view.hcms)} HTTP connection managers, {len(view.clusters)} clusters",
+        )
+    ]
+    out += view_checks(view, ex, host)
+    try:
+        statuses = _read_json(fetch, f"{base}/clusters?format=json", timeout_s)
+    except FetchError as e:
+        out.append(Check("WARN", "envoy.ice_hosts", f"cannot read /clusters: {e}", ""))
+    else:
+        out += _host_checks(statuses, view, ex, host)
+    return out

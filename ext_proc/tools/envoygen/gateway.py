@@ -1,0 +1,586 @@
+"""Envoy Gateway: ICE in front of the inference backend with Gateway API routes and Envoy
+Gateway's policies, doing what the local bootstrap (``local.py``) does.
+
+The objects (``objects``), in this order:
+- ``Gateway`` (class ``eg``, one HTTP listener ``http`` on ``spec.gateway.port``, routes from
+  its own namespace only): a gateway of its own, so that "closed by default" is this
+  gateway's rule and the xDS names below are known; then a ``ReferenceGrant`` when the
+  backend lives in another namespace than the routes.
+- ``HTTPRoute`` ``llm-inference`` (``llm-inference-<profile>`` per profile when the routes
+  name different profiles; at most 16 rules each): one rule per judged route (exact path, to
+  the backend Service, 600 s), so each has a stable xDS route name; the rule's
+  ``ResponseHeaderModifier`` sets ICE's verdict headers from dynamic metadata
+  (``pieces.verdict_response_headers``).
+- ``HTTPRoute`` ``llm-inference-closed``: the read-only paths (GET and HEAD), then every other
+  path (``PathPrefix /``) to the ``HTTPRouteFilter`` ``unknown-endpoint``: a 404 in the
+  OpenAI error format from the gateway itself. Exact beats PathPrefix: closed by default.
+- ``EnvoyExtensionPolicy`` ``ice`` (``ice-<profile>`` per profile) on the judged routes:
+  ``pieces.ext_proc_config`` as EG's API says it, ICE's cluster settings from
+  ``pieces.ice_cluster`` (HTTP/2 at most 32 streams, 1 s connect, gRPC health checks).
+- ``ClientTrafficPolicy`` ``ice`` on the listener: no spoofing, the 8 MiB buffer, the path
+  normalisation of the local HCM.
+- ``EnvoyPatchPolicy`` ``ice`` on the Gateway: what EG's API cannot say, per route.
+
+No spoofing: ``headers.earlyRequestHeaders`` of the ClientTrafficPolicy, with ``remove`` for
+the names and ``removeOnMatch`` (``Prefix``) for ICE's prefixes, taken from
+``pieces.strip_spoofed_headers``. EG puts it in the HCM's ``early_header_mutation_extensions``,
+which run before route selection and before every HTTP filter: before ext_proc, so ICE's own
+headers (set by ext_proc later) survive, on every route of the listener (read-only and 404
+too), while ICE is down too. It is EG's own API: no filter index to patch, no dependence on
+EG's filter names or order (a patched header_mutation filter would have to be inserted at an
+index of ``http_filters`` that EG may change), and prefixes cover headers ICE adds later. A
+route's RequestHeaderModifier would run at the router, after ext_proc, and strip ICE's own.
+
+What the patch adds (EG's ExtProc API has none of them): on each judged route, EG's ext_proc
+filter's per-route ``config`` becomes ``pieces.judged_route_config`` (``x-ice-route``, and
+``x-ice-profile`` when the route names one, as gRPC metadata); on each ext_proc filter,
+``max_message_timeout`` (ICE extends one message's deadline for semantic truncation) and
+``response_attributes`` (``pieces.RESPONSE_ATTRIBUTES``: where a response ICE asked for came
+from; EG's ``processingMode.response.attributes`` would also send every response's headers).
+Operations select by ``jsonPath`` with a name filter, never by array index.
+
+Envoy Gateway facts relied on (github.com/envoyproxy/gateway v1.9.0, 39763b1c, and main
+d32f2829; paths in that repository):
+- The ext_proc filter of an EnvoyExtensionPolicy's ``extProc[i]`` is named
+  ``envoy.filters.http.ext_proc/envoyextensionpolicy/<ns>/<name>/extproc/<i>``, sits in the
+  HCM ``disabled: true`` and is enabled per route with an ``envoy.config.route.v3.FilterConfig``
+  whose ``config`` is an empty Any (internal/xds/translator/extproc.go patchHCM/patchRoute,
+  utils.go enableFilterOnRoute/perRouteFilterName, internal/gatewayapi/envoyextensionpolicy.go
+  irConfigNameForExtProc; golden testdata/out/xds-ir/ext-proc.{listeners,routes}.yaml). Its
+  cluster is named ``envoyextensionpolicy/<ns>/<name>/extproc/<i>``
+  (internal/gatewayapi/testdata/envoyextensionpolicy-failopen.out.yaml).
+- ExtProc's API (api/v1alpha1/ext_proc_types.go): ``processingMode.request`` present → request
+  headers SEND, ``body`` → the body mode; no ``response`` → SKIP/NONE; trailers SKIP;
+  ``allowModeOverride``; ``metadata.accessibleNamespaces`` → ``forwarding_namespaces.untyped``,
+  ``writableNamespaces`` → ``receiving_namespaces.untyped``; no max_message_timeout, no
+  grpc_initial_metadata (translator/extproc.go extProcConfig, buildProcessingMode;
+  gatewayapi/envoyextensionpolicy.go buildExtProc). ``backendSettings`` are ClusterSettings
+  (api/v1alpha1/shared_types.go).
+- xDS names with XDSNameSchemeV2 off (the default through v1.9, api/v1alpha1/
+  envoygateway_helpers.go; the EnvoyPatchPolicy task page says v1.10 turns it on, then
+  ``http-<port>``/``tcp-<port>``): Listener and RouteConfiguration
+  ``<gw-ns>/<gw-name>/<listener>`` (translator/listener.go xdsListenerName, routeConfigName;
+  gatewayapi/helpers.go irListenerName), virtual host ``<listener-name>/<host>``
+  (translator.go virtualHostName), route ``httproute/<ns>/<name>/rule/<i>/match/<j>/<host>``
+  with ``.`` → ``_`` and ``*`` for no hostname (gatewayapi/helpers.go irRouteName, route.go),
+  backend cluster per rule ``httproute/<ns>/<name>/rule/<i>`` (irRouteDestinationName;
+  merged backend clusters are opt-in, EnvoyProxy ``mergeBackends``).
+- Route order: Exact, RegularExpression, PathPrefix; then the longer path; then more header
+  matches (a method match is a ``:method`` header match); stable otherwise
+  (gatewayapi/sort.go, route.go).
+- EnvoyPatchPolicy (api/v1alpha1/envoypatchpolicy_types.go, translator/jsonpatch.go,
+  internal/utils/jsonpatch/): the resource is marshalled with protojson UseProtoNames
+  (snake_case), ``jsonPath`` (RFC 9535, ojg) is expanded to JSON pointers and ``path`` is
+  appended to each; none found is an error; ``add`` creates missing parents; the patched
+  resource is validated. ``..routes[?(@.name=='…')]`` is EG's own testdata form
+  (testdata/in/xds-ir/jsonpatch-with-jsonpath.yaml). Off unless
+  ``extensionApis.enableEnvoyPatchPolicy: true``.
+- ResponseHeaderModifier ``set`` → route ``response_headers_to_add``,
+  OVERWRITE_IF_EXISTS_OR_ADD, the value as written (no ``%`` escaping: Envoy expands
+  ``%DYNAMIC_METADATA(...)%``), checked against ``^[!-~]+([\\t ]?[!-~]+)*$``
+  (gatewayapi/filters.go processResponseHeaderModifierFilter; translator/route.go
+  buildXdsAddedHeaders).
+- ClientTrafficPolicy ``headers.earlyRequestHeaders`` ``remove`` and ``removeOnMatch`` (since
+  v1.7) → HCM ``early_header_mutation_extensions`` (translator/listener.go
+  buildEarlyHeaderMutation, header_mutation.go buildHeaderMutationRules: removes, then
+  matches; gatewayapi/clienttrafficpolicy.go). Listener buffer default 32768 bytes, set by
+  ``connection.bufferLimit`` (listener.go); an ext_proc Buffered body over it is refused.
+  Paths: normalised, slashes merged, escaped slashes UnescapeAndRedirect unless ``path``.
+- HTTPRouteFilter ``directResponse``: the body is a format string (``text_format_source``,
+  since v1.8), ``contentType`` a Content-Type response header (translator/route.go
+  buildXdsDirectResponseAction, gatewayapi/filters.go).
+- HTTP filter order: ext_proc 100+i, ties by name, the router last (translator/httpfilters.go).
+
+Not carried (EG has no API for them, or needs more than this file): the endpoint pick
+(``override_host`` from ``envoy.lb`` metadata; EG's ``endpointOverride`` reads a header only),
+the retry-once on a failed connection, the 404 route's body reader, Envoy's 413 in the API's
+format and the overload manager of the local bootstrap.
+
+Invariants: pure (no I/O); the same spec gives the same objects in the same order; every
+Envoy value is a ``pieces`` object rendered by ``as_dict`` (the EG fields are translated from
+them and raise when EG cannot say what ``pieces`` asks); ``xds_like_bootstrap`` translates
+only the shapes ``objects`` emits and raises on anything else.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from envoy_data_plane.google.protobuf import Any as PbAny
+
+from ext_proc.tools.envoygen import pieces
+from ext_proc.tools.envoygen.emit import as_dict
+from ext_proc.tools.envoygen.spec import MeshSpec, RouteSpec
+
+__all__ = [
+    "HEADER",
+    "ext_proc_filter_name",
+    "judged_groups",
+    "listener_name",
+    "objects",
+    "route_config_name",
+    "xds_route_name",
+]
+
+HEADER = [
+    "Envoy Gateway: ICE on the inference gateway's judged endpoints, closed by default.",
+    "A Gateway of its own (class `eg`, listener `http`), HTTPRoutes (one rule per judged route,",
+    "the verdict headers on its responses; read-only paths GET/HEAD; a 404 in the OpenAI error",
+    "format for anything else), EnvoyExtensionPolicy `ice` (one per profile when the routes",
+    "name different profiles), ClientTrafficPolicy `ice` (strips spoofed ICE headers before",
+    "ext_proc, 8 MiB bodies) and EnvoyPatchPolicy `ice` (each route's name and profile for ICE;",
+    "needs `enableEnvoyPatchPolicy: true` in Envoy Gateway's config). How: docs/",
+    "deploy-envoy-gateway.md; why each piece is there: ext_proc/tools/envoygen/gateway.py.",
+    "Delete the EnvoyExtensionPolicy to roll back.",
+]
+
+GATEWAY_API = "gateway.networking.k8s.io/v1"
+GATEWAY_GROUP = "gateway.networking.k8s.io"
+EG_API = "gateway.envoyproxy.io/v1alpha1"
+EG_GROUP = "gateway.envoyproxy.io"
+GATEWAY_CLASS = "eg"  # Envoy Gateway's quickstart GatewayClass
+LISTENER = "http"
+JUDGED = "llm-inference"
+CLOSED = "llm-inference-closed"
+UNKNOWN = "unknown-endpoint"
+POLICY = "ice"
+MAX_RULES = 16  # Gateway API: rules per HTTPRoute
+MAX_MATCHES = 64  # Gateway API: matches per rule
+LABELS = {
+    "app.kubernetes.io/name": "ice",
+    "app.kubernetes.io/component": "envoy-gateway",
+    "app.kubernetes.io/managed-by": "ice-envoy-config",
+}
+TYPE = "type.googleapis.com/"
+ROUTE_CONFIG_TYPE = f"{TYPE}envoy.config.route.v3.RouteConfiguration"
+LISTENER_TYPE = f"{TYPE}envoy.config.listener.v3.Listener"
+FILTER_CONFIG_TYPE = f"{TYPE}envoy.config.route.v3.FilterConfig"
+HCM = "envoy.filters.network.http_connection_manager"
+EARLY_MUTATION = "envoy.http.early_header_mutation.header_mutation"
+EG_GRPC_TIMEOUT = "10s"  # EG's defaultExtServiceRequestTimeout on the ext_proc gRPC service
+ESCAPED_SLASHES = "UnescapeAndForward"  # as local.py's HCM (EG's default redirects instead)
+CLOSED_MESSAGE = "This path is not served by this gateway."
+BODY_MODES = {
+    "BUFFERED": "Buffered",
+    "STREAMED": "Streamed",
+    "BUFFERED_PARTIAL": "BufferedPartial",
+    "FULL_DUPLEX_STREAMED": "FullDuplexStreamed",
+}
+JSON_PATH = re.compile(r"^\.\.(?P<key>\w+)\[\?\(@\.name=='(?P<name>[^']*)'\)\]$")
+
+T = TypeVar("T")
+
+
+# --- names: what EG calls things ---------------------------------------------------------
+
+
+def route_config_name(spec: MeshSpec) -> str:
+    """EG's RouteConfiguration for the listener (XDSNameSchemeV2 off)."""
+    return f"{spec.gateway.namespace}/{spec.gateway.name}/{LISTENER}"
+
+
+def listener_name(spec: MeshSpec) -> str:
+    """EG's Listener for the Gateway's listener (XDSNameSchemeV2 off)."""
+    return f"{spec.gateway.namespace}/{spec.gateway.name}/{LISTENER}"
+
+
+def xds_route_name(namespace: str, route: str, rule: int, match: int = 0) -> str:
+    """EG's xDS route for an HTTPRoute's rule and match, no hostnames (``*``)."""
+    return f"httproute/{namespace}/{route}/rule/{rule}/match/{match}/*"
+
+
+def ext_proc_filter_name(namespace: str, policy: str, index: int = 0) -> str:
+    """EG's ext_proc filter for an EnvoyExtensionPolicy's ``extProc[index]``."""
+    return f"{pieces.EXT_PROC}/{ext_proc_cluster_name(namespace, policy, index)}"
+
+
+def ext_proc_cluster_name(namespace: str, policy: str, index: int = 0) -> str:
+    return f"envoyextensionpolicy/{namespace}/{policy}/extproc/{index}"
+
+
+def backend_cluster_name(namespace: str, route: str, rule: int) -> str:
+    return f"httproute/{namespace}/{route}/rule/{rule}"
+
+
+def _pointer(key: str) -> str:
+    """A JSON pointer segment (RFC 6901)."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+# --- the judged routes, grouped by profile -----------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class JudgedGroup:
+    """The judged routes of one profile: one EnvoyExtensionPolicy, its HTTPRoutes."""
+
+    profile: str | None
+    policy: str
+    routes: tuple[tuple[str, tuple[RouteSpec, ...]], ...]  # HTTPRoute name → one rule each
+
+
+def _chunks(items: Sequence[T], size: int) -> Iterator[tuple[T, ...]]:
+    for start in range(0, len(items), size):
+        yield tuple(items[start : start + size])
+
+
+def _slug(profile: str) -> str:
+    return re.sub(r"[^a-z0-9-]+", "-", profile.lower()).strip("-") or "profile"
+
+
+def _suffixes(profiles: Sequence[str | None]) -> list[str]:
+    """``""`` for the policy's binding (or a single group), ``-<profile>`` otherwise, unique."""
+    if len(profiles) == 1:
+        return [""]
+    out: list[str] = []
+    for i, profile in enumerate(profiles):
+        suffix = "" if profile is None else f"-{_slug(profile)}"
+        out.append(f"{suffix}-{i}" if suffix in out else suffix)
+    return out
+
+
+def judged_groups(spec: MeshSpec) -> list[JudgedGroup]:
+    """The judged routes by profile, in the order the spec first names each profile."""
+    by_profile: dict[str | None, list[RouteSpec]] = {}
+    for r in spec.routes:
+        by_profile.setdefault(r.profile, []).append(r)
+    groups = []
+    for (profile, routes), suffix in zip(
+        by_profile.items(), _suffixes(list(by_profile)), strict=True
+    ):
+        chunks = list(_chunks(routes, MAX_RULES))
+        names = [f"{JUDGED}{suffix}" + (f"-{k + 1}" if k else "") for k in range(len(chunks))]
+        groups.append(
+            JudgedGroup(profile, f"{POLICY}{suffix}", tuple(zip(names, chunks, strict=True)))
+        )
+    names = [name for g in groups for name, _ in g.routes]
+    if len(set(names)) != len(names):
+        raise ValueError(f"HTTPRoute names collide (profile names like the parts' -N): {names}")
+    return groups
+
+
+# --- the objects ---------------------------------------------------------------------------
+
+
+def _meta(name: str, namespace: str) -> dict[str, Any]:
+    return {"name": name, "namespace": namespace, "labels": dict(LABELS)}
+
+
+def _gateway(spec: MeshSpec) -> dict[str, Any]:
+    gw = spec.gateway
+    listener = {
+        "name": LISTENER,
+        "protocol": "HTTP",
+        "port": gw.port,
+        "allowedRoutes": {"namespaces": {"from": "Same"}},
+    }
+    return {
+        "apiVersion": GATEWAY_API,
+        "kind": "Gateway",
+        "metadata": _meta(gw.name, gw.namespace),
+        "spec": {"gatewayClassName": GATEWAY_CLASS, "listeners": [listener]},
+    }
+
+
+def _reference_grant(spec: MeshSpec) -> list[dict[str, Any]]:
+    """The routes' backendRefs into the backend's namespace, when it is another one."""
+    gw, be = spec.gateway, spec.backend
+    if be.namespace == gw.namespace:
+        return []
+    return [
+        {
+            "apiVersion": "gateway.networking.k8s.io/v1beta1",
+            "kind": "ReferenceGrant",
+            "metadata": _meta(f"ice-httproutes-from-{gw.namespace}", be.namespace),
+            "spec": {
+                "from": [{"group": GATEWAY_GROUP, "kind": "HTTPRoute", "namespace": gw.namespace}],
+                "to": [{"group": "", "kind": "Service", "name": be.service}],
+            },
+        }
+    ]
+
+
+def _backend_ref(spec: MeshSpec) -> list[dict[str, Any]]:
+    ref: dict[str, Any] = {"name": spec.backend.service, "port": spec.backend.port}
+    if spec.backend.namespace != spec.gateway.namespace:
+        ref["namespace"] = spec.backend.namespace
+    return [ref]
+
+
+def verdict_headers() -> list[dict[str, str]]:
+    """``pieces.verdict_response_headers`` as a ResponseHeaderModifier's ``set``."""
+    out = []
+    for option in map(as_dict, pieces.verdict_response_headers()):
+        if option["append_action"] != "OVERWRITE_IF_EXISTS_OR_ADD":
+            raise ValueError(f"{option}: EG's `set` overwrites; `add` appends")
+        out.append({"name": option["header"]["key"], "value": option["header"]["value"]})
+    return out
+
+
+def _verdict_modifier() -> dict[str, Any]:
+    return {"type": "ResponseHeaderModifier", "responseHeaderModifier": {"set": verdict_headers()}}
+
+
+def _route_timeout() -> str:
+    timeout: str = as_dict(pieces.judged_route("x", "/", "x"))["route"]["timeout"]
+    return timeout
+
+
+def _http_route(spec: MeshSpec, name: str, rules: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "apiVersion": GATEWAY_API,
+        "kind": "HTTPRoute",
+        "metadata": _meta(name, spec.gateway.namespace),
+        "spec": {
+            "parentRefs": [{"name": spec.gateway.name, "sectionName": LISTENER}],
+            "rules": rules,
+        },
+    }
+
+
+def _judged_routes(spec: MeshSpec) -> list[dict[str, Any]]:
+    """One rule per judged route: each its own xDS route, named by its rule's index."""
+    out = []
+    for group in judged_groups(spec):
+        for name, routes in group.routes:
+            rules = [
+                {
+                    "matches": [{"path": {"type": "Exact", "value": r.path}}],
+                    "filters": [_verdict_modifier()],
+                    "backendRefs": _backend_ref(spec),
+                    "timeouts": {"request": _route_timeout()},
+                }
+                for r in routes
+            ]
+            out.append(_http_route(spec, name, rules))
+    return out
+
+
+def _closed_route(spec: MeshSpec) -> dict[str, Any]:
+    """The read-only paths (GET, HEAD), then everything else to the 404."""
+    methods = pieces.READ_METHODS.split("|")
+    matches = [
+        {"path": {"type": "Exact", "value": p}, "method": m}
+        for p in spec.read_only
+        for m in methods
+    ]
+    rules: list[dict[str, Any]] = [
+        {"matches": list(chunk), "backendRefs": _backend_ref(spec)}
+        for chunk in _chunks(matches, MAX_MATCHES)
+    ]
+    ref = {"group": EG_GROUP, "kind": "HTTPRouteFilter", "name": UNKNOWN}
+    rules.append(
+        {
+            "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
+            "filters": [{"type": "ExtensionRef", "extensionRef": ref}],
+        }
+    )
+    return _http_route(spec, CLOSED, rules)
+
+
+def unknown_endpoint_body() -> str:
+    """``pieces.UNKNOWN_ENDPOINT`` with a fixed message: EG's body is a text format string,
+    where ``%PATH%`` could put a quote into the JSON."""
+    error = {**pieces.UNKNOWN_ENDPOINT["error"], "message": CLOSED_MESSAGE}
+    return json.dumps({"error": error}, separators=(",", ":"))
+
+
+def _unknown_endpoint(spec: MeshSpec) -> dict[str, Any]:
+    closed = as_dict(pieces.closed_route())
+    return {
+        "apiVersion": EG_API,
+        "kind": "HTTPRouteFilter",
+        "metadata": _meta(UNKNOWN, spec.gateway.namespace),
+        "spec": {
+            "directResponse": {
+                "statusCode": closed["direct_response"]["status"],
+                "contentType": closed["direct_response"]["body_format"]["content_type"],
+                "body": {"type": "Inline", "inline": unknown_endpoint_body()},
+            }
+        },
+    }
+
+
+def _processing_mode(mode: dict[str, Any]) -> dict[str, Any]:
+    """``pieces``' processing mode in EG's terms; what EG cannot say raises."""
+    skip = {
+        "request_trailer_mode": "SKIP",
+        "response_header_mode": "SKIP",
+        "response_trailer_mode": "SKIP",
+    }
+    if mode.get("request_header_mode") != "SEND" or any(mode.get(k) != v for k, v in skip.items()):
+        raise ValueError(f"processing mode {mode}: not expressible with EG's ExtProc API")
+    if mode.get("response_body_mode", "NONE") != "NONE":
+        raise ValueError(f"processing mode {mode}: responses are never sent to ICE")
+    return {"request": {"body": BODY_MODES[mode["request_body_mode"]]}}
+
+
+def _ice_backend_settings(spec: MeshSpec) -> dict[str, Any]:
+    """``pieces.ice_cluster``'s settings as EG's ClusterSettings."""
+    cluster = as_dict(pieces.ice_cluster("ice", [f"{spec.ice.host}:{spec.ice.port}"], dns=True))
+    (check,) = cluster["health_checks"]
+    if set(check) != {"timeout", "interval", "unhealthy_threshold", "healthy_threshold",
+                      "grpc_health_check"}:  # fmt: skip
+        raise ValueError(f"health check {check}: not expressible as EG's active GRPC check")
+    options = cluster["typed_extension_protocol_options"]
+    h2 = next(iter(options.values()))["explicit_http_config"]["http2_protocol_options"]
+    return {
+        "timeout": {"tcp": {"connectTimeout": cluster["connect_timeout"]}},
+        "http2": {"maxConcurrentStreams": h2["max_concurrent_streams"]},
+        "healthCheck": {
+            "active": {
+                "type": "GRPC",
+                "timeout": check["timeout"],
+                "interval": check["interval"],
+                "unhealthyThreshold": check["unhealthy_threshold"],
+                "healthyThreshold": check["healthy_threshold"],
+                "grpc": {},
+            }
+        },
+    }
+
+
+def _ext_proc_entry(spec: MeshSpec) -> dict[str, Any]:
+    """``pieces.ext_proc_config`` in EG's ExtProc API (less max_message_timeout and
+    response_attributes: patched)."""
+    cfg = as_dict(pieces.ext_proc_config("ice"))
+    metadata = cfg["metadata_options"]
+    processing = _processing_mode(cfg["processing_mode"])
+    processing["allowModeOverride"] = cfg["allow_mode_override"]
+    ice = spec.ice
+    return {
+        "backendRefs": [{"name": ice.service, "namespace": ice.namespace, "port": ice.port}],
+        "backendSettings": _ice_backend_settings(spec),
+        "failOpen": cfg["failure_mode_allow"],
+        "messageTimeout": cfg["message_timeout"],
+        "processingMode": processing,
+        "metadata": {
+            "accessibleNamespaces": metadata["forwarding_namespaces"]["untyped"],
+            "writableNamespaces": metadata["receiving_namespaces"]["untyped"],
+        },
+    }
+
+
+def _extension_policies(spec: MeshSpec) -> list[dict[str, Any]]:
+    out = []
+    for group in judged_groups(spec):
+        targets = [
+            {"group": GATEWAY_GROUP, "kind": "HTTPRoute", "name": n} for n, _ in group.routes
+        ]
+        out.append(
+            {
+                "apiVersion": EG_API,
+                "kind": "EnvoyExtensionPolicy",
+                "metadata": _meta(group.policy, spec.gateway.namespace),
+                "spec": {"targetRefs": targets, "extProc": [_ext_proc_entry(spec)]},
+            }
+        )
+    return out
+
+
+def _early_request_headers() -> dict[str, Any]:
+    """``pieces.strip_spoofed_headers`` as EG's ``earlyRequestHeaders``."""
+    config = as_dict(pieces.strip_spoofed_headers())["typed_config"]
+    remove: list[str] = []
+    on_match: list[dict[str, str]] = []
+    for mutation in config["mutations"]["request_mutations"]:
+        if set(mutation) == {"remove"}:
+            remove.append(mutation["remove"])
+        elif set(mutation) == {"remove_on_match"} and set(
+            matcher := mutation["remove_on_match"]["key_matcher"]
+        ) == {"prefix"}:
+            on_match.append({"type": "Prefix", "value": matcher["prefix"]})
+        else:
+            raise ValueError(f"{mutation}: not expressible as EG's earlyRequestHeaders")
+    return {"remove": remove, "removeOnMatch": on_match}
+
+
+def _quantity(n: int) -> str:
+    return f"{n >> 20}Mi" if n % (1 << 20) == 0 else str(n)
+
+
+def _client_traffic_policy(spec: MeshSpec) -> dict[str, Any]:
+    target = {"group": GATEWAY_GROUP, "kind": "Gateway", "name": spec.gateway.name}
+    return {
+        "apiVersion": EG_API,
+        "kind": "ClientTrafficPolicy",
+        "metadata": _meta(POLICY, spec.gateway.namespace),
+        "spec": {
+            "targetRefs": [{**target, "sectionName": LISTENER}],
+            "headers": {"earlyRequestHeaders": _early_request_headers()},
+            "connection": {"bufferLimit": _quantity(pieces.MAX_BODY_BYTES)},
+            "path": {"escapedSlashesAction": ESCAPED_SLASHES},
+        },
+    }
+
+
+def _route_patch(spec: MeshSpec, route: str, config: dict[str, Any], flt: str) -> dict[str, Any]:
+    return {
+        "type": ROUTE_CONFIG_TYPE,
+        "name": route_config_name(spec),
+        "operation": {
+            "op": "add",
+            "jsonPath": f"..routes[?(@.name=='{route}')]",
+            "path": f"/typed_per_filter_config/{_pointer(flt)}/config",
+            "value": config,
+        },
+    }
+
+
+def _patches(spec: MeshSpec) -> list[dict[str, Any]]:
+    ns = spec.gateway.namespace
+    patches = []
+    for group in judged_groups(spec):
+        flt = ext_proc_filter_name(ns, group.policy)
+        for name, routes in group.routes:
+            for i, r in enumerate(routes):
+                config = as_dict(PbAny.pack(pieces.judged_route_config(r.name, r.profile)))
+                patches.append(_route_patch(spec, xds_route_name(ns, name, i), config, flt))
+    cfg = as_dict(pieces.ext_proc_config("ice"))
+    for group in judged_groups(spec):
+        flt = ext_proc_filter_name(ns, group.policy)
+        for field in ("max_message_timeout", "response_attributes"):
+            patches.append(
+                {
+                    "type": LISTENER_TYPE,
+                    "name": listener_name(spec),
+                    "operation": {
+                        "op": "add",
+                        "jsonPath": f"..http_filters[?(@.name=='{flt}')]",
+                        "path": f"/typed_config/{field}",
+                        "value": cfg[field],
+                    },
+                }
+            )
+    return patches
+
+
+def _patch_policy(spec: MeshSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": EG_API,
+        "kind": "EnvoyPatchPolicy",
+        "metadata": _meta(POLICY, spec.gateway.namespace),
+        "spec": {
+            "type": "JSONPatch",
+            "targetRef": {"group": GATEWAY_GROUP, "kind": "Gateway", "name": spec.gateway.name},
+            "jsonPatches": _patches(spec),
+        },
+    }
+
+
+def objects(spec: MeshSpec) -> list[dict[str, Any]]:
+    """The Envoy Gateway objects, in a fixed order (see the module's docstring)."""
+    return [
+        _gateway(spec),
+        *_reference_grant(spec),
+        *_judged_routes(spec),
+        _closed_route(spec),
+        _unknown_endpoint(spec),
+        *_extension_policies(spec),
+        _client_traffic_policy(spec),
+        _patch_policy(spec),
+    ]

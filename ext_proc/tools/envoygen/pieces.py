@@ -1,0 +1,574 @@
+"""The Envoy objects ICE needs in any proxy, as typed ``envoy-data-plane`` messages.
+
+Every Envoy-facing configuration ICE ships (the local bootstrap, the benchmark's, Istio's
+EnvoyFilters, Envoy Gateway's patch) takes its filters, per-route configs, response headers
+and clusters from here, so that the ways ICE runs in each proxy cannot drift apart.
+
+- ``strip_spoofed_headers``: the header_mutation filter ahead of ext_proc: a client cannot set
+  ICE's verdict headers nor pick the endpoint (also while ICE is down).
+- ``ext_proc_filter``: fail-open, headers then the buffered body; responses are sent to ICE
+  only when ICE asks for a request's response headers (a mode override, for a backend's
+  overload 503: ``ext_proc.admit.overload_answer``), with Envoy's ``response.code_details``; the
+  metadata namespaces ICE writes (``ice``: the verdict; ``envoy.lb``: its endpoint pick).
+- ``judged_route_config`` / ``ice_off``: per-route ext_proc config: the route's name (and
+  profile) as gRPC metadata, or ICE off.
+- ``verdict_response_headers``: the client-side verdict headers, from dynamic metadata.
+- ``too_large_reply``: Envoy's own 413 in the API's error format.
+- ``ice_cluster`` / ``backend_cluster``: ICE's gRPC cluster (HTTP/2, health-checked) and the
+  backend with the endpoint-picker's override_host policy. ``ice_cluster(standby=True)``:
+  active-passive, one priority level per ICE address (the first judges, the others stand by)
+  with faster health checks (``STANDBY_*``) and no panic mode.
+
+Invariants: pure (no I/O); every value is a typed message, rendered only by ``render.as_dict``;
+names and numbers that other code reads (filter names, header names) are module constants.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable, Sequence
+
+from envoy_data_plane.envoy.config.accesslog.v3 import (
+    AccessLog,
+    AccessLogFilter,
+    AndFilter,
+    ComparisonFilter,
+    ComparisonFilterOp,
+    HeaderFilter,
+    StatusCodeFilter,
+)
+from envoy_data_plane.envoy.config.cluster.v3 import (
+    Cluster,
+    ClusterCommonLbConfig,
+    ClusterDiscoveryType,
+    LoadBalancingPolicy,
+    LoadBalancingPolicyPolicy,
+)
+from envoy_data_plane.envoy.config.common.mutation_rules.v3 import (
+    HeaderMutation as Mutation,
+)
+from envoy_data_plane.envoy.config.common.mutation_rules.v3 import (
+    HeaderMutationRemoveOnMatch,
+)
+from envoy_data_plane.envoy.config.core.v3 import (
+    Address,
+    GrpcService,
+    GrpcServiceEnvoyGrpc,
+    HeaderValue,
+    HeaderValueOption,
+    HeaderValueOptionHeaderAppendAction,
+    HealthCheck,
+    HealthCheckGrpcHealthCheck,
+    Http2ProtocolOptions,
+    RuntimeUInt32,
+    SocketAddress,
+    SubstitutionFormatString,
+    TypedExtensionConfig,
+)
+from envoy_data_plane.envoy.config.endpoint.v3 import (
+    ClusterLoadAssignment,
+    Endpoint,
+    LbEndpoint,
+    LocalityLbEndpoints,
+)
+from envoy_data_plane.envoy.config.route.v3 import (
+    DirectResponseAction,
+    HeaderMatcher,
+    Route,
+    RouteAction,
+    RouteMatch,
+)
+from envoy_data_plane.envoy.extensions.access_loggers.file.v3 import FileAccessLog
+from envoy_data_plane.envoy.extensions.filters.http.buffer.v3 import Buffer, BufferPerRoute
+from envoy_data_plane.envoy.extensions.filters.http.ext_proc.v3 import (
+    ExternalProcessor,
+    ExtProcOverrides,
+    ExtProcPerRoute,
+    MetadataOptions,
+    MetadataOptionsMetadataNamespaces,
+    ProcessingMode,
+    ProcessingModeBodySendMode,
+    ProcessingModeHeaderSendMode,
+)
+from envoy_data_plane.envoy.extensions.filters.http.header_mutation.v3 import (
+    HeaderMutation,
+    Mutations,
+)
+from envoy_data_plane.envoy.extensions.filters.http.router.v3 import Router
+from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 import (
+    HttpFilter,
+    LocalReplyConfig,
+    ResponseMapper,
+)
+from envoy_data_plane.envoy.extensions.load_balancing_policies.override_host.v3 import (
+    OverrideHost,
+    OverrideHostOverrideHostSource,
+)
+from envoy_data_plane.envoy.extensions.load_balancing_policies.round_robin.v3 import RoundRobin
+from envoy_data_plane.envoy.extensions.upstreams.http.v3 import (
+    HttpProtocolOptions,
+    HttpProtocolOptionsExplicitHttpConfig,
+)
+from envoy_data_plane.envoy.type.matcher.v3 import RegexMatcher, StringMatcher
+from envoy_data_plane.envoy.type.metadata.v3 import MetadataKey
+from envoy_data_plane.envoy.type.metadata.v3 import MetadataKeyPathSegment as Seg
+from envoy_data_plane.envoy.type.v3 import Percent
+from envoy_data_plane.google.protobuf import Any, Struct
+
+__all__ = [
+    "ACCESS_LOG_FIELDS",
+    "BUFFER",
+    "ECHOED_HEADERS",
+    "EXT_PROC",
+    "HEADER_MUTATION",
+    "MAX_BODY_BYTES",
+    "RESPONSE_ATTRIBUTES",
+    "ROUTER",
+    "STANDBY_HEALTHY_THRESHOLD",
+    "STANDBY_HEALTH_INTERVAL",
+    "STANDBY_HEALTH_TIMEOUT",
+    "STANDBY_UNHEALTHY_THRESHOLD",
+    "access_log",
+    "backend_cluster",
+    "buffer_filter",
+    "buffer_on",
+    "closed_route",
+    "endpoint",
+    "ext_proc_filter",
+    "ice_cluster",
+    "ice_off",
+    "judged_route",
+    "judged_route_config",
+    "read_only_route",
+    "router_filter",
+    "strip_spoofed_headers",
+    "too_large_reply",
+    "verdict_response_headers",
+]
+
+EXT_PROC = "envoy.filters.http.ext_proc"
+HEADER_MUTATION = "envoy.filters.http.header_mutation"
+BUFFER = "envoy.filters.http.buffer"
+ROUTER = "envoy.filters.http.router"
+MAX_BODY_BYTES = 8 * 1024 * 1024  # ICE's --max-body-bytes default; Envoy's buffer limit
+ROUTE_TIMEOUT = datetime.timedelta(seconds=600)  # a long generation, streamed or not
+MESSAGE_TIMEOUT = datetime.timedelta(seconds=1)  # ICE's --message-timeout-ms default
+# ICE extends one message's timeout for truncation (deadline_ms + 1 s) and for a queued
+# request (max_queue_wait_ms + 1 s, at most 59 s + 1 s: ext_proc.policy.load_queue)
+MAX_MESSAGE_TIMEOUT = datetime.timedelta(seconds=60)
+VERDICT_NAMESPACE = "ice"  # ext_proc.serve.render.METADATA_NAMESPACE
+LB_NAMESPACE = "envoy.lb"  # ext_proc.serve.render.LB_NAMESPACE
+DESTINATION = "x-gateway-destination-endpoint"  # ext_proc.placement.endpoints.DESTINATION_HEADER
+
+# The verdict headers Envoy echoes to the client from ICE's dynamic metadata (docs/headers.md).
+ECHOED_HEADERS = (
+    "x-mem-pressure",
+    "x-mem-pressure-score",
+    "x-ice-decision",
+    "x-ice-reason",
+    "x-downgraded",
+    "x-ice-original-max-tokens",
+    "x-ice-stale",
+    "x-ice-truncated",
+    "x-ice-sequences",
+    "x-ice-judged",
+    "x-ice-tokens",
+    "x-ice-endpoint",
+    "x-ice-shadow-decision",
+    "x-ice-shadow-reason",
+    "x-ice-compacted",
+    "x-ice-queued-ms",
+)
+# Sent with the response headers ICE asks for: where the response came from (``via_upstream``:
+# the backend's own; ext_proc.admit.overload_answer.CODE_DETAILS).
+RESPONSE_ATTRIBUTES = ("response.code_details",)
+# What a client may not send: ICE's own headers (prefixes and names) and the endpoint pick.
+SPOOF_PREFIXES = ("x-ice-", "x-mem-pressure", DESTINATION)
+SPOOF_NAMES = ("x-downgraded",)
+READ_METHODS = "GET|HEAD"
+
+
+def _any(message: object) -> Any:
+    return Any.pack(message)  # type: ignore[arg-type]
+
+
+def strip_spoofed_headers() -> HttpFilter:
+    """No spoofing: only ICE may set its verdict headers, and only ICE picks the endpoint."""
+    removals = [
+        Mutation(remove_on_match=HeaderMutationRemoveOnMatch(key_matcher=StringMatcher(prefix=p)))
+        for p in SPOOF_PREFIXES
+    ]
+    removals += [Mutation(remove=name) for name in SPOOF_NAMES]
+    # Order as the checked-in configs: prefixes of ICE's own, the names, then the pick.
+    ordered = [removals[0], removals[1], removals[3], removals[2]]
+    config = HeaderMutation(mutations=Mutations(request_mutations=ordered))
+    return HttpFilter(name=HEADER_MUTATION, typed_config=_any(config))
+
+
+def ext_proc_config(cluster: str) -> ExternalProcessor:
+    """ICE's ext_proc settings (README "Round trips"): two messages per inference request,
+    headers (answered at once) then the buffered body (the verdict); responses not sent
+    unless ICE asks for them per request (``allow_mode_override``: a third message, the
+    response headers, with ``RESPONSE_ATTRIBUTES``), and ICE may turn the body phase off;
+    fail-open; ICE may extend one message's timeout for truncation and queueing up to
+    ``MAX_MESSAGE_TIMEOUT``."""
+    return ExternalProcessor(
+        grpc_service=GrpcService(envoy_grpc=GrpcServiceEnvoyGrpc(cluster_name=cluster)),
+        failure_mode_allow=True,
+        message_timeout=MESSAGE_TIMEOUT,
+        max_message_timeout=MAX_MESSAGE_TIMEOUT,
+        processing_mode=ProcessingMode(
+            request_header_mode=ProcessingModeHeaderSendMode.SEND,
+            request_body_mode=ProcessingModeBodySendMode.BUFFERED,
+            request_trailer_mode=ProcessingModeHeaderSendMode.SKIP,
+            response_header_mode=ProcessingModeHeaderSendMode.SKIP,
+            response_body_mode=ProcessingModeBodySendMode.NONE,
+            response_trailer_mode=ProcessingModeHeaderSendMode.SKIP,
+        ),
+        allow_mode_override=True,
+        response_attributes=list(RESPONSE_ATTRIBUTES),
+        metadata_options=MetadataOptions(
+            receiving_namespaces=MetadataOptionsMetadataNamespaces(
+                untyped=[VERDICT_NAMESPACE, LB_NAMESPACE]
+            ),
+            forwarding_namespaces=MetadataOptionsMetadataNamespaces(
+                untyped=[f"{LB_NAMESPACE}.subset_hint"]
+            ),
+        ),
+    )
+
+
+def ext_proc_filter(cluster: str = "ice", *, disabled: bool = False) -> HttpFilter:
+    """The ext_proc filter; ``disabled``: off unless a route turns it on (the mesh flavours,
+    where the proxy carries other services' routes too)."""
+    return HttpFilter(name=EXT_PROC, typed_config=_any(ext_proc_config(cluster)), disabled=disabled)
+
+
+def buffer_filter() -> HttpFilter:
+    """Off by default; the 404 route turns it on to read a request's body before answering,
+    so a client that sends its whole body first gets the 404, not a reset connection."""
+    config = Buffer(max_request_bytes=MAX_BODY_BYTES)
+    return HttpFilter(name=BUFFER, typed_config=_any(config), disabled=True)
+
+
+def router_filter() -> HttpFilter:
+    return HttpFilter(name=ROUTER, typed_config=_any(Router()))
+
+
+def judged_route_config(route: str, profile: str | None = None) -> ExtProcPerRoute:
+    """ICE on, with the route's name (and, when given, its profile) as gRPC metadata."""
+    metadata = [HeaderValue(key="x-ice-route", value=route)]
+    if profile:
+        metadata.append(HeaderValue(key="x-ice-profile", value=profile))
+    return ExtProcPerRoute(overrides=ExtProcOverrides(grpc_initial_metadata=metadata))
+
+
+def ice_off() -> ExtProcPerRoute:
+    return ExtProcPerRoute(disabled=True)
+
+
+def buffer_on() -> BufferPerRoute:
+    return BufferPerRoute(buffer=Buffer(max_request_bytes=MAX_BODY_BYTES))
+
+
+def judged_route(name: str, path: str, cluster: str, profile: str | None = None) -> Route:
+    """An inference endpoint: its exact path (after normalisation; the query string is not
+    part of the match) to the backend, through ICE."""
+    return Route(
+        name=name,
+        match=RouteMatch(path=path),
+        route=RouteAction(cluster=cluster, timeout=ROUTE_TIMEOUT),
+        typed_per_filter_config={EXT_PROC: _any(judged_route_config(name, profile))},
+    )
+
+
+def read_only_route(name: str, path: str, cluster: str) -> Route:
+    """A read-only path, GET and HEAD only, straight to the backend with ICE off."""
+    method = HeaderMatcher(
+        name=":method",
+        string_match=StringMatcher(safe_regex=RegexMatcher(regex=READ_METHODS)),
+    )
+    return Route(
+        name=name,
+        match=RouteMatch(path=path, headers=[method]),
+        route=RouteAction(cluster=cluster),
+        typed_per_filter_config={EXT_PROC: _any(ice_off())},
+    )
+
+
+def passthrough_route(path: str, cluster: str) -> Route:
+    """A path the policy's ``passthrough_paths`` opens: any method, ICE off."""
+    return Route(
+        name=f"passthrough:{path}",
+        match=RouteMatch(path=path),
+        route=RouteAction(cluster=cluster),
+        typed_per_filter_config={EXT_PROC: _any(ice_off())},
+    )
+
+
+UNKNOWN_ENDPOINT = {
+    "error": {
+        "message": "%REQ(:METHOD)% %PATH(NQ)% is not served by this gateway.",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "unknown_endpoint",
+    }
+}
+
+
+def closed_route(name: str = "closed") -> Route:
+    """Everything else: Envoy's own 404 in the OpenAI error format; the backend never sees
+    the request. The buffer filter reads the body first (``buffer_filter``)."""
+    return Route(
+        name=name,
+        match=RouteMatch(prefix="/"),
+        direct_response=DirectResponseAction(
+            status=404,
+            body_format=SubstitutionFormatString(
+                content_type="application/json", json_format=Struct.from_dict(UNKNOWN_ENDPOINT)
+            ),
+        ),
+        typed_per_filter_config={EXT_PROC: _any(ice_off()), BUFFER: _any(buffer_on())},
+    )
+
+
+def verdict_response_headers() -> list[HeaderValueOption]:
+    """ICE's verdict for the client, from dynamic metadata: no response-phase round trip.
+    Empty values (ICE did not judge the request) add nothing."""
+    return [
+        HeaderValueOption(
+            header=HeaderValue(key=h, value=f"%DYNAMIC_METADATA({VERDICT_NAMESPACE}:{h})%"),
+            append_action=HeaderValueOptionHeaderAppendAction.OVERWRITE_IF_EXISTS_OR_ADD,
+        )
+        for h in ECHOED_HEADERS
+    ]
+
+
+TOO_LARGE = "The request body exceeds the gateway's limit."
+
+
+def too_large_reply() -> LocalReplyConfig:
+    """Envoy's own 413 (a body over the buffer limit, e.g. chunked uploads) in the API's error
+    format: Anthropic's for /v1/messages, OpenAI's elsewhere."""
+
+    def is_413() -> AccessLogFilter:
+        value = RuntimeUInt32(default_value=413, runtime_key="ice.unused_413")
+        return AccessLogFilter(
+            status_code_filter=StatusCodeFilter(
+                comparison=ComparisonFilter(op=ComparisonFilterOp.EQ, value=value)
+            )
+        )
+
+    messages = AccessLogFilter(
+        header_filter=HeaderFilter(
+            header=HeaderMatcher(name=":path", string_match=StringMatcher(prefix="/v1/messages"))
+        )
+    )
+    anthropic = {
+        "type": "error",
+        "error": {"type": "request_too_large", "message": TOO_LARGE, "code": "request_too_large"},
+    }
+    openai = {
+        "error": {
+            "message": TOO_LARGE,
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "request_too_large",
+        }
+    }
+    return LocalReplyConfig(
+        mappers=[
+            ResponseMapper(
+                filter=AccessLogFilter(and_filter=AndFilter(filters=[is_413(), messages])),
+                body_format_override=SubstitutionFormatString(
+                    json_format=Struct.from_dict(anthropic)
+                ),
+            ),
+            ResponseMapper(
+                filter=is_413(),
+                body_format_override=SubstitutionFormatString(json_format=Struct.from_dict(openai)),
+            ),
+        ]
+    )
+
+
+# The access log's fields (docs/operations.md "Access log"): Envoy's view of the request, then
+# ICE's verdict from its dynamic metadata (empty: ICE did not judge it), then the ext_proc
+# filter's own record of its calls (a failed call is a fail-open).
+ACCESS_LOG_FIELDS: tuple[tuple[str, str], ...] = (
+    ("time", "%START_TIME%"),
+    ("method", "%REQ(:METHOD)%"),
+    ("path", "%REQ(:PATH)%"),
+    ("route", "%ROUTE_NAME%"),
+    ("status", "%RESPONSE_CODE%"),
+    ("flags", "%RESPONSE_FLAGS%"),
+    ("details", "%RESPONSE_CODE_DETAILS%"),
+    ("duration_ms", "%DURATION%"),
+    ("upstream", "%UPSTREAM_HOST%"),
+    ("decision", f"%DYNAMIC_METADATA({VERDICT_NAMESPACE}:x-ice-decision)%"),
+    ("reason", f"%DYNAMIC_METADATA({VERDICT_NAMESPACE}:x-ice-reason)%"),
+    ("pressure", f"%DYNAMIC_METADATA({VERDICT_NAMESPACE}:x-mem-pressure)%"),
+    ("score", f"%DYNAMIC_METADATA({VERDICT_NAMESPACE}:x-mem-pressure-score)%"),
+    ("profile", f"%DYNAMIC_METADATA({VERDICT_NAMESPACE}:profile)%"),
+    ("input_tokens", f"%DYNAMIC_METADATA({VERDICT_NAMESPACE}:input_tokens)%"),
+    ("max_tokens_requested", f"%DYNAMIC_METADATA({VERDICT_NAMESPACE}:max_tokens_requested)%"),
+    ("max_tokens_granted", f"%DYNAMIC_METADATA({VERDICT_NAMESPACE}:max_tokens_granted)%"),
+    ("truncated", f"%DYNAMIC_METADATA({VERDICT_NAMESPACE}:x-ice-truncated)%"),
+    ("judged", f"%DYNAMIC_METADATA({VERDICT_NAMESPACE}:x-ice-judged)%"),
+    ("endpoint", f"%DYNAMIC_METADATA({VERDICT_NAMESPACE}:x-ice-endpoint)%"),
+    ("ext_proc_headers_status", f"%FILTER_STATE({EXT_PROC}:FIELD:request_header_call_status)%"),
+    ("ext_proc_body_status", f"%FILTER_STATE({EXT_PROC}:FIELD:request_body_last_call_status)%"),
+)
+
+
+def access_log(path: str = "/dev/stdout") -> AccessLog:
+    """One JSON line per request with ICE's verdict (``ACCESS_LOG_FIELDS``)."""
+    fields = Struct.from_dict(dict(ACCESS_LOG_FIELDS))
+    config = FileAccessLog(path=path, log_format=SubstitutionFormatString(json_format=fields))
+    return AccessLog(name="envoy.access_loggers.file", typed_config=_any(config))
+
+
+def endpoint(address: str) -> LbEndpoint:
+    """``host:port`` → an endpoint."""
+    host, _, port = address.rpartition(":")
+    return LbEndpoint(
+        endpoint=Endpoint(
+            address=Address(socket_address=SocketAddress(address=host, port_value=int(port)))
+        )
+    )
+
+
+def _assignment(name: str, addresses: Iterable[str]) -> ClusterLoadAssignment:
+    return ClusterLoadAssignment(
+        cluster_name=name,
+        endpoints=[LocalityLbEndpoints(lb_endpoints=[endpoint(a) for a in addresses])],
+    )
+
+
+def _priorities(name: str, addresses: Iterable[str]) -> ClusterLoadAssignment:
+    """One priority level per address, in order: 0 (the active) first."""
+    return ClusterLoadAssignment(
+        cluster_name=name,
+        endpoints=[
+            LocalityLbEndpoints(lb_endpoints=[endpoint(a)], priority=i)
+            for i, a in enumerate(addresses)
+        ],
+    )
+
+
+# Active-passive (``ice_cluster(standby=True)``). A crashed ICE refuses the next check's
+# connection, so it is out after at most one interval (0.5 s); a hung one or a lost node after
+# interval + timeout (1.5 s). One failed check is enough: every Envoy must leave a failing
+# active at once, since streams sent to it in the meantime pass unjudged (fail-open). The
+# timeout stays at 1 s, not lower: ICE answers health on the event loop that judges, which a
+# heavy body can hold for a few hundred ms, and each spurious miss moves the traffic (and the
+# in-flight accounting) to the standby. Two passing checks (1 s) bring a restarted active back.
+STANDBY_HEALTH_INTERVAL = datetime.timedelta(seconds=0.5)
+STANDBY_HEALTH_TIMEOUT = datetime.timedelta(seconds=1)
+STANDBY_UNHEALTHY_THRESHOLD = 1
+STANDBY_HEALTHY_THRESHOLD = 2
+
+
+def _health_check(*, standby: bool) -> HealthCheck:
+    if not standby:
+        return HealthCheck(
+            timeout=datetime.timedelta(seconds=1),
+            interval=datetime.timedelta(seconds=2),
+            unhealthy_threshold=2,
+            healthy_threshold=1,
+            grpc_health_check=HealthCheckGrpcHealthCheck(),
+        )
+    return HealthCheck(
+        timeout=STANDBY_HEALTH_TIMEOUT,
+        interval=STANDBY_HEALTH_INTERVAL,
+        unhealthy_threshold=STANDBY_UNHEALTHY_THRESHOLD,
+        healthy_threshold=STANDBY_HEALTHY_THRESHOLD,
+        # Envoy checks a cluster that has never carried traffic every 60 s by default: a fresh
+        # Envoy whose active dies before its first request would keep it for up to a minute.
+        no_traffic_interval=STANDBY_HEALTH_INTERVAL,
+        grpc_health_check=HealthCheckGrpcHealthCheck(),
+    )
+
+
+def ice_cluster(
+    name: str, addresses: Sequence[str], *, dns: bool = False, standby: bool = False
+) -> Cluster:
+    """ICE's gRPC cluster: HTTP/2 with at most 32 streams per connection (a flood spreads over
+    several connections, so a new request's headers do not wait behind other requests'
+    bodies), a 1 s connect timeout (0.25 s ejected pending streams under a flood), and gRPC
+    health checks (a worker that stops answering is left out). ``dns``: STRICT_DNS (a
+    Kubernetes Service name) instead of STATIC addresses.
+
+    ``standby``: active-passive. Address i gets priority i: every Envoy sends every stream to
+    the first healthy address in order, so one ICE judges and keeps the whole in-flight
+    account. With one host per level, Envoy's default overprovisioning factor (1.4: a level
+    keeps all its traffic while at least 72 % of its hosts are healthy) makes it all or
+    nothing: the active has all the streams until its health check fails, then the next
+    level has them. Faster health checks (``STANDBY_*``) make that failover quick, and the
+    panic threshold is 0: with every level unhealthy Envoy sends no stream to a failing ICE
+    (panic mode would spread them over the unhealthy priority-0 hosts), the ext_proc filter
+    fails open at once instead of waiting on a dead address."""
+    h2 = HttpProtocolOptions(
+        explicit_http_config=HttpProtocolOptionsExplicitHttpConfig(
+            http2_protocol_options=Http2ProtocolOptions(max_concurrent_streams=32)
+        )
+    )
+    return Cluster(
+        name=name,
+        type=ClusterDiscoveryType.STRICT_DNS if dns else ClusterDiscoveryType.STATIC,
+        connect_timeout=datetime.timedelta(seconds=1),
+        typed_extension_protocol_options={
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": _any(h2)
+        },
+        health_checks=[_health_check(standby=standby)],
+        common_lb_config=(
+            ClusterCommonLbConfig(healthy_panic_threshold=Percent(value=0.0)) if standby else None
+        ),
+        load_assignment=(_priorities if standby else _assignment)(name, addresses),
+    )
+
+
+def override_host_policy() -> LoadBalancingPolicy:
+    """The endpoint-picker protocol (``endpoint_pick: ice``): a request whose ext_proc reply
+    put a pool member's ip:port in ``envoy.lb`` ``x-gateway-destination-endpoint`` goes
+    there; with no pick, or a pick that is not one of the cluster's endpoints, round robin.
+    Only ``envoy.lb`` is a source: ICE's header would make the pick a list of two."""
+
+    def key(name: str) -> MetadataKey:
+        return MetadataKey(key=LB_NAMESPACE, path=[Seg(key=name)])
+
+    override = OverrideHost(
+        override_host_sources=[OverrideHostOverrideHostSource(metadata=key(DESTINATION))],
+        selected_host_key=key(f"{DESTINATION}-served"),
+        fallback_policy=LoadBalancingPolicy(
+            policies=[
+                LoadBalancingPolicyPolicy(
+                    typed_extension_config=TypedExtensionConfig(
+                        name="envoy.load_balancing_policies.round_robin",
+                        typed_config=_any(RoundRobin()),
+                    )
+                )
+            ]
+        ),
+    )
+    return LoadBalancingPolicy(
+        policies=[
+            LoadBalancingPolicyPolicy(
+                typed_extension_config=TypedExtensionConfig(
+                    name="envoy.load_balancing_policies.override_host",
+                    typed_config=_any(override),
+                )
+            )
+        ]
+    )
+
+
+def backend_cluster(name: str, addresses: Sequence[str], *, pick: bool = True) -> Cluster:
+    """The inference backends; ``pick``: with the endpoint-picker's override_host policy."""
+    return Cluster(
+        name=name,
+        type=ClusterDiscoveryType.STATIC,
+        connect_timeout=datetime.timedelta(seconds=1),
+        load_balancing_policy=override_host_policy() if pick else None,
+        load_assignment=_assignment(name, addresses),
+    )
