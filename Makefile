@@ -26,10 +26,12 @@ ICE_VLLM ?=
 test: $(STAMP) $(if $(filter 1,$(ICE_VLLM)),vllm-install)
 	ICE_VLLM=$(ICE_VLLM) $(BIN)/pytest -q
 
+# Format, lint, types, and the house's import contracts (the layers; the lab apart).
 check: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 
 lint: check
 

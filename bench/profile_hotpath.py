@@ -37,6 +37,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from ext_proc.admit.pipeline import Pipeline
+from ext_proc.admit.stream import Stream
 from ext_proc.lab.stack import ENVOY_DIR
 from ext_proc.policy.evaluate import evaluate
 from ext_proc.policy.load import load_policy
@@ -132,7 +133,11 @@ def stage_table(servicer: ExtProcServicer, messages: list[pb.ProcessingRequest],
     route = pipeline.router.resolve(ROUTE_METADATA)
     wire = [m.SerializeToString() for m in messages]
     hdr, body_msg = messages[0].request_headers, messages[1].request_body
-    facts, _ = servicer._headers(route, hdr)
+
+    def stream() -> Stream:
+        return Stream(servicer.backlog, pipeline.views, servicer.queue)
+
+    facts, _ = servicer._headers(route, stream(), hdr)
     adapter = facts.adapter
     assert adapter is not None
     doc = rawjson.parse_object(body_msg.body)
@@ -142,7 +147,10 @@ def stage_table(servicer: ExtProcServicer, messages: list[pb.ProcessingRequest],
     assert verdict is not None and verdict.decision is not None
     if verdict.decision.decision != "pass":
         raise SystemExit(f"expected a pass, got {verdict.decision}")
-    replies = [servicer._headers(route, hdr)[1], render.render_body_outcome(verdict.outcome)]
+    replies = [
+        servicer._headers(route, stream(), hdr)[1],
+        render.render_body_outcome(verdict.outcome),
+    ]
     on_body = pipeline.on_body
     parse = pb.ProcessingRequest.FromString
     # Counting decisions moved out of on_body in some versions; time it where it exists.
@@ -150,7 +158,7 @@ def stage_table(servicer: ExtProcServicer, messages: list[pb.ProcessingRequest],
     stages: list[tuple[str, Callable[[], object]]] = [
         ("router.resolve (route metadata)", lambda: pipeline.router.resolve(ROUTE_METADATA)),
         ("parse 2 ProcessingRequests (gRPC)", lambda: [parse(w) for w in wire]),
-        ("headers phase: servicer._headers", lambda: servicer._headers(route, hdr)),
+        ("headers phase: servicer._headers", lambda: servicer._headers(route, stream(), hdr)),
         ("body phase: on_body (the 4 below)", lambda: on_body(route, facts, body_msg.body)),
         ("  rawjson.parse_object", lambda: rawjson.parse_object(body_msg.body)),
         ("  adapter.features", lambda: adapter.features(doc.values)),

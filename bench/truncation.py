@@ -33,7 +33,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from ext_proc.admit.pipeline import BodyVerdict, HeaderFacts, Pipeline
+from ext_proc.admit.pipeline import BodyVerdict, Pipeline, RequestFacts
 from ext_proc.admit.truncation import finish_truncation
 from ext_proc.lab.stack import Stack, free_port
 from ext_proc.policy.load import default_policy_text, parse_policy
@@ -105,7 +105,7 @@ def planning(cold: int, warm: int) -> dict[str, Any]:
     snap = _snapshot()
     pipeline = Pipeline(parse_policy(_policy_text(tokens // 2)), lambda _pool: snap)
     route = pipeline.router.resolve([])
-    facts = HeaderFacts(adapter=OPENAI_CHAT, priority="critical")
+    facts = RequestFacts(adapter=OPENAI_CHAT, priority="critical")
     with tempfile.TemporaryDirectory() as tmp:
         spec = parse_policy(_policy_text(1)).embedding  # as `ice serve` starts it
         proc = EmbeddingWorkerProcess(
@@ -128,7 +128,7 @@ def planning(cold: int, warm: int) -> dict[str, Any]:
 async def _planning(
     pipeline: Pipeline,
     route: Any,
-    facts: HeaderFacts,
+    facts: RequestFacts,
     proc: EmbeddingWorkerProcess,
     tokens: int,
     cold: int,

@@ -25,7 +25,7 @@ from e2e.harness import (
 )
 
 from ext_proc.lab.stack import Stack, free_port, render_envoy_config
-from ext_proc.tools.envoygen import pieces
+from ext_proc.tools.envoygen import cluster_parts, pieces
 from ext_proc.tools.envoygen.emit import as_dict
 from ext_proc.tools.envoygen.local import local_bootstrap
 from ext_proc.tools.envoygen.spec import load_spec
@@ -80,7 +80,7 @@ def test_standby_health_checks_fail_over_within_about_a_second() -> None:
         "grpc_health_check": {},
     }
     # Detection: a crashed ICE fails the next check (≤ interval), a hung one after the timeout.
-    detection = pieces.STANDBY_HEALTH_INTERVAL + pieces.STANDBY_HEALTH_TIMEOUT
+    detection = cluster_parts.STANDBY_HEALTH_INTERVAL + cluster_parts.STANDBY_HEALTH_TIMEOUT
     assert detection <= datetime.timedelta(seconds=1.5)
     # Panic threshold 0: no stream to an unhealthy ICE, even when every level is unhealthy.
     assert cluster["common_lb_config"] == {"healthy_panic_threshold": {}}

@@ -15,7 +15,7 @@ from ext_proc.admit.headeronly import (
     coarse_tokens,
 )
 from ext_proc.admit.outcome import Continue, Respond
-from ext_proc.admit.pipeline import HeaderFacts, Pipeline
+from ext_proc.admit.pipeline import Pipeline, RequestFacts
 from ext_proc.policy.decision import Pass, Reject
 from ext_proc.policy.load import parse_policy
 from ext_proc.schemas import BY_NAME
@@ -44,7 +44,7 @@ def judge(
 ) -> tuple[Pipeline, object]:
     pipeline = Pipeline(POLICY, lambda _pool: snapshot)
     route = pipeline.router.resolve((("x-ice-route", "chat"),))
-    facts = HeaderFacts(adapter=BY_NAME["openai.chat"], priority=priority)  # type: ignore[arg-type]
+    facts = RequestFacts(adapter=BY_NAME["openai.chat"], priority=priority)  # type: ignore[arg-type]
     verdict = pipeline.on_size(route, facts, nbytes)
     pipeline.record(route, verdict)
     return pipeline, verdict
@@ -105,7 +105,7 @@ def test_the_first_in_flight_pass_is_seen_by_the_next_coarse_verdict() -> None:
     snapshot = snap(0.3)  # 7,000 free blocks
     pipeline = Pipeline(POLICY, lambda _pool: snapshot)
     route = pipeline.router.resolve((("x-ice-route", "chat"),))
-    facts = HeaderFacts(adapter=BY_NAME["openai.chat"])
+    facts = RequestFacts(adapter=BY_NAME["openai.chat"])
     outcomes = []
     for _ in range(3):  # P = 32,768, no room for output: 2,048 blocks each, 3 × 2,048 ≤ 7,000
         v = pipeline.on_size(route, facts, 200_000)

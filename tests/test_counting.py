@@ -13,7 +13,7 @@ from pathlib import Path
 from test_exact_tokens_pipeline import pipeline as exact_pipeline  # type: ignore[import-not-found]
 
 from ext_proc.admit.counting import bounds, same_verdict
-from ext_proc.admit.pipeline import HeaderFacts, Pipeline
+from ext_proc.admit.pipeline import Pipeline, RequestFacts
 from ext_proc.policy.decision import Downgrade, Pass, Reject
 from ext_proc.schemas import BY_NAME, RequestFeatures
 
@@ -60,7 +60,7 @@ def judge(p: Pipeline, content: str, max_tokens: int = 8) -> tuple[object, dict[
     body = {"model": "tiny", "messages": [{"role": "user", "content": content}]}
     body["max_tokens"] = max_tokens  # type: ignore[assignment]
     verdict = p.on_body(
-        route, HeaderFacts(adapter=BY_NAME["openai.chat"]), json.dumps(body).encode()
+        route, RequestFacts(adapter=BY_NAME["openai.chat"]), json.dumps(body).encode()
     )
     assert verdict is not None and verdict.features is not None
     return verdict, dict(verdict.outcome.headers)
@@ -98,7 +98,7 @@ def test_a_model_without_a_tokenizer_says_nothing_about_tokens() -> None:
     route = p.router.resolve(())
     body = {"model": "other", "messages": [{"role": "user", "content": "hi"}]}
     verdict = p.on_body(
-        route, HeaderFacts(adapter=BY_NAME["openai.chat"]), json.dumps(body).encode()
+        route, RequestFacts(adapter=BY_NAME["openai.chat"]), json.dumps(body).encode()
     )
     assert verdict is not None and "x-ice-tokens" not in dict(verdict.outcome.headers)
 
@@ -109,7 +109,7 @@ def test_text_the_tokenizer_cannot_count_is_judged_at_the_estimates_upper_bound(
     # a lone surrogate is valid JSON but no valid text for the tokenizer
     body = b'{"model": "tiny", "messages": [{"role": "user", "content": "' + b"word " * 400
     body += b'\\ud800"}], "max_tokens": 8}'
-    verdict = p.on_body(route, HeaderFacts(adapter=BY_NAME["openai.chat"]), body)
+    verdict = p.on_body(route, RequestFacts(adapter=BY_NAME["openai.chat"]), body)
     assert verdict is not None and verdict.features is not None
     f = verdict.features
     assert f.input_tokens_source == "fallback"

@@ -17,7 +17,7 @@ from e2e import eg_xds  # the EG-shaped bootstrap (tests/e2e/eg_xds.py)
 from envoy_data_plane.google.protobuf import Any as PbAny
 
 from ext_proc.lab.stack import envoy_binary
-from ext_proc.tools.envoygen import gateway, pieces
+from ext_proc.tools.envoygen import gateway, gateway_names, pieces
 from ext_proc.tools.envoygen.emit import as_dict, to_yaml
 from ext_proc.tools.envoygen.local import local_bootstrap
 from ext_proc.tools.envoygen.spec import MeshSpec, load_spec, parse_spec
@@ -83,7 +83,7 @@ def _judged_rules(spec: MeshSpec) -> list[tuple[str, int, dict[str, Any]]]:
     return [
         (d["metadata"]["name"], i, rule)
         for d in gateway.objects(spec)
-        if d["kind"] == "HTTPRoute" and d["metadata"]["name"] != gateway.CLOSED
+        if d["kind"] == "HTTPRoute" and d["metadata"]["name"] != gateway_names.CLOSED
         for i, rule in enumerate(d["spec"]["rules"])
     ]
 
@@ -114,18 +114,18 @@ def test_the_routes_attach_only_to_their_own_gateways_listener() -> None:
     docs = _by_name(SPEC)
     gw = docs["Gateway", SPEC.gateway.name]
     (listener,) = gw["spec"]["listeners"]
-    assert (listener["name"], listener["port"]) == (gateway.LISTENER, SPEC.gateway.port)
+    assert (listener["name"], listener["port"]) == (gateway_names.LISTENER, SPEC.gateway.port)
     assert listener["allowedRoutes"] == {"namespaces": {"from": "Same"}}
     for (kind, _), doc in docs.items():
         if kind == "HTTPRoute":
             assert doc["metadata"]["namespace"] == SPEC.gateway.namespace
             assert doc["spec"]["parentRefs"] == [
-                {"name": SPEC.gateway.name, "sectionName": gateway.LISTENER}
+                {"name": SPEC.gateway.name, "sectionName": gateway_names.LISTENER}
             ]
 
 
 def test_read_only_paths_pass_for_get_and_head_only() -> None:
-    reads, _ = _by_name(SPEC)["HTTPRoute", gateway.CLOSED]["spec"]["rules"]
+    reads, _ = _by_name(SPEC)["HTTPRoute", gateway_names.CLOSED]["spec"]["rules"]
     assert [(m["path"]["value"], m["method"]) for m in reads["matches"]] == [
         (path, method) for path in SPEC.read_only for method in ("GET", "HEAD")
     ]
@@ -135,7 +135,7 @@ def test_read_only_paths_pass_for_get_and_head_only() -> None:
 
 def test_everything_else_is_a_404_in_the_openai_error_format() -> None:
     docs = _by_name(SPEC)
-    _, rest = docs["HTTPRoute", gateway.CLOSED]["spec"]["rules"]
+    _, rest = docs["HTTPRoute", gateway_names.CLOSED]["spec"]["rules"]
     assert rest["matches"] == [{"path": {"type": "PathPrefix", "value": "/"}}]
     assert "backendRefs" not in rest
     (ref,) = rest["filters"]
@@ -174,7 +174,7 @@ def test_one_extension_policy_per_distinct_profile(profiled: MeshSpec) -> None:
     }
     # The closed route never meets ICE.
     targets = {t["name"] for p in policies for t in p["spec"]["targetRefs"]}
-    assert gateway.CLOSED not in targets
+    assert gateway_names.CLOSED not in targets
 
 
 def test_one_profile_gives_one_policy_on_the_judged_route_only() -> None:
@@ -182,23 +182,23 @@ def test_one_profile_gives_one_policy_on_the_judged_route_only() -> None:
     policies = [d for (k, _), d in docs.items() if k == "EnvoyExtensionPolicy"]
     assert [p["metadata"]["name"] for p in policies] == ["ice"]
     assert policies[0]["spec"]["targetRefs"] == [
-        {"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "name": gateway.JUDGED}
+        {"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "name": gateway_names.JUDGED}
     ]
 
 
 def test_more_judged_routes_than_an_httproute_holds_are_split(tmp_path: Path) -> None:
-    names = [f"r{i}" for i in range(gateway.MAX_RULES + 1)]
+    names = [f"r{i}" for i in range(gateway_names.MAX_RULES + 1)]
     _policy_with(tmp_path, **{n: {"profile": "default", "pool": "default"} for n in names})
     doc = {"policy": "policy.yaml", "routes": [{"name": n, "path": f"/{n}"} for n in names]}
     spec = parse_spec(doc, tmp_path)
     rules = _judged_rules(spec)
-    assert [name for name, _, _ in rules] == [gateway.JUDGED] * gateway.MAX_RULES + [
-        f"{gateway.JUDGED}-2"
+    assert [name for name, _, _ in rules] == [gateway_names.JUDGED] * gateway_names.MAX_RULES + [
+        f"{gateway_names.JUDGED}-2"
     ]
     (policy,) = [d for d in gateway.objects(spec) if d["kind"] == "EnvoyExtensionPolicy"]
     assert [t["name"] for t in policy["spec"]["targetRefs"]] == [
-        gateway.JUDGED,
-        f"{gateway.JUDGED}-2",
+        gateway_names.JUDGED,
+        f"{gateway_names.JUDGED}-2",
     ]
     assert _xds_patched_routes(spec) == {f"/{n}": (n, None) for n in names}
 
@@ -229,7 +229,7 @@ def test_every_echoed_header_is_set_on_the_judged_routes_responses(profiled: Mes
     # and in the bootstrap: exactly pieces' headers, on the judged routes only
     verdict = [as_dict(h) for h in pieces.verdict_response_headers()]
     for route in _xds_routes(_bootstrap(SPEC)):
-        judged = gateway.JUDGED + "/" in route["name"]
+        judged = gateway_names.JUDGED + "/" in route["name"]
         assert (route.get("response_headers_to_add") == verdict) == judged
 
 
@@ -238,7 +238,7 @@ def _xds_patched_routes(spec: MeshSpec) -> dict[str, tuple[str, str | None]]:
     out = {}
     for route in _xds_routes(_bootstrap(spec)):
         for config in route.get("typed_per_filter_config", {}).values():
-            assert config["@type"] == gateway.FILTER_CONFIG_TYPE
+            assert config["@type"] == gateway_names.FILTER_CONFIG_TYPE
             inner = config["config"]
             assert inner["@type"].endswith("ExtProcPerRoute")
             meta = {m["key"]: m["value"] for m in inner["overrides"]["grpc_initial_metadata"]}
@@ -283,7 +283,7 @@ def test_spoofed_headers_are_removed_before_ext_proc() -> None:
             "group": "gateway.networking.k8s.io",
             "kind": "Gateway",
             "name": SPEC.gateway.name,
-            "sectionName": gateway.LISTENER,
+            "sectionName": gateway_names.LISTENER,
         }
     ]
     # In the HCM: an early header mutation (before routing and every HTTP filter) doing what
@@ -306,11 +306,11 @@ def test_spoofed_headers_are_removed_before_ext_proc() -> None:
 def test_the_bootstrap_has_egs_names_and_order() -> None:
     bootstrap = _bootstrap(SPEC)
     (listener,) = bootstrap["static_resources"]["listeners"]
-    assert listener["name"] == gateway.listener_name(SPEC) == "llm/llm-gateway/http"
+    assert listener["name"] == gateway_names.listener_name(SPEC) == "llm/llm-gateway/http"
     hcm = _hcm(bootstrap)
-    assert hcm["route_config"]["name"] == gateway.route_config_name(SPEC)
+    assert hcm["route_config"]["name"] == gateway_names.route_config_name(SPEC)
     names = [f["name"] for f in hcm["http_filters"]]
-    flt = gateway.ext_proc_filter_name("llm", "ice")
+    flt = gateway_names.ext_proc_filter_name("llm", "ice")
     assert names == [flt, pieces.ROUTER]
     assert hcm["http_filters"][0]["disabled"] is True
     routes = _xds_routes(bootstrap)
@@ -369,7 +369,7 @@ def test_every_patch_finds_exactly_one_place(profiled: MeshSpec) -> None:
         docs = gateway.objects(spec)
         bootstrap = eg_xds.xds_like_bootstrap(docs, "127.0.0.1:1", "127.0.0.1:2", 1, 2)
         hcm = _hcm(bootstrap)
-        targets = {gateway.ROUTE_CONFIG_TYPE: hcm["route_config"]}
+        targets = {gateway_names.ROUTE_CONFIG_TYPE: hcm["route_config"]}
         (epp,) = [d for d in docs if d["kind"] == "EnvoyPatchPolicy"]
         for patch in epp["spec"]["jsonPatches"]:
             target = targets.get(patch["type"], bootstrap["static_resources"]["listeners"][0])

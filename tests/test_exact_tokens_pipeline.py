@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ext_proc.admit.pipeline import HeaderFacts, Pipeline
+from ext_proc.admit.pipeline import Pipeline, RequestFacts
 from ext_proc.policy.load import PolicyError, parse_policy
 from ext_proc.schemas import adapter_for_path
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
@@ -47,7 +47,7 @@ def test_judged_input_tokens_equal_vllm_prompt_tokens(case: dict[str, object]) -
     assert adapter is not None
     request = {"max_tokens": 1, **case["request"], "model": "tiny"}  # type: ignore[dict-item]
     body = json.dumps(request).encode()  # recorded with max_tokens 1
-    verdict = p.on_body(route, HeaderFacts(adapter=adapter), body)
+    verdict = p.on_body(route, RequestFacts(adapter=adapter), body)
     assert verdict is not None and verdict.features is not None
     assert verdict.features.input_tokens_source == "exact"
     assert verdict.features.input_tokens == case["prompt_tokens"]
@@ -59,7 +59,7 @@ def test_exact_count_decides_the_context_budget() -> None:
     adapter = adapter_for_path("/v1/chat/completions")
     # max_model_len 50, buffer 0: safe output = 50 − 22 = 28 exactly
     p = pipeline(50)
-    verdict = p.on_body(p.router.resolve([]), HeaderFacts(adapter=adapter), body)
+    verdict = p.on_body(p.router.resolve([]), RequestFacts(adapter=adapter), body)
     assert verdict is not None and verdict.outcome.body is not None  # type: ignore[union-attr]
     assert json.loads(verdict.outcome.body)["max_tokens"] == 50 - case["prompt_tokens"]  # type: ignore[union-attr]
 
@@ -68,7 +68,7 @@ def test_models_without_a_tokenizer_keep_the_estimate() -> None:
     p = pipeline(4096)
     body = b'{"model": "other", "messages": [{"role": "user", "content": "hi"}]}'
     verdict = p.on_body(
-        p.router.resolve([]), HeaderFacts(adapter=adapter_for_path("/v1/chat/completions")), body
+        p.router.resolve([]), RequestFacts(adapter=adapter_for_path("/v1/chat/completions")), body
     )
     assert verdict is not None and verdict.features is not None
     assert verdict.features.input_tokens_source == "estimate"

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import time
 
-from ext_proc.admit.pipeline import HeaderFacts, Pipeline
-from ext_proc.placement.poolview import Hold
+from ext_proc.admit.pipeline import Pipeline, RequestFacts
+from ext_proc.placement.inflight import Hold
 from ext_proc.policy.load import parse_policy
 from ext_proc.schemas import OPENAI_CHAT
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
@@ -32,7 +32,7 @@ UNTIL_SEEN = (
 def judge(pipeline: Pipeline) -> tuple[str, Hold | None]:
     """BODY judged and recorded on the default route: "decision:reason", and its hold."""
     route = pipeline.router.resolve([])
-    facts = HeaderFacts(adapter=OPENAI_CHAT, priority="standard")
+    facts = RequestFacts(adapter=OPENAI_CHAT, priority="standard")
     verdict = pipeline.on_body(route, facts, BODY.encode())
     assert verdict is not None and verdict.decision is not None
     hold = pipeline.record(route, verdict)
@@ -81,7 +81,7 @@ def test_the_room_is_the_lesser_of_the_views_free_blocks_and_what_is_not_reserve
     views = {"now": PoolSnapshot("default", (BACKEND,), time.monotonic() - 1.0)}
     pipeline = Pipeline(parse_policy(SHED), lambda _: views["now"])
     route = pipeline.router.resolve([])
-    facts = HeaderFacts(adapter=OPENAI_CHAT, priority="standard")
+    facts = RequestFacts(adapter=OPENAI_CHAT, priority="standard")
     holds: list[Hold] = []
     for max_tokens, blocks in ((30, 3), (60, 5)):  # 8 + 30 and 8 + 60 tokens, 16 per block
         body = json.dumps(
@@ -110,9 +110,9 @@ def test_the_room_is_the_lesser_of_the_views_free_blocks_and_what_is_not_reserve
 
 
 def test_the_ledgers_running_total_follows_expiry_and_its_cap() -> None:
-    from ext_proc.placement.poolview import MAX_INFLIGHT, _Entries
+    from ext_proc.placement.inflight import MAX_INFLIGHT, Entries
 
-    entries = _Entries()
+    entries = Entries()
     for i in range(MAX_INFLIGHT + 10):
         entries.add(float(i), 2)
     # the 10 oldest went past the cap: the total is the sum of the entries kept

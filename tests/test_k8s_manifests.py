@@ -608,7 +608,7 @@ def _generator_variants(tmp: Path) -> dict[str, list[Obj]]:
     """Envoy Gateway objects of specs other than envoy/mesh.yaml, as tests/
     test_envoygen_gateway.py builds them: two profiles (and one route naming the default),
     a backend in another namespace than the gateway, more judged routes than an HTTPRoute holds."""
-    from ext_proc.tools.envoygen import gateway
+    from ext_proc.tools.envoygen import gateway, gateway_names
     from ext_proc.tools.envoygen.spec import parse_spec
 
     policy = yaml.safe_load((ROOT / "ext_proc" / "default_policy.yaml").read_text())
@@ -616,7 +616,7 @@ def _generator_variants(tmp: Path) -> dict[str, list[Obj]]:
         **policy["profiles"]["default"],
         "shed": {"sheddable": "medium", "standard": "high"},
     }
-    many = [f"r{i}" for i in range(gateway.MAX_RULES + 1)]
+    many = [f"r{i}" for i in range(gateway_names.MAX_RULES + 1)]
     policy["routes"].update({n: {"profile": "default", "pool": "default"} for n in many})
     (tmp / "policy.yaml").write_text(yaml.safe_dump(policy))
     profiled = {
@@ -856,7 +856,8 @@ def test_active_passive_runs_ice_serve_leader_elect_with_the_leases_rbac() -> No
 
 
 def test_active_passive_probes_keep_a_standby_alive_but_not_ready() -> None:
-    from ext_proc.serve.lease import ELECTED_SERVICES, LIVENESS_SERVICE, LeaseTimings
+    from ext_proc.serve.lease import ELECTED_SERVICES, LIVENESS_SERVICE
+    from ext_proc.serve.lease_elector import LeaseTimings
 
     container = ice_container(render("overlays/istio+components/active-passive"))
     grpc_port = next(p["containerPort"] for p in container["ports"] if p["name"] == "grpc")

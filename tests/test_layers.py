@@ -153,7 +153,6 @@ def _modules() -> list[Path]:
     return sorted(p for p in PACKAGE.rglob("*.py") if "_pb" not in p.parts)
 
 
-@pytest.mark.xfail(strict=True, reason="the splits land next")
 def test_every_module_is_short_enough_to_read_in_one_sitting() -> None:
     long = {
         str(p.relative_to(REPO)): n
@@ -163,7 +162,6 @@ def test_every_module_is_short_enough_to_read_in_one_sitting() -> None:
     assert long == {}
 
 
-@pytest.mark.xfail(strict=True, reason="the splits land next")
 def test_no_serve_path_function_runs_over_sixty_lines() -> None:
     long: dict[str, int] = {}
     for p in _modules():

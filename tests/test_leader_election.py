@@ -1,8 +1,8 @@
-"""``ice serve --leader-elect`` (ext_proc/serve/lease.py) against the Kubernetes client's real
-election: its ``LeaderElection`` loop decides, over an in-memory lock that keeps the lock
-interface's contract (a write carries the version it read, as a Lease's resourceVersion),
-the only stand-in, since no API server runs here. Health is grpc_health's own asyncio
-servicer, set by ``serve_elected`` as the server sets it.
+"""``ice serve --leader-elect`` (ext_proc/serve/lease.py, lease_elector.py) against the
+Kubernetes client's real election: its ``LeaderElection`` loop decides, over an in-memory lock
+that keeps the lock interface's contract (a write carries the version it read, as a Lease's
+resourceVersion), the only stand-in, since no API server runs here. Health is grpc_health's
+own asyncio servicer, set by ``serve_elected`` as the server sets it.
 
 Then the client's own ``LeaseLock`` over a hand-written ``CoordinationV1Api`` that stores the
 client's ``V1Lease`` models: what ICE writes into a Lease, what it reads back, the timeouts,
@@ -33,13 +33,12 @@ from ext_proc.serve import lease
 from ext_proc.serve.lease import (
     ELECTED_SERVICES,
     LIVENESS_SERVICE,
-    LeaderElector,
     LeaseError,
-    LeaseTimings,
     kubernetes_lock,
     release_lease,
     serve_elected,
 )
+from ext_proc.serve.lease_elector import LeaderElector, LeaseTimings
 
 FAST = LeaseTimings(lease_duration_s=1, renew_deadline_s=0.6, retry_period_s=0.1)
 # A lease that expires late: what happens before the expiry is ICE's doing, not the lease's.

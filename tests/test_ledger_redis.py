@@ -20,8 +20,11 @@ from typing import Any
 import pytest
 
 from ext_proc import telemetry
-from ext_proc.admit.pipeline import BodyVerdict, HeaderFacts, Pipeline
+from ext_proc.admit.backlog import Backlog
+from ext_proc.admit.pipeline import BodyVerdict, Pipeline, RequestFacts
+from ext_proc.admit.queue import AdmissionQueue
 from ext_proc.admit.shared_ledger import admit_shared, view_age_ms
+from ext_proc.admit.stream import Stream
 from ext_proc.lab.redis_local import RedisServer
 from ext_proc.placement.ledger_redis import (
     SLOW_CALLS_DOWN,
@@ -82,20 +85,21 @@ class Replica:
     async def admit(self) -> tuple[str, BodyVerdict]:
         """BODY judged, held and reserved as the servicer does: "decision:reason"."""
         route = self.pipeline.router.resolve([])
-        facts = HeaderFacts(adapter=OPENAI_CHAT, priority="standard")
+        facts = RequestFacts(adapter=OPENAI_CHAT, priority="standard")
+        stream = Stream(Backlog(), self.pipeline.views, AdmissionQueue())
         verdict = self.pipeline.on_body(route, facts, BODY.encode())
         assert verdict is not None
         if self.ledger.active:
-            verdict = await admit_shared(self.pipeline, route, facts, verdict, BODY.encode())
+            verdict = await admit_shared(self.pipeline, route, facts, stream, verdict)
         else:
-            facts.hold = self.pipeline.record(route, verdict)
-        self.facts = facts
+            stream.hold = self.pipeline.record(route, verdict)
+        self.stream = stream
         assert verdict.decision is not None
         return f"{verdict.decision.decision}:{verdict.decision.reason}", verdict
 
-    def end(self, facts: HeaderFacts) -> None:
-        if facts.hold is not None:
-            self.pipeline.views.release(facts.hold)
+    @staticmethod
+    def end(stream: Stream) -> None:
+        stream.close()  # the servicer's finally: the stream's hold is released
 
 
 @pytest.fixture
@@ -132,7 +136,7 @@ async def test_two_replicas_on_one_redis_admit_what_one_would(
     try:
         assert (await a.admit())[0] == "pass:ok"
         assert (await b.admit())[0] == "reject:kv_exhausted"  # A's 7 blocks count in B
-        a.end(a.facts)  # A's request is over: its release reaches Redis
+        a.end(a.stream)  # A's request is over: its release reaches Redis
         await asyncio.sleep(0.05)
         await b.ledger.sync("default", view_age_ms(view["now"]))
         view["now"] = PoolSnapshot("default", (backend(11),), time.monotonic())
@@ -217,7 +221,7 @@ async def test_redis_killed_mid_run_turns_the_ledger_local_and_it_comes_back(
     try:
         assert (await a.admit())[0] == "pass:ok"
         redis_server.kill()
-        a.end(a.facts)
+        a.end(a.stream)
         view["now"] = PoolSnapshot("default", (backend(11),), time.monotonic())
         assert (await a.admit())[0] == "pass:ok"  # judged with the local ledger
         assert not a.ledger.active
@@ -312,17 +316,18 @@ async def test_a_stream_cancelled_while_its_reservation_is_on_the_wire_releases_
         r.ledger.deadline_s = 30.0
         r.ledger.active = True  # as if it had answered before it hung
         route = r.pipeline.router.resolve([])
-        facts = HeaderFacts(adapter=OPENAI_CHAT, priority="standard")
+        facts = RequestFacts(adapter=OPENAI_CHAT, priority="standard")
+        stream = Stream(Backlog(), r.pipeline.views, AdmissionQueue())
         verdict = r.pipeline.on_body(route, facts, BODY.encode())
         assert verdict is not None
-        task = asyncio.ensure_future(admit_shared(r.pipeline, route, facts, verdict, BODY.encode()))
+        task = asyncio.ensure_future(admit_shared(r.pipeline, route, facts, stream, verdict))
         await asyncio.sleep(0.3)
         assert r.pipeline.views.live["default"][""] == 7  # held, waiting on Redis
         task.cancel()  # Envoy closed the stream (the client left)
         with contextlib.suppress(asyncio.CancelledError):
             await task
-        assert facts.hold is not None  # the servicer's finally releases what facts hold
-        r.end(facts)
+        assert stream.hold is not None  # the servicer's finally releases what the stream holds
+        r.end(stream)
         assert r.pipeline.views.live["default"][""] == 0
         await r.ledger.client.aclose()
     finally:

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from ext_proc.admit.pipeline import HeaderFacts, Pipeline
+from ext_proc.admit.pipeline import Pipeline, RequestFacts
 from ext_proc.policy.evaluate import Shape
 from ext_proc.policy.load import load_policy
 from ext_proc.schemas import OPENAI_CHAT
@@ -31,7 +31,7 @@ def test_offloaded_verdict_equals_in_process_verdict(usage: float) -> None:
     snap = PoolSnapshot(pool="default", backends=(backend,), taken_at_s=time.monotonic())
     pipeline = Pipeline(load_policy(None), lambda _pool: snap)
     route = pipeline.router.resolve([("x-ice-route", "chat")])
-    facts = HeaderFacts(adapter=OPENAI_CHAT, priority="standard")
+    facts = RequestFacts(adapter=OPENAI_CHAT, priority="standard")
     body = heavy_body(4096)
     offload = Offload(None, pipeline.max_body_bytes, heavy_containers=10_000)
     assert offload.is_heavy(body) and not offload.is_heavy(b'{"messages": []}')
@@ -53,7 +53,7 @@ def test_offloaded_verdict_counts_the_workers_inflight_blocks() -> None:
     snap = PoolSnapshot(pool="default", backends=(backend,), taken_at_s=time.monotonic())
     pipeline = Pipeline(load_policy(None), lambda _pool: snap)
     route = pipeline.router.resolve([("x-ice-route", "chat")])
-    facts = HeaderFacts(adapter=OPENAI_CHAT, priority="standard")
+    facts = RequestFacts(adapter=OPENAI_CHAT, priority="standard")
     body = heavy_body(4096, parts=2_000)
     before = pipeline.on_body(route, facts, body)
     assert before is not None and before.decision is not None

@@ -11,7 +11,8 @@ import aiohttp
 from aiohttp import web
 
 from ext_proc.lab.overload.burst import Planned
-from ext_proc.lab.overload.run import Shot, answered, is_ok, send
+from ext_proc.lab.overload.run import send
+from ext_proc.lab.overload.shots import Shot, answered, is_ok
 
 REFUSAL = {
     "error": {

@@ -267,13 +267,14 @@ def test_ice_picks_only_within_the_subset_hint() -> None:
     route = pipeline.router.resolve([])
     pairs = [(":path", b"/v1/chat/completions"), (":method", b"POST")]
     body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1900})
-    facts = pipeline.on_headers(route, pairs, end_of_stream=False)
-    facts.subset = frozenset({"10.0.0.1:8000"})  # only the full one is allowed
+    only_full = frozenset({"10.0.0.1:8000"})  # only the full one is allowed
+    facts = pipeline.on_headers(route, pairs, end_of_stream=False, subset=only_full)
     v = pipeline.on_body(route, facts, body.encode())
     assert v is not None and v.decision is not None
     assert headers_of(v)["x-ice-endpoint"] == "10.0.0.1:8000"
     assert v.decision.decision == "downgrade"  # fits there only downgraded (8 blocks)
-    facts.subset = frozenset({"10.9.9.9:1"})  # none known: not picked, judged as the worst
+    unknown = frozenset({"10.9.9.9:1"})  # none known: not picked, judged as the worst
+    facts = pipeline.on_headers(route, pairs, end_of_stream=False, subset=unknown)
     v = pipeline.on_body(route, facts, body.encode())
     assert v is not None and "x-ice-endpoint" not in headers_of(v)
 

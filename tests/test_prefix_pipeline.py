@@ -8,7 +8,7 @@ import time
 
 from prometheus_client import REGISTRY
 
-from ext_proc.admit.pipeline import HeaderFacts, Pipeline
+from ext_proc.admit.pipeline import Pipeline, RequestFacts
 from ext_proc.policy.load import default_policy_text, parse_policy
 from ext_proc.schemas import OPENAI_CHAT
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
@@ -26,7 +26,7 @@ def _send(pipeline: Pipeline, system: str) -> None:
     body = {"model": "m", "messages": [{"role": "system", "content": system}]}
     body["messages"].append({"role": "user", "content": "hi"})
     route = pipeline.router.resolve([("x-ice-route", "chat")])
-    pipeline.on_body(route, HeaderFacts(adapter=OPENAI_CHAT), json.dumps(body).encode())
+    pipeline.on_body(route, RequestFacts(adapter=OPENAI_CHAT), json.dumps(body).encode())
 
 
 def test_identical_prompts_score_high_and_a_leading_timestamp_scores_low() -> None:
@@ -106,7 +106,7 @@ def test_with_a_tokenizer_the_live_score_counts_exact_tokens() -> None:
     route = pipeline.router.resolve([("x-ice-route", "chat")])
     body = json.dumps({"model": "tiny", "messages": messages}).encode()
     for _ in range(2):
-        pipeline.on_body(route, HeaderFacts(adapter=OPENAI_CHAT), body)
+        pipeline.on_body(route, RequestFacts(adapter=OPENAI_CHAT), body)
     stats = pipeline.prefix.tracker.stats("chat\x00")  # route "chat", no tenant
     assert stats is not None
     assert stats.total_blocks == 2 * (exact // 16)  # each prompt's full blocks of exact ids

@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from ext_proc.admit.pipeline import HeaderFacts, Pipeline
+from ext_proc.admit.backlog import Backlog
+from ext_proc.admit.pipeline import Pipeline, RequestFacts
 from ext_proc.admit.queue import (
     H_QUEUED_MS,
     MAX_TENANT_CHARS,
@@ -20,8 +21,9 @@ from ext_proc.admit.queue import (
     queueable,
     tenant_key,
 )
+from ext_proc.admit.stream import Stream
 from ext_proc.admit.verdict import BodyVerdict
-from ext_proc.placement.poolview import Hold
+from ext_proc.placement.inflight import Hold
 from ext_proc.policy.load import parse_policy
 from ext_proc.schemas import OPENAI_CHAT
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
@@ -59,14 +61,18 @@ class Rig:
         self.clock = Clock()
         self.queue = AdmissionQueue(clock=self.clock)
         self.passed: list[Hold] = []  # pass_one's requests, live until newer_view
-        self.made: list[HeaderFacts] = []  # every request's facts (an admitted one: its hold)
+        # every request's stream (an admitted one: its hold), by its facts' identity
+        self.streams: dict[int, Stream] = {}
 
-    def facts(self, priority: str = "standard", tenant: str = "") -> HeaderFacts:
-        facts = HeaderFacts(adapter=OPENAI_CHAT, priority=priority, queue_tenant=tenant)  # type: ignore[arg-type]
-        self.made.append(facts)
+    def facts(self, priority: str = "standard", tenant: str = "") -> RequestFacts:
+        facts = RequestFacts(adapter=OPENAI_CHAT, priority=priority, queue_tenant=tenant)  # type: ignore[arg-type]
+        self.streams[id(facts)] = Stream(Backlog(), self.pipeline.views, self.queue)
         return facts
 
-    def judge(self, facts: HeaderFacts) -> BodyVerdict:
+    def stream(self, facts: RequestFacts) -> Stream:
+        return self.streams[id(facts)]
+
+    def judge(self, facts: RequestFacts) -> BodyVerdict:
         verdict = self.pipeline.on_body(self.route, facts, BODY.encode())
         assert verdict is not None
         return verdict
@@ -78,17 +84,17 @@ class Rig:
         assert hold is not None
         self.passed.append(hold)
 
-    def offer(self, facts: HeaderFacts) -> Waiter:
+    def offer(self, facts: RequestFacts) -> Waiter:
         first = self.judge(facts)
         assert queueable(self.route, first), first.decision
-        got = self.queue.offer(self.pipeline, self.route, facts, first, BODY.encode())
+        got = self.queue.offer(self.pipeline, self.route, facts, self.stream(facts), first)
         assert isinstance(got, Waiter)
         return got
 
     def newer_view(self, usage: float = 0.0) -> None:
         """A view taken now, after every request passed so far finished (their streams
         ended: their reservations are released)."""
-        holds = self.passed + [f.hold for f in self.made if f.hold is not None]
+        holds = self.passed + [s.hold for s in self.streams.values() if s.hold is not None]
         for hold in holds:
             self.pipeline.views.release(hold)
         backend = BackendSignals(
@@ -184,7 +190,7 @@ def test_a_full_queue_refuses_at_once_with_queue_full() -> None:
         rig.offer(rig.facts())
         facts = rig.facts()
         first = rig.judge(facts)
-        got = rig.queue.offer(rig.pipeline, rig.route, facts, first, BODY.encode())
+        got = rig.queue.offer(rig.pipeline, rig.route, facts, rig.stream(facts), first)
         assert isinstance(got, BodyVerdict) and got.decision is not None
         assert got.decision.reason == "queue_full"
         assert getattr(got.outcome, "status", None) == 429
@@ -218,7 +224,7 @@ def test_a_waiting_higher_band_holds_back_the_lower_one() -> None:
         facts = rig.facts("standard")
         first = rig.pipeline.on_body(rig.route, facts, big.encode())  # 10 blocks: fits idle only
         assert first is not None and queueable(rig.route, first)
-        high = rig.queue.offer(rig.pipeline, rig.route, facts, first, big.encode())
+        high = rig.queue.offer(rig.pipeline, rig.route, facts, rig.stream(facts), first)
         assert isinstance(high, Waiter)
         low = rig.offer(rig.facts("sheddable"))  # 7 blocks: it would fit at usage 0.2
         rig.newer_view(usage=0.2)  # 8 free: the standard request (10) does not fit
@@ -256,17 +262,18 @@ def test_the_tenant_with_fewer_requests_in_flight_goes_first() -> None:
         # heavy's first request went straight in (room then) and is still running
         first_facts = rig.facts(tenant="heavy")
         verdict = rig.judge(first_facts)
-        first_facts.hold = rig.pipeline.record(rig.route, verdict)
-        rig.queue.count_started(rig.route, first_facts, verdict)
+        first = rig.stream(first_facts)
+        first.hold = rig.pipeline.record(rig.route, verdict)
+        rig.queue.count_started(rig.route, first_facts, first, verdict)
         assert rig.queue.inflight == {("default", "heavy"): 1}
         heavy = rig.offer(rig.facts(tenant="heavy"))
         light = rig.offer(rig.facts(tenant="light"))
-        rig.pipeline.views.release(first_facts.hold)  # type: ignore[arg-type]
+        rig.pipeline.views.release(first.hold)  # type: ignore[arg-type]
         rig.view = PoolSnapshot("default", (IDLE,), time.monotonic())
         rig.queue.tick()  # room for one: light (0 in flight) before heavy (1), FIFO or not
         assert outcome(light) == "pass:ok" and not heavy.future.done()
         assert rig.queue.inflight == {("default", "heavy"): 1, ("default", "light"): 1}
-        rig.queue.ended(*first_facts.inflight)  # type: ignore[misc]
+        rig.queue.ended(*first.slot)  # type: ignore[misc]
         assert rig.queue.inflight == {("default", "light"): 1}
 
     asyncio.run(run())
@@ -336,7 +343,7 @@ def test_shutting_down_answers_every_waiter_with_429_and_refuses_new_ones() -> N
         assert outcome(w) == "reject:queue_shutdown" and rig.queue.depth == 0
         assert "retry-after" in headers(w)
         facts = rig.facts()
-        got = rig.queue.offer(rig.pipeline, rig.route, facts, rig.judge(facts), BODY.encode())
+        got = rig.queue.offer(rig.pipeline, rig.route, facts, rig.stream(facts), rig.judge(facts))
         assert isinstance(got, BodyVerdict) and got.decision is not None
         assert got.decision.reason == "queue_shutdown"
 

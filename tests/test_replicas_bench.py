@@ -38,7 +38,7 @@ from ext_proc.lab.replicas import (
     stats,
     table,
 )
-from ext_proc.lab.replicas.scenarios import probe_max_tokens, victim_of
+from ext_proc.lab.replicas.faults import probe_max_tokens, victim_of
 from ext_proc.lab.replicas.setup import Backend
 
 ROOT = Path(__file__).resolve().parents[1]

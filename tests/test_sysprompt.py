@@ -1,5 +1,4 @@
-"""ext_proc.sysprompt.complexity: the complexity score (hand-computed) and lossless JSON
-compaction."""
+"""ext_proc.sysprompt: the complexity score (hand-computed) and lossless JSON compaction."""
 
 from __future__ import annotations
 
@@ -9,13 +8,11 @@ from typing import Any
 
 import pytest
 
+from ext_proc.schemas import rawjson
 from ext_proc.schemas.anthropic_messages import ANTHROPIC_MESSAGES
 from ext_proc.schemas.openai import OPENAI_CHAT
-from ext_proc.sysprompt.complexity import (
-    compact_system_json,
-    maybe_compact,
-    system_prompt_complexity,
-)
+from ext_proc.sysprompt.compact import compact_system_json, maybe_compact
+from ext_proc.sysprompt.complexity import system_prompt_complexity
 from ext_proc.sysprompt.scan import compact_text, embedded_json_spans
 
 
@@ -194,11 +191,20 @@ def test_nothing_to_do_or_not_json_is_left_alone() -> None:
     pretty = json.dumps(_chat(PRETTY)).encode()
     assert compact_system_json(pretty, "openai.completions") is None
     assert compact_system_json(pretty, "openai.responses") is None
-    assert maybe_compact(False, pretty, "openai.chat") is None
-    out = maybe_compact(True, pretty, "openai_chat")
+    doc = rawjson.parse_object(pretty)
+    assert maybe_compact(False, doc, "openai.chat") is None
+    out = maybe_compact(True, doc, "openai_chat")
     direct = compact_system_json(pretty, "openai.chat")
     assert out is not None and direct is not None and direct[1] > 0
-    assert out == (direct[0], [("x-ice-compacted", f"tokens={direct[1]}")])
+    assert out[0].text.encode() == direct[0]
+    assert out[1] == (("x-ice-compacted", f"tokens={direct[1]}"),)
+    # the compacted decode is what a parse of the compacted bytes gives, with no parse
+    again = rawjson.parse_object(direct[0])
+    assert (out[0].values, out[0].spans, out[0].close_index) == (
+        again.values,
+        again.spans,
+        again.close_index,
+    )
 
 
 def test_repeated_keys_are_left_alone() -> None:

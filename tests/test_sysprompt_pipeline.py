@@ -7,7 +7,7 @@ import json
 import time
 
 from ext_proc.admit.outcome import Continue
-from ext_proc.admit.pipeline import HeaderFacts, Pipeline
+from ext_proc.admit.pipeline import Pipeline, RequestFacts
 from ext_proc.policy.load import default_policy_text, parse_policy
 from ext_proc.schemas import OPENAI_CHAT
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
@@ -33,7 +33,7 @@ def _pipeline(extra: str) -> Pipeline:
 
 def _judge(pipeline: Pipeline) -> Continue:
     route = pipeline.router.resolve([])
-    verdict = pipeline.on_body(route, HeaderFacts(adapter=OPENAI_CHAT), BODY)
+    verdict = pipeline.on_body(route, RequestFacts(adapter=OPENAI_CHAT), BODY)
     assert verdict is not None and isinstance(verdict.outcome, Continue)
     return verdict.outcome
 

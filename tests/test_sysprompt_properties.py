@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from ext_proc.schemas.anthropic_messages import ANTHROPIC_MESSAGES
 from ext_proc.schemas.openai import OPENAI_CHAT
-from ext_proc.sysprompt.complexity import compact_system_json
+from ext_proc.sysprompt.compact import compact_system_json
 from ext_proc.sysprompt.scan import compact_text, delete_in_literal, embedded_json_spans
 
 SCALARS = (

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from ext_proc.admit.outcome import Continue, Respond
-from ext_proc.admit.pipeline import BodyVerdict, HeaderFacts, Pipeline, Route
+from ext_proc.admit.pipeline import BodyVerdict, Pipeline, RequestFacts, Route
 from ext_proc.admit.truncation import finish_truncation
 from ext_proc.policy.decision import Downgrade, Reject, Truncated
 from ext_proc.policy.load import parse_policy
@@ -87,7 +87,7 @@ def _pipeline(policy_text: str = POLICY) -> tuple[Pipeline, Route]:
 
 
 def _judge(pipeline: Pipeline, route: Route, body: bytes, adapter: Any = OPENAI_CHAT) -> Any:
-    facts = HeaderFacts(adapter=adapter, priority="critical")
+    facts = RequestFacts(adapter=adapter, priority="critical")
     verdict = pipeline.on_body(route, facts, body)
     assert verdict is not None and verdict.pending is not None, verdict
 
@@ -153,7 +153,7 @@ def test_an_exactly_counted_request_is_recounted_exactly_after_truncation(tmp_pa
     route = pipeline.router.resolve([])
     pipeline.similarity = EmbeddingClient(str(tmp_path / "nobody.sock"))  # recency
     body = chat_body()
-    first = pipeline.on_body(route, HeaderFacts(adapter=OPENAI_CHAT), json.dumps(body).encode())
+    first = pipeline.on_body(route, RequestFacts(adapter=OPENAI_CHAT), json.dumps(body).encode())
     assert first is not None and first.features is not None
     assert first.features.input_tokens_source == "exact"
     done = _judge(pipeline, route, json.dumps(body).encode())
@@ -219,7 +219,7 @@ def test_a_heavy_body_judged_in_the_helper_process_still_truncates(tmp_path: Pat
     policy_file.write_text(POLICY)
     pipeline = Pipeline(parse_policy(POLICY), lambda _pool: HIGH)
     route = pipeline.router.resolve([])
-    facts = HeaderFacts(adapter=OPENAI_CHAT, priority="critical")
+    facts = RequestFacts(adapter=OPENAI_CHAT, priority="critical")
     body = chat_body()
     body["messages"][2]["content"] = [{"type": "text", "text": "x"}] * 400  # many containers
     raw = json.dumps(body).encode()

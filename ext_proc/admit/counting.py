@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import Any
 
 from ext_proc.admit.headeronly import coarse_tokens
 from ext_proc.policy.decision import Decision, Pass, Reject
 from ext_proc.schemas import RequestFeatures
 
-__all__ = ["ESTIMATE_HIGH", "ESTIMATE_LOW", "H_TOKENS", "bounds", "same_verdict"]
+__all__ = ["ESTIMATE_HIGH", "ESTIMATE_LOW", "H_TOKENS", "bounds", "exact_count", "same_verdict"]
 
 ESTIMATE_LOW = 0.5
 ESTIMATE_HIGH = 2.0
@@ -69,3 +70,30 @@ def same_verdict(a: Decision, b: Decision) -> bool:
     if isinstance(a, Reject) and isinstance(b, Reject):
         return (a.status, a.reason) == (b.status, b.reason)
     return False
+
+
+def exact_count(
+    counters: Any, features: RequestFeatures, values: dict[str, Any], nbytes: int
+) -> RequestFeatures:
+    """``features`` with the model tokenizer's exact count (``counters``: the pipeline's
+    ``ext_proc.tokencount.CounterRegistry``) in place of the estimate; as they are when the
+    model has no tokenizer; at the estimate's upper bound (``input_tokens_source:
+    fallback``) when the tokenizer cannot count this request."""
+    from ext_proc.tokencount import TokenCountError
+
+    counter = counters.counter_for(features.model)
+    if counter is None:
+        return features
+    try:
+        exact = counter.prompt_counts(features.schema, values)
+    except TokenCountError:
+        return replace(bounds(features, nbytes)[1], input_tokens_source="fallback")
+    media = features.media_tokens  # the tokenizer sees placeholders, not the media
+    counts = tuple(c + media for c in exact)
+    return replace(
+        features,
+        input_tokens=max(counts),
+        prompt_tokens=counts if len(counts) > 1 else (),
+        input_tokens_source="exact",
+        count_mode=counter.count_mode,
+    )

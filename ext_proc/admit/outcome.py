@@ -7,6 +7,7 @@ change survives exactly; an untouched body is never re-serialised (``Continue.bo
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from ext_proc.policy.decision import (
     H_SEQUENCES,
@@ -94,7 +95,10 @@ def log_fields(decision: Decision, features: RequestFeatures) -> tuple[tuple[str
 
 
 def plan(
-    decision: Decision, adapter: SchemaAdapter, body: bytes, features: RequestFeatures
+    decision: Decision,
+    adapter: SchemaAdapter,
+    body: bytes | rawjson.TopLevel,
+    features: RequestFeatures,
 ) -> Outcome:
     """The edits (or immediate answer) that carry out ``decision`` on this request.
 
@@ -105,19 +109,26 @@ def plan(
     return replace(outcome, log=log_fields(decision, features))
 
 
+def _doc(body: bytes | rawjson.TopLevel) -> rawjson.TopLevel:
+    """The body's decode: the one the judge made, or (bytes, from a test or a tool) a parse."""
+    return body if isinstance(body, rawjson.TopLevel) else rawjson.parse_object(body)
+
+
 def _plan(
-    decision: Decision, adapter: SchemaAdapter, body: bytes, features: RequestFeatures
+    decision: Decision,
+    adapter: SchemaAdapter,
+    body: bytes | rawjson.TopLevel,
+    features: RequestFeatures,
 ) -> Outcome:
     headers = verdict_headers(decision)
     if features.sequences > 1:
         headers.append((H_SEQUENCES, str(features.sequences)))
     if isinstance(decision, Truncated):
+        doc = _doc(body)
         if isinstance(decision.then, Downgrade):
-            doc = rawjson.parse_object(body)
-            return Continue(
-                headers, _rewrite_limit(doc, features, adapter, decision.then.max_tokens)
-            )
-        return Continue(headers, body)
+            limit = decision.then.max_tokens
+            return Continue(headers, _rewrite_limit(doc, features, adapter, limit))
+        return Continue(headers, doc.text.encode("utf-8"))
     if isinstance(decision, Reject):
         return reject_outcome(
             adapter,
@@ -129,21 +140,26 @@ def _plan(
             retry_after_s=decision.retry_after_s,
         )
     if isinstance(decision, Downgrade):
-        doc = rawjson.parse_object(body)  # spans are needed only to edit
+        doc = _doc(body)  # spans are needed only to edit
         return Continue(headers, _rewrite_limit(doc, features, adapter, decision.max_tokens))
     return Continue(headers, None)
 
 
+def _lowered(doc: rawjson.TopLevel, key: str, limit: int) -> Any:
+    """The value ``key`` must get (present, null, or above ``limit``); None: leave it."""
+    value = doc.values.get(key)
+    if value is None or (isinstance(value, int) and value > limit):
+        return limit
+    return None
+
+
 def _lower(doc: rawjson.TopLevel, key: str, limit: int) -> bytes | None:
     """``doc`` with ``key`` lowered to ``limit`` (added when absent); None: already ≤."""
-    value = doc.values.get(key)
-    if value is None:
-        if key in doc.values:
-            return rawjson.replace_value(doc, key, limit)
+    if key not in doc.values:
         return rawjson.add_member(doc, key, limit)
-    if isinstance(value, int) and value > limit:
-        return rawjson.replace_value(doc, key, limit)
-    return None
+    if _lowered(doc, key, limit) is None:
+        return None
+    return rawjson.replace_value(doc, key, limit)
 
 
 def _rewrite_limit(
@@ -168,10 +184,5 @@ def _rewrite_limit(
         return rawjson.edit_member(doc, outer, edit)
     if not top:
         return rawjson.add_member(doc, paths[0][0], limit)
-    body: bytes | None = None
-    for field in top:
-        lowered = _lower(doc, field, limit)
-        if lowered is not None:
-            body = lowered
-            doc = rawjson.parse_object(body)
-    return body if body is not None else doc.text.encode("utf-8")
+    changes = {k: limit for k in top if _lowered(doc, k, limit) is not None}
+    return rawjson.replace_values(doc, changes)

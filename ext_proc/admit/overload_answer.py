@@ -66,7 +66,7 @@ from ext_proc.schemas import SchemaAdapter
 if TYPE_CHECKING:
     from ext_proc.admit.pipeline import Pipeline
     from ext_proc.admit.routing import Route
-    from ext_proc.admit.verdict import BodyVerdict, HeaderFacts
+    from ext_proc.admit.verdict import BodyVerdict, RequestFacts
 
 __all__ = [
     "CODE_DETAILS",
@@ -184,13 +184,15 @@ def answer(
 def respond(
     pipeline: Pipeline,
     route: Route,
-    facts: HeaderFacts,
+    facts: RequestFacts,
+    need: int | None,
     headers: Iterable[tuple[str, bytes]],
     code_details: str | None,
 ) -> Respond | None:
     """The response-headers phase: ICE's answer to a backend's overload 503 for a request it
-    sent on (counted in ``ice_backend_overloads_total``), else None (continue untouched)."""
-    need, adapter = facts.need_tokens, facts.adapter
+    sent on (counted in ``ice_backend_overloads_total``), else None (continue untouched).
+    ``need``: the tokens the request needs of its pool (its stream's ``need_tokens``)."""
+    adapter = facts.adapter
     if need is None or adapter is None or not from_backend(headers, code_details):
         return None
     profile = route.profile

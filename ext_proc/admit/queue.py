@@ -2,7 +2,7 @@
 
 A body verdict that is a 429 ``memory_pressure`` or ``kv_exhausted`` on a profile with
 ``queue`` (``queueable``) is not sent: ``AdmissionQueue.offer`` holds the request (its first
-verdict, its body) in its pool's queue, and the stream asks Envoy for the wait
+verdict, with its body's one decode) in its pool's queue, and the stream asks Envoy for the wait
 (``override_message_timeout``) and awaits ``wait``. Each worker has one ``AdmissionQueue``.
 
 Order (``tick``, every ``poll_ms`` while anything waits, and at the earliest deadline):
@@ -56,7 +56,8 @@ from typing import TYPE_CHECKING
 
 from ext_proc import telemetry
 from ext_proc.admit.headeronly import H_JUDGED
-from ext_proc.admit.verdict import BodyVerdict, HeaderFacts, make_verdict
+from ext_proc.admit.stream import Stream
+from ext_proc.admit.verdict import BodyVerdict, RequestFacts, make_verdict
 from ext_proc.policy.decision import Downgrade, Pass, Reject, Truncated
 from ext_proc.policy.model import QueueSpec
 
@@ -110,9 +111,9 @@ class Waiter:
 
     pipeline: Pipeline
     route: Route
-    facts: HeaderFacts
-    first: BodyVerdict  # the 429 it would have had
-    body: bytes
+    facts: RequestFacts
+    stream: Stream  # its hold and slot, once it is admitted
+    first: BodyVerdict  # the 429 it would have had (with its body's one decode)
     tenant: str  # its queue
     label: str  # its metrics label
     band: str
@@ -124,6 +125,11 @@ class Waiter:
     def spec(self) -> QueueSpec:
         assert self.route.profile.queue is not None
         return self.route.profile.queue
+
+    @property
+    def nbytes(self) -> int:
+        """Its body's bytes, which count against ``max_queue_bytes``."""
+        return len(self.first.body.raw) if self.first.body is not None else 0
 
 
 class _Band:
@@ -164,15 +170,17 @@ class AdmissionQueue:
         key = (pool, tenant)
         self.inflight[key] = self.inflight.get(key, 0) + 1
 
-    def count_started(self, route: Route, facts: HeaderFacts, verdict: BodyVerdict) -> None:
+    def count_started(
+        self, route: Route, facts: RequestFacts, stream: Stream, verdict: BodyVerdict
+    ) -> None:
         """``started`` for a verdict that sends the request upstream on a queue-enabled
-        profile (once per request: ``facts.inflight`` remembers it for ``ended``)."""
-        if route.profile.queue is None or facts.inflight is not None:
+        profile (once per request: its stream's ``slot`` remembers it for ``ended``)."""
+        if route.profile.queue is None or stream.slot is not None:
             return
         if not isinstance(verdict.decision, Pass | Downgrade | Truncated):
             return
-        facts.inflight = (route.pool, tenant_key(facts.queue_tenant, route.name))
-        self.started(*facts.inflight)
+        stream.slot = (route.pool, tenant_key(facts.queue_tenant, route.name))
+        self.started(*stream.slot)
 
     def ended(self, pool: str, tenant: str) -> None:
         """A request ``started`` is over."""
@@ -188,7 +196,12 @@ class AdmissionQueue:
         return sum(p.length for p in self._pools.values())
 
     def offer(
-        self, pipeline: Pipeline, route: Route, facts: HeaderFacts, first: BodyVerdict, body: bytes
+        self,
+        pipeline: Pipeline,
+        route: Route,
+        facts: RequestFacts,
+        stream: Stream,
+        first: BodyVerdict,
     ) -> Waiter | BodyVerdict:
         """Queue a ``queueable`` request, or its 429 ``queue_full`` (not recorded)."""
         spec = route.profile.queue
@@ -199,27 +212,12 @@ class AdmissionQueue:
         if label:
             pool.labels.add(label)
         label = label or OTHER_TENANT
-        if self.closed:
-            telemetry.QUEUE_OUTCOMES.labels(pool=route.pool, tenant=label, outcome="shutdown").inc()
-            return refusal(
-                pipeline,
-                route,
-                facts,
-                first,
-                "queue_shutdown",
-                "The gateway's admission queue is shutting down; the backend has no room.",
-            )
-        if pool.length >= spec.max_queue_length or pool.nbytes + len(body) > self.max_queue_bytes:
-            telemetry.QUEUE_OUTCOMES.labels(pool=route.pool, tenant=label, outcome="full").inc()
-            what = f"{pool.length} requests" if pool.length >= spec.max_queue_length else "bytes"
-            return refusal(
-                pipeline,
-                route,
-                facts,
-                first,
-                "queue_full",
-                f"The admission queue is full ({what} waiting); the backend has no room.",
-            )
+        nbytes = len(first.body.raw) if first.body is not None else 0
+        refused = self._refused_at_once(pool, spec, nbytes)
+        if refused is not None:
+            outcome, reason, message = refused
+            telemetry.QUEUE_OUTCOMES.labels(pool=route.pool, tenant=label, outcome=outcome).inc()
+            return refusal(pipeline, route, facts, first, reason, message)
         band = pool.bands[facts.priority if facts.priority in BANDS else BANDS[0]]
         if tenant not in band.tenants and len(band.tenants) >= spec.max_tenants:
             tenant = OTHER_TENANT
@@ -228,8 +226,8 @@ class AdmissionQueue:
             pipeline,
             route,
             facts,
+            stream,
             first,
-            body,
             tenant,
             label,
             facts.priority if facts.priority in BANDS else BANDS[0],
@@ -239,11 +237,24 @@ class AdmissionQueue:
         )
         band.tenants.setdefault(tenant, deque()).append(waiter)
         pool.length += 1
-        pool.nbytes += len(body)
+        pool.nbytes += nbytes
         telemetry.QUEUE_DEPTH.labels(pool=route.pool, priority=waiter.band).inc()
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._pump())
         return waiter
+
+    def _refused_at_once(
+        self, pool: _Pool, spec: QueueSpec, nbytes: int
+    ) -> tuple[str, str, str] | None:
+        """(outcome label, reason, message) of a request the queue cannot take now."""
+        if self.closed:
+            message = "The gateway's admission queue is shutting down; the backend has no room."
+            return "shutdown", "queue_shutdown", message
+        if pool.length >= spec.max_queue_length or pool.nbytes + nbytes > self.max_queue_bytes:
+            what = f"{pool.length} requests" if pool.length >= spec.max_queue_length else "bytes"
+            message = f"The admission queue is full ({what} waiting); the backend has no room."
+            return "full", "queue_full", message
+        return None
 
     async def wait(self, waiter: Waiter) -> BodyVerdict:
         """The waiter's verdict (recorded); a cancelled wait leaves the queue at once."""
@@ -279,7 +290,7 @@ class AdmissionQueue:
             for tenant, q in turns:
                 w = q[0]
                 try:
-                    verdict = w.pipeline.rejudge(w.route, w.facts, w.first, w.body)
+                    verdict = w.pipeline.rejudge(w.route, w.facts, w.first)
                 except Exception as e:  # fail the stream (its fail_mode decides), not the queue
                     self._remove(w)
                     if not w.future.done():
@@ -311,8 +322,8 @@ class AdmissionQueue:
         if w.future.done():  # cancelled in the meantime
             return
         verdict = with_queued_ms(verdict, now - w.enqueued_s)
-        w.facts.hold = w.pipeline.record(w.route, verdict)  # released by its stream
-        self.count_started(w.route, w.facts, verdict)  # before the next head is judged
+        w.stream.hold = w.pipeline.record(w.route, verdict)  # released by its stream
+        self.count_started(w.route, w.facts, w.stream, verdict)  # before the next is judged
         w.future.set_result(verdict)
         self._count(w, outcome, now)
 
@@ -335,7 +346,7 @@ class AdmissionQueue:
         if not q:
             del band.tenants[w.tenant]
         pool.length -= 1
-        pool.nbytes -= len(w.body)
+        pool.nbytes -= w.nbytes
         telemetry.QUEUE_DEPTH.labels(pool=w.route.pool, priority=w.band).dec()
         return True
 
@@ -394,7 +405,7 @@ def with_queued_ms(verdict: BodyVerdict, waited_s: float) -> BodyVerdict:
 def refusal(
     pipeline: Pipeline,
     route: Route,
-    facts: HeaderFacts,
+    facts: RequestFacts,
     first: BodyVerdict,
     reason: str,
     message: str,
@@ -408,4 +419,4 @@ def refusal(
     retry = d.retry_after_s
     text = f"{message} Retry after {retry} s." if retry is not None else message
     decision = Reject(pressure, 429, reason, text, retry_after_s=retry)
-    return make_verdict(decision, first.features, facts.adapter, b"", first.placement)
+    return make_verdict(decision, first.features, facts.adapter, None, first.placement)

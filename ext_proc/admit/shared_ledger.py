@@ -22,17 +22,19 @@ request soon fits or is refused); the last try reserves without the check.
   ``local`` until its heartbeat succeeds (fail-open on Redis, never on the request).
 
 Invariant: the verdict returned is counted exactly once (``Pipeline.count``), and its hold
-(``facts.hold``) is the one reserved.
+(``stream.hold``) is the one reserved.
 """
 
 from __future__ import annotations
 
 import time
 
-from ext_proc.admit.pipeline import BodyVerdict, HeaderFacts, Pipeline
+from ext_proc.admit.pipeline import BodyVerdict, Pipeline
 from ext_proc.admit.routing import Route
+from ext_proc.admit.stream import Stream
+from ext_proc.admit.verdict import RequestFacts
+from ext_proc.placement.inflight import Hold
 from ext_proc.placement.ledger_redis import Reserve
-from ext_proc.placement.poolview import Hold
 from ext_proc.policy.decision import Downgrade, Pass, Reject
 from ext_proc.signals.snapshot import PoolSnapshot
 
@@ -56,7 +58,7 @@ def _limited(verdict: BodyVerdict) -> bool:
     return isinstance(d, Reject) and d.reason == "kv_exhausted"
 
 
-def _rejudgeable(verdict: BodyVerdict, facts: HeaderFacts) -> bool:
+def _rejudgeable(verdict: BodyVerdict, facts: RequestFacts) -> bool:
     return (
         verdict.features is not None
         and facts.adapter is not None
@@ -90,28 +92,28 @@ def _room(pipeline: Pipeline, route: Route, verdict: BodyVerdict) -> int | None:
 
 
 async def admit_shared(
-    pipeline: Pipeline, route: Route, facts: HeaderFacts, verdict: BodyVerdict, body: bytes
+    pipeline: Pipeline, route: Route, facts: RequestFacts, stream: Stream, verdict: BodyVerdict
 ) -> BodyVerdict:
-    """Hold and reserve ``verdict`` (judged again on a conflict); counts the final verdict and
-    sets ``facts.hold``."""
+    """Hold and reserve ``verdict`` (judged again on a conflict, on its body's one decode);
+    counts the final verdict and sets ``stream.hold``."""
     remote = pipeline.views.remote
     assert remote is not None
     again = _rejudgeable(verdict, facts)
     if again and _limited(verdict) and remote.has_others(route.pool):
         await remote.sync(route.pool, view_age_ms(pipeline.lookup(route.pool)))
-        verdict = pipeline.rejudge(route, facts, verdict, body)
+        verdict = pipeline.rejudge(route, facts, verdict)
     for attempt in range(TRIES):
         free = _room(pipeline, route, verdict) if again and attempt < TRIES - 1 else None
-        # in facts at once: a stream cancelled while its reservation is on the wire releases it
-        hold = facts.hold = pipeline.hold_of(route, verdict)
+        # in the stream at once: cancelled while its reservation is on the wire, it releases it
+        hold = stream.hold = pipeline.hold_of(route, verdict)
         if hold is None:
             break
         snapshot = pipeline.lookup(route.pool)
         if await remote.reserve(_reserve_of(pipeline, hold, snapshot, free)):
             break
         pipeline.views.unhold(hold)
-        facts.hold = None
-        verdict = pipeline.rejudge(route, facts, verdict, body)
+        stream.hold = None
+        verdict = pipeline.rejudge(route, facts, verdict)
     pipeline.count(route, verdict)
     return verdict
 

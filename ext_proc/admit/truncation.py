@@ -15,33 +15,34 @@ from typing import TYPE_CHECKING
 
 from ext_proc import telemetry
 from ext_proc.admit.routing import Route
-from ext_proc.admit.verdict import BodyVerdict, HeaderFacts, make_verdict
+from ext_proc.admit.verdict import BodyVerdict, JudgedBody, RequestFacts, make_verdict
 from ext_proc.placement.placer import Placement
 from ext_proc.policy.decision import Reject, Truncate, Truncated
 from ext_proc.policy.evaluate import LADDER_AFTER_TRUNCATION
+from ext_proc.schemas import RequestFeatures
 
 if TYPE_CHECKING:
     from ext_proc.admit.pipeline import Pipeline
+    from ext_proc.truncate.planner import Overflow, Plan
 
 __all__ = ["finish_truncation"]
 
 
 async def finish_truncation(
-    pipeline: Pipeline, route: Route, facts: HeaderFacts, verdict: BodyVerdict
+    pipeline: Pipeline, route: Route, facts: RequestFacts, verdict: BodyVerdict
 ) -> BodyVerdict:
     """Carry out a pending ``Truncate`` (see ext_proc/truncate/runner.py), then judge the
     shorter request with the ladder's other rules."""
-    from ext_proc.truncate.planner import Overflow, apply_plan
+    from ext_proc.truncate.planner import Overflow
     from ext_proc.truncate.runner import truncate
 
     pending, decision, features = verdict.pending, verdict.decision, verdict.features
-    adapter = facts.adapter
+    adapter, body = facts.adapter, verdict.body
     spec = route.profile.truncation
     if pending is None or not isinstance(decision, Truncate) or features is None:
         return verdict
-    if adapter is None or spec is None:
+    if adapter is None or spec is None or body is None:
         return verdict
-    prefix = verdict.placement.prefix if verdict.placement is not None else None
     result = await truncate(
         pending.conversation,
         features.input_tokens,
@@ -50,35 +51,10 @@ async def finish_truncation(
         pipeline.similarity,
     )
     tplan = result.plan
-    if isinstance(tplan, Overflow) and decision.reason == "context_budget":
-        # the context, not pressure, asked: judge the request as it is (a downgrade to the
-        # room left, or 400 context_length_exceeded), as without truncation
-        as_is, placed = pipeline.judge(route, facts, features, LADDER_AFTER_TRUNCATION, prefix)
-        return make_verdict(as_is, features, adapter, pending.body, placed)
     if isinstance(tplan, Overflow):
-        k = spec.keep_last_turns
-        message = (
-            f"The conversation cannot be shortened enough: the messages ICE must keep "
-            f"(system messages, the current question and the last {k} turns) need about "
-            f"{tplan.must_keep_tokens} tokens; the budget is {tplan.budget_tokens} tokens "
-            f"({decision.reason.replace('_', ' ')})."
-        )
-        reject = Reject(decision.pressure, 400, "truncation_budget_exceeded", message, "messages")
-        return make_verdict(
-            reject, features, adapter, pending.body, verdict.placement or Placement()
-        )
-    body = apply_plan(pending.body, tplan) if tplan.changed else pending.body
-    placeholders = len(tplan.runs) if tplan.placeholder else 0
-    shorter = replace(
-        features,
-        input_tokens=max(0, features.input_tokens - result.saved_tokens),
-        message_count=len(tplan.kept_messages) + placeholders,
-    )
-    saved = result.saved_tokens
-    if tplan.changed and features.input_tokens_source == "exact":
-        shorter = pipeline.recount(adapter, shorter, body)
-        if shorter.input_tokens_source == "exact":
-            saved = features.input_tokens - shorter.input_tokens
+        return _overflowed(pipeline, route, facts, verdict, tplan)
+    body, shorter, saved = _shorter(pipeline, features, body, tplan, result.saved_tokens)
+    prefix = body.prefix
     then, placed = pipeline.judge(route, facts, shorter, LADDER_AFTER_TRUNCATION, prefix)
     if isinstance(then, Reject) or not tplan.changed:
         return make_verdict(then, shorter, adapter, body, placed)
@@ -93,3 +69,52 @@ async def finish_truncation(
     )
     telemetry.count_truncation(route.name, done.mode, done.fallback, done.saved_tokens)
     return make_verdict(done, shorter, adapter, body, placed)
+
+
+def _overflowed(
+    pipeline: Pipeline, route: Route, facts: RequestFacts, verdict: BodyVerdict, tplan: Overflow
+) -> BodyVerdict:
+    """The messages ICE must keep do not fit the budget: under the context budget, the
+    request judged as it is; under a pressure or efficiency budget, a 400."""
+    decision, features, body = verdict.decision, verdict.features, verdict.body
+    adapter, spec = facts.adapter, route.profile.truncation
+    assert isinstance(decision, Truncate) and features is not None and adapter is not None
+    assert spec is not None
+    if decision.reason == "context_budget":
+        # the context, not pressure, asked: judge the request as it is (a downgrade to the
+        # room left, or 400 context_length_exceeded), as without truncation
+        prefix = body.prefix if body is not None else None
+        as_is, placed = pipeline.judge(route, facts, features, LADDER_AFTER_TRUNCATION, prefix)
+        return make_verdict(as_is, features, adapter, body, placed)
+    k = spec.keep_last_turns
+    message = (
+        f"The conversation cannot be shortened enough: the messages ICE must keep "
+        f"(system messages, the current question and the last {k} turns) need about "
+        f"{tplan.must_keep_tokens} tokens; the budget is {tplan.budget_tokens} tokens "
+        f"({decision.reason.replace('_', ' ')})."
+    )
+    reject = Reject(decision.pressure, 400, "truncation_budget_exceeded", message, "messages")
+    return make_verdict(reject, features, adapter, body, verdict.placement or Placement())
+
+
+def _shorter(
+    pipeline: Pipeline, features: RequestFeatures, body: JudgedBody, tplan: Plan, saved: int
+) -> tuple[JudgedBody, RequestFeatures, int]:
+    """The shorter body (edited on the decode: no parse), its features (recounted exactly
+    when the original was counted exactly) and the tokens saved."""
+    from ext_proc.truncate.planner import apply_plan_doc
+
+    if tplan.changed:
+        doc = apply_plan_doc(body.doc, tplan)
+        body = replace(body, raw=doc.text.encode("utf-8"), doc=doc)
+    placeholders = len(tplan.runs) if tplan.placeholder else 0
+    shorter = replace(
+        features,
+        input_tokens=max(0, features.input_tokens - saved),
+        message_count=len(tplan.kept_messages) + placeholders,
+    )
+    if tplan.changed and features.input_tokens_source == "exact":
+        shorter = pipeline.recount(shorter, body)
+        if shorter.input_tokens_source == "exact":
+            saved = features.input_tokens - shorter.input_tokens
+    return body, shorter, saved

@@ -1,9 +1,16 @@
-"""What the pipeline knows of one request between its ext_proc messages, and its verdict.
+"""What ICE knows of one request between its ext_proc messages, and its verdict: plain data.
 
-``HeaderFacts`` (the headers phase, kept for the body phase), ``PendingTruncation`` and
-``BodyVerdict`` (the body phase's result: decision, features, outcome, placement) are plain
-data: a ``BodyVerdict`` travels back from the offload helper. ``make_verdict`` plans a
-decision's outcome and names its placement (``ext_proc.placement.placer``) on it.
+- ``RequestFacts``: what the request's headers said (immutable, built once by the headers
+  phase). The stream's bookkeeping (its backlog ticket, KV hold, queue slot) is not a
+  request fact: it lives in ``ext_proc.admit.stream.Stream``.
+- ``JudgedBody``: the body as ICE judged it, decoded once (``rawjson.parse_object``): a later
+  judgement of the same request (the admission queue, the shared ledger) and the body edit
+  reuse that decode instead of making another.
+- ``PendingTruncation`` and ``BodyVerdict``: the body phase's result (decision, features,
+  outcome, placement); a ``BodyVerdict`` travels back from the helper process, its body's
+  decode slimmed (``JudgedBody.detached``).
+
+``make_verdict`` plans a decision's outcome and names its placement on it.
 """
 
 from __future__ import annotations
@@ -11,7 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from ext_proc.admit.backlog import Ticket
 from ext_proc.admit.outcome import Continue, Outcome, Respond, plan
 from ext_proc.placement.placer import H_ENDPOINT, Placement
 from ext_proc.policy.decision import (
@@ -24,54 +30,82 @@ from ext_proc.policy.decision import (
 from ext_proc.policy.model import Priority
 from ext_proc.policy.pressure import Pressure
 from ext_proc.schemas import RequestFeatures, SchemaAdapter
+from ext_proc.schemas.rawjson import TopLevel
 
 if TYPE_CHECKING:
-    from ext_proc.placement.poolview import Hold
     from ext_proc.truncate.units import Conversation
 
-__all__ = ["BodyVerdict", "HeaderFacts", "PendingTruncation", "make_verdict", "with_header"]
+__all__ = [
+    "BodyVerdict",
+    "JudgedBody",
+    "PendingTruncation",
+    "RequestFacts",
+    "make_verdict",
+    "with_header",
+]
+
+Header = tuple[str, str]
 
 
-@dataclass(slots=True)
-class HeaderFacts:
-    """What the request headers said, kept for the body phase (and what the response phase
-    needs of the verdict)."""
+@dataclass(frozen=True, slots=True)
+class RequestFacts:
+    """What the request headers said, kept for the body phase (and the response phase)."""
 
     adapter: SchemaAdapter | None = None
     priority: Priority = "standard"
-    strip: list[str] = field(default_factory=list)
+    strip: tuple[str, ...] = ()  # client-sent headers only ICE may set: removed
     answer: Respond | None = None  # set when the request is answered without its body
     skip_body: bool = False  # not an inference request: do not send the body to ICE
     endpoint: str | None = None  # x-gateway-destination-endpoint (endpoint_pick: header)
     subset: frozenset[str] | None = None  # the picker protocol's subset hint (envoy.lb)
     content_length: int | None = None  # the request's content-length, when it declares one
-    ticket: Ticket | None = None  # its place in the worker's body backlog (ext_proc.admit.backlog)
     tenant: str = ""  # prefix_tracking.tenant_header's value
     queue_tenant: str = ""  # the profile's queue.tenant_header's value (ext_proc.admit.queue)
-    hold: Hold | None = None  # its KV reservation once passed, released when its stream ends
-    inflight: tuple[str, str] | None = None  # (pool, tenant) the admission queue counts it in
-    # sent on with its response headers asked for: the tokens it needs of its pool (the
-    # Retry-After of a backend's overload 503, ext_proc.admit.overload_answer); None: not watched
-    need_tokens: int | None = None
     # mode: shadow — an answer at the headers that was not given: its headers for the request
-    shadow_headers: list[tuple[str, str]] = field(default_factory=list)
+    shadow_headers: tuple[Header, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class JudgedBody:
+    """The body as judged: its bytes as they go on (compacted when the profile compacts),
+    its one decode, the prefix-affinity key (``endpoint_pick: ice``) and the compaction's
+    headers (``x-ice-compacted``)."""
+
+    raw: bytes
+    doc: TopLevel = field(compare=False)  # a decode of ``raw``: equal bodies, equal decodes
+    prefix: str | None = None
+    compacted: tuple[Header, ...] = ()
+
+    def detached(self, sent: bytes) -> JudgedBody:
+        """What crosses to another process: no text or array values (``attach`` restores the
+        text from the bytes); the bytes only when they are not ``sent`` (the original)."""
+        doc = self.doc.slim()
+        slim = TopLevel("", doc.values, doc.spans, doc.close_index, doc.items)
+        return replace(self, raw=b"" if self.raw is sent else self.raw, doc=slim)
+
+    def attach(self, sent: bytes) -> JudgedBody:
+        """The inverse of ``detached`` on the receiving side (``sent``: the original bytes)."""
+        if self.doc.text:
+            return self
+        raw = self.raw or sent
+        doc = replace(self.doc, text=raw.decode("utf-8"))
+        return replace(self, raw=raw, doc=doc)
 
 
 @dataclass(frozen=True, slots=True)
 class PendingTruncation:
     """What ``finish_truncation`` needs: the request's units (built where the body was
-    decoded, possibly the offload helper) and the original bytes."""
+    decoded, possibly the helper process)."""
 
     conversation: Conversation
-    body: bytes
 
 
 @dataclass(frozen=True, slots=True)
 class BodyVerdict:
     """A body-phase result: the decision (None when the body broke the API and ``bad`` holds
     the reason code) and its outcome. With ``pending`` set the decision is a ``Truncate``
-    and ``outcome`` a placeholder: ``ext_proc.admit.truncation.finish_truncation`` makes the real
-    verdict."""
+    and ``outcome`` a placeholder: ``ext_proc.admit.truncation.finish_truncation`` makes the
+    real verdict."""
 
     decision: Decision | None
     features: RequestFeatures | None
@@ -82,35 +116,41 @@ class BodyVerdict:
     # mode: shadow — (decision, reason) enforce would have given; ``decision`` is then the
     # pass the request went on with
     shadow: tuple[str, str] | None = None
+    body: JudgedBody | None = field(default=None, repr=False)  # None: judged without it
 
 
 def make_verdict(
     decision: Decision,
     features: RequestFeatures,
     adapter: SchemaAdapter,
-    body: bytes,
+    body: JudgedBody | None,
     placement: Placement,
 ) -> BodyVerdict:
-    """The verdict with its planned outcome, which names the placement (and, when ICE picked
-    the endpoint of a request that goes on, tells Envoy where to send it)."""
-    outcome = plan(decision, adapter, body, features)
+    """The verdict with its planned outcome (edits on the body's one decode; a compacted body
+    goes on compacted, also on a pass, with its ``x-ice-compacted`` header), which names the
+    placement (and, when ICE picked the endpoint of a request that goes on, tells Envoy where
+    to send it). ``body`` None: judged without it (an answer or a pass that edits nothing)."""
+    outcome = plan(decision, adapter, body.doc if body is not None else b"", features)
     if isinstance(outcome, Continue):
         extra = placement.headers()
         if extra:
             lb = placement.endpoint if placement.picked else None
             outcome = replace(outcome, headers=outcome.headers + extra, lb_endpoint=lb)
+        if body is not None and body.compacted:
+            sent = outcome.body if outcome.body is not None else body.raw
+            outcome = replace(outcome, body=sent, headers=[*outcome.headers, *body.compacted])
     else:
         extra = [h for h in placement.headers() if h[0] == H_ENDPOINT]
         if extra:
             outcome = replace(outcome, headers=outcome.headers + extra)
-    return BodyVerdict(decision, features, outcome, placement=placement)
+    return BodyVerdict(decision, features, outcome, placement=placement, body=body)
 
 
 def shadowed(
     would: tuple[str, str],
     features: RequestFeatures | None,
     adapter: SchemaAdapter,
-    body: bytes,
+    body: JudgedBody | None,
     placement: Placement | None,
     pressure: Pressure | None,
 ) -> BodyVerdict:
@@ -127,26 +167,14 @@ def shadowed(
     return replace(verdict, outcome=replace(outcome, headers=headers), shadow=would)
 
 
-def _shadow_headers(would: tuple[str, str]) -> list[tuple[str, str]]:
+def _shadow_headers(would: tuple[str, str]) -> list[Header]:
     return [(H_SHADOW_DECISION, would[0]), (H_SHADOW_REASON, would[1])]
 
 
-def shadow_answer_headers(code: str, pressure: Pressure | None) -> list[tuple[str, str]]:
+def shadow_answer_headers(code: str, pressure: Pressure | None) -> tuple[Header, ...]:
     """The headers a shadow profile's request carries instead of an answer at its headers
     (a 415, 413 or empty-body 400 with reason ``code``)."""
-    return [*verdict_headers(Pass(pressure)), *_shadow_headers(("reject", code))]
-
-
-def with_compacted_body(
-    verdict: BodyVerdict, body: bytes, headers: list[tuple[str, str]]
-) -> BodyVerdict:
-    """A verdict on a compacted body (``compact_system_json``): the body goes on (also on a
-    pass), with the headers (``x-ice-compacted``)."""
-    outcome = verdict.outcome
-    if isinstance(outcome, Continue):
-        sent = outcome.body if outcome.body is not None else body
-        outcome = replace(outcome, body=sent, headers=[*outcome.headers, *headers])
-    return replace(verdict, outcome=outcome)
+    return (*verdict_headers(Pass(pressure)), *_shadow_headers(("reject", code)))
 
 
 def with_header(verdict: BodyVerdict, key: str, value: str) -> BodyVerdict:

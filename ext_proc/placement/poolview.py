@@ -54,13 +54,13 @@ nothing here does I/O.
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ext_proc.kv.geometry import KVGeometry, build_geometry
 from ext_proc.placement.endpoints import endpoint_of
+from ext_proc.placement.inflight import Endpoint, Entries, Hold, add_into, scaled
 from ext_proc.placement.ledger_shm import LedgerHandle, endpoint_key
 from ext_proc.policy.evaluate import KvFit, Shape
 from ext_proc.policy.model import PressureModel, Profile
@@ -71,78 +71,7 @@ from ext_proc.signals.snapshot import PoolSnapshot
 if TYPE_CHECKING:
     from ext_proc.placement.ledger_redis import RedisLedger
 
-__all__ = ["Endpoint", "Hold", "PoolViews"]
-
-# Ledger entries kept per pool when no newer view arrives for a long while (the newest stay).
-MAX_INFLIGHT = 4096
-
-
-@dataclass(frozen=True, slots=True)
-class Endpoint:
-    """One backend of a pool as a place to send requests: its serving address, its own KV
-    room (no ledger taken off), its queue, whether its view is stale and whether its engine
-    sleeps (then its room has no free blocks: it must not be sent work)."""
-
-    endpoint: str
-    fit: KvFit
-    waiting: float | None
-    stale: bool
-    asleep: bool = False
-
-
-class _Entries:
-    """One endpoint's ledger: (time passed, KV blocks) of the requests sent there, oldest
-    first, and their running total (read on every request: no sum over the entries)."""
-
-    __slots__ = ("entries", "total")
-
-    def __init__(self) -> None:
-        self.entries: deque[tuple[float, int]] = deque()
-        self.total = 0
-
-    def add(self, at_s: float, blocks: int) -> None:
-        self.entries.append((at_s, blocks))
-        self.total += blocks
-        if len(self.entries) > MAX_INFLIGHT:  # the newest stay
-            self.total -= self.entries.popleft()[1]
-
-    def remove(self, at_s: float, blocks: int) -> None:
-        """Take back the entry (``at_s``, ``blocks``) if it is still here (newest first)."""
-        for i in range(len(self.entries) - 1, -1, -1):
-            if self.entries[i] == (at_s, blocks):
-                del self.entries[i]
-                self.total -= blocks
-                return
-
-    def expire(self, before_s: float) -> None:
-        """Drop the entries a view taken at ``before_s`` already shows."""
-        entries = self.entries
-        while entries and entries[0][0] <= before_s:
-            self.total -= entries.popleft()[1]
-
-
-@dataclass(slots=True, eq=False)
-class Hold:
-    """A passed request's blocks: ``blocks`` at ``endpoint`` ("": anywhere) of ``pool``,
-    its ledger entry passed at ``at_s``; ``live``: also reserved until ``PoolViews.release``
-    (its stream ended; False under ``kv_hold: seen``)."""
-
-    pool: str
-    endpoint: str
-    blocks: int
-    at_s: float = 0.0
-    live: bool = True
-    released: bool = False
-
-
-def _add(out: dict[str, int], more: Mapping[str, int]) -> None:
-    for endpoint, blocks in more.items():
-        if blocks:
-            out[endpoint] = out.get(endpoint, 0) + blocks
-
-
-def _times(out: dict[str, int], factor: int) -> dict[str, int]:
-    return {endpoint: blocks * factor for endpoint, blocks in out.items()}
+__all__ = ["PoolViews"]
 
 
 def _less(fit: KvFit, held: int) -> KvFit:
@@ -176,7 +105,7 @@ class PoolViews:
         self._geometries: dict[tuple[str, int], KVGeometry] = {}
         # pool → endpoint ("" anywhere) → (time.monotonic() it was passed, KV blocks) of the
         # requests sent upstream
-        self._inflight: dict[str, dict[str, _Entries]] = {}
+        self._inflight: dict[str, dict[str, Entries]] = {}
 
     def pressure(self, profile: Profile, snapshot: PoolSnapshot | None) -> Pressure | None:
         """The pool's pressure under the profile's model."""
@@ -329,9 +258,9 @@ class PoolViews:
                 out[endpoint] = entries.total
         remote = self.remote
         if remote is not None and remote.active:
-            _add(out, remote.unseen(snapshot.pool))
+            add_into(out, remote.unseen(snapshot.pool))
         elif remote is not None and remote.fallback_factor > 1:
-            return _times(out, remote.fallback_factor)
+            return scaled(out, remote.fallback_factor)
         elif self.shared is not None:
             self._add_others(out, snapshot, self.shared.others(snapshot.taken_at_s))
         return out
@@ -355,9 +284,9 @@ class PoolViews:
         out = {e: b for e, b in self.live.get(snapshot.pool, {}).items() if b}
         remote = self.remote
         if remote is not None and remote.active:
-            _add(out, remote.live(snapshot.pool))
+            add_into(out, remote.live(snapshot.pool))
         elif remote is not None and remote.fallback_factor > 1:
-            return _times(out, remote.fallback_factor)
+            return scaled(out, remote.fallback_factor)
         elif self.shared is not None:
             self._add_others(out, snapshot, self.shared.others_live())
         return out
@@ -406,10 +335,10 @@ class PoolViews:
         """Make ``ledger`` (``ledger()``'s figures) the ledger of ``snapshot``'s pool: the
         offload helper judges a heavy body with the blocks its ICE worker holds, as the worker
         itself would."""
-        pool: dict[str, _Entries] = {}
+        pool: dict[str, Entries] = {}
         for endpoint, blocks in ledger.items():
             if blocks:
-                pool[endpoint] = _Entries()
+                pool[endpoint] = Entries()
                 pool[endpoint].add(float("inf"), blocks)
         self._inflight[snapshot.pool] = pool
 
@@ -432,7 +361,7 @@ class PoolViews:
         pool = self._inflight.setdefault(name, {})
         entries = pool.get(endpoint)
         if entries is None:
-            entries = pool[endpoint] = _Entries()
+            entries = pool[endpoint] = Entries()
         at, blocks = time.monotonic(), views[0].fit.need(shape, output)
         entries.add(at, blocks)
         key = endpoint_key(name, endpoint) if self.shared is not None else 0

@@ -7,9 +7,9 @@ start-up with a message an operator can act on.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
@@ -19,16 +19,13 @@ import yaml
 from google.protobuf import json_format
 
 from ext_proc._pb import policy_pb2
-from ext_proc.kv.geometry import build_geometry
-from ext_proc.kv.hfconfig import shape_from_config
-from ext_proc.media.spec import MediaSpec
 from ext_proc.policy.errors import PolicyError
+from ext_proc.policy.load_models import kv_model_spec, media_spec, tokenizer_specs
 from ext_proc.policy.load_pool import pool_spec, positive
 from ext_proc.policy.load_queue import queue_spec
 from ext_proc.policy.load_truncation import embedding_spec, truncation_spec
 from ext_proc.policy.model import (
     PRIORITIES,
-    KvModelSpec,
     Level,
     Policy,
     PrefixTrackingSpec,
@@ -146,34 +143,109 @@ def _pressure(msg: policy_pb2.Pressure, where: str) -> PressureModel:
 def _profile(name: str, msg: policy_pb2.Profile, base_dir: Path) -> Profile:
     where = f"profiles.{name}"
     d = Profile(name=name)
-    priority: str = msg.default_priority or d.default_priority
+    priority = _default_priority(msg.default_priority or d.default_priority, where)
+    fail_mode = _one_of(msg, d, where, "fail_mode", ("open", "closed"))
+    caps, shed = _caps(msg, d), _shed(msg, d, where)
+    shortfall = _one_of(msg, d, where, "on_kv_shortfall", ("downgrade", "shed", "ignore"))
+    kv_model = (
+        kv_model_spec(msg.kv_model, f"{where}.kv_model") if msg.HasField("kv_model") else None
+    )
+    limits = _limits(msg, d, where)
+    stored = _one_of(msg, d, where, "stored_context", ("full_window", "reject"))
+    content_types = _one_of(msg, d, where, "content_types", ("strict", "pass"))
+    mode = _one_of(msg, d, where, "mode", ("enforce", "shadow"))
+    overload_status = _backend_overload_status(msg, d, where)
+    per_request = _per_request_caps(msg, d, where)
+    return Profile(
+        name=name,
+        max_model_len=limits.max_model_len,
+        output_buffer_tokens=_opt(msg, "output_buffer_tokens", d.output_buffer_tokens),
+        min_output_tokens=max(1, _opt(msg, "min_output_tokens", d.min_output_tokens)),
+        default_priority=priority,
+        pressure=_pressure(msg.pressure, f"{where}.pressure"),
+        max_tokens_cap=MappingProxyType(caps),
+        shed_at=MappingProxyType(shed),
+        retry_after_s=limits.retry_after_s,
+        fail_mode="open" if fail_mode == "open" else "closed",
+        kv_model=kv_model,
+        ttft_target_s=positive(msg, "ttft_target_s", d.ttft_target_s, where),
+        retry_after_min_s=limits.retry_after_min_s,
+        retry_after_max_s=limits.retry_after_max_s,
+        on_kv_shortfall=(
+            "downgrade" if shortfall == "downgrade" else "shed" if shortfall == "shed" else "ignore"
+        ),
+        truncation=truncation_spec(msg.truncation, f"{where}.truncation"),
+        max_sequences=per_request["max_sequences"],
+        max_media_parts=per_request["max_media_parts"],
+        max_embedding_inputs=per_request["max_embedding_inputs"],
+        media=media_spec(msg.media, f"{where}.media", base_dir),
+        stored_context="reject" if stored == "reject" else "full_window",
+        content_types="pass" if content_types == "pass" else "strict",
+        mode="shadow" if mode == "shadow" else "enforce",
+        compact_system_json=msg.compact_system_json,
+        queue=queue_spec(msg.queue, f"{where}.queue"),
+        backend_overload_status=overload_status,
+    )
+
+
+def _one_of(
+    msg: policy_pb2.Profile, d: Profile, where: str, field: str, choices: tuple[str, ...]
+) -> str:
+    """The profile's ``field`` (the default's when empty) when it is one of ``choices``; else
+    a ``PolicyError`` naming them."""
+    value: str = getattr(msg, field) or getattr(d, field)
+    if value not in choices:
+        quoted = [f"'{c}'" for c in choices]
+        allowed = f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+        raise PolicyError(f"{where}.{field}: must be {allowed}, got {value!r}")
+    return value
+
+
+def _default_priority(priority: str, where: str) -> Priority:
     if priority not in PRIORITIES:
         raise PolicyError(
             f"{where}.default_priority: unknown priority {priority!r} (one of "
             f"{', '.join(PRIORITIES)})"
         )
-    fail_mode = msg.fail_mode or d.fail_mode
-    if fail_mode not in ("open", "closed"):
-        raise PolicyError(f"{where}.fail_mode: must be 'open' or 'closed', got {fail_mode!r}")
-    caps: dict[Level, int] = dict(d.max_tokens_cap) if not msg.HasField("max_tokens_cap") else {}
-    if msg.HasField("max_tokens_cap"):
-        for level in Level:
-            value = _opt(msg.max_tokens_cap, level.label, 0)
-            if value:
-                caps[level] = value
-    shed: dict[Priority, Level] = dict(d.shed_at) if not msg.HasField("shed") else {}
-    if msg.HasField("shed"):
-        for prio in ("standard", "sheddable"):
-            text = getattr(msg.shed, prio)
-            shed_level = _level(text, f"{where}.shed.{prio}", allow_never=True) if text else None
-            if shed_level is not None:
-                shed[prio] = shed_level
-    shortfall = msg.on_kv_shortfall or d.on_kv_shortfall
-    if shortfall not in ("downgrade", "shed", "ignore"):
-        raise PolicyError(
-            f"{where}.on_kv_shortfall: must be 'downgrade', 'shed' or 'ignore', got {shortfall!r}"
-        )
-    kv_model = _kv_model(msg.kv_model, f"{where}.kv_model") if msg.HasField("kv_model") else None
+    return priority
+
+
+def _caps(msg: policy_pb2.Profile, d: Profile) -> dict[Level, int]:
+    """``max_tokens_cap``: the output-token cap per level (the default's when absent)."""
+    if not msg.HasField("max_tokens_cap"):
+        return dict(d.max_tokens_cap)
+    caps: dict[Level, int] = {}
+    for level in Level:
+        value = _opt(msg.max_tokens_cap, level.label, 0)
+        if value:
+            caps[level] = value
+    return caps
+
+
+def _shed(msg: policy_pb2.Profile, d: Profile, where: str) -> dict[Priority, Level]:
+    """``shed``: the lowest level at which each priority is shed (the default's when absent)."""
+    if not msg.HasField("shed"):
+        return dict(d.shed_at)
+    shed: dict[Priority, Level] = {}
+    for prio in ("standard", "sheddable"):
+        text = getattr(msg.shed, prio)
+        shed_level = _level(text, f"{where}.shed.{prio}", allow_never=True) if text else None
+        if shed_level is not None:
+            shed[prio] = shed_level
+    return shed
+
+
+@dataclass(frozen=True, slots=True)
+class _Limits:
+    """A profile's checked Retry-After bounds and context length."""
+
+    retry_after_min_s: int
+    retry_after_max_s: int
+    max_model_len: int | None
+    retry_after_s: int
+
+
+def _limits(msg: policy_pb2.Profile, d: Profile, where: str) -> _Limits:
     ra_min = _opt(msg, "retry_after_min_s", d.retry_after_min_s)
     ra_max = _opt(msg, "retry_after_max_s", d.retry_after_max_s)
     if not 1 <= ra_min <= ra_max:
@@ -186,159 +258,26 @@ def _profile(name: str, msg: policy_pb2.Profile, base_dir: Path) -> Profile:
     retry_after_s = _opt(msg, "retry_after_s", d.retry_after_s)
     if retry_after_s < 1:
         raise PolicyError(f"{where}.retry_after_s: must be ≥ 1, got {retry_after_s}")
-    stored = msg.stored_context or d.stored_context
-    if stored not in ("full_window", "reject"):
-        raise PolicyError(
-            f"{where}.stored_context: must be 'full_window' or 'reject', got {stored!r}"
-        )
-    content_types = msg.content_types or d.content_types
-    if content_types not in ("strict", "pass"):
-        raise PolicyError(
-            f"{where}.content_types: must be 'strict' or 'pass', got {content_types!r}"
-        )
-    mode = msg.mode or d.mode
-    if mode not in ("enforce", "shadow"):
-        raise PolicyError(f"{where}.mode: must be 'enforce' or 'shadow', got {mode!r}")
-    overload_status = _opt(msg, "backend_overload_status", d.backend_overload_status)
+    return _Limits(ra_min, ra_max, max_model_len, retry_after_s)
+
+
+def _backend_overload_status(msg: policy_pb2.Profile, d: Profile, where: str) -> int:
+    overload_status: int = _opt(msg, "backend_overload_status", d.backend_overload_status)
     if overload_status not in BACKEND_OVERLOAD_STATUSES:
         raise PolicyError(
             f"{where}.backend_overload_status: must be 503, 429 or 0 (off), got {overload_status}"
         )
+    return overload_status
+
+
+def _per_request_caps(msg: policy_pb2.Profile, d: Profile, where: str) -> dict[str, int]:
+    """``max_sequences``, ``max_media_parts`` and ``max_embedding_inputs``, each ≥ 1."""
     caps_per_request = {}
     for cap in ("max_sequences", "max_media_parts", "max_embedding_inputs"):
         caps_per_request[cap] = _opt(msg, cap, getattr(d, cap))
         if caps_per_request[cap] < 1:
             raise PolicyError(f"{where}.{cap}: must be ≥ 1, got {caps_per_request[cap]}")
-    return Profile(
-        name=name,
-        max_model_len=max_model_len,
-        output_buffer_tokens=_opt(msg, "output_buffer_tokens", d.output_buffer_tokens),
-        min_output_tokens=max(1, _opt(msg, "min_output_tokens", d.min_output_tokens)),
-        default_priority=priority,
-        pressure=_pressure(msg.pressure, f"{where}.pressure"),
-        max_tokens_cap=MappingProxyType(caps),
-        shed_at=MappingProxyType(shed),
-        retry_after_s=retry_after_s,
-        fail_mode="open" if fail_mode == "open" else "closed",
-        kv_model=kv_model,
-        ttft_target_s=positive(msg, "ttft_target_s", d.ttft_target_s, where),
-        retry_after_min_s=ra_min,
-        retry_after_max_s=ra_max,
-        on_kv_shortfall=(
-            "downgrade" if shortfall == "downgrade" else "shed" if shortfall == "shed" else "ignore"
-        ),
-        truncation=truncation_spec(msg.truncation, f"{where}.truncation"),
-        max_sequences=caps_per_request["max_sequences"],
-        max_media_parts=caps_per_request["max_media_parts"],
-        max_embedding_inputs=caps_per_request["max_embedding_inputs"],
-        media=_media(msg.media, f"{where}.media", base_dir),
-        stored_context="reject" if stored == "reject" else "full_window",
-        content_types="pass" if content_types == "pass" else "strict",
-        mode="shadow" if mode == "shadow" else "enforce",
-        compact_system_json=msg.compact_system_json,
-        queue=queue_spec(msg.queue, f"{where}.queue"),
-        backend_overload_status=overload_status,
-    )
-
-
-def _media(msg: policy_pb2.Media, where: str, base_dir: Path) -> MediaSpec:
-    """Media costs; a model folder is checked now (its processor settings are read)."""
-    d = MediaSpec()
-    model_dir = ""
-    if msg.model_dir:
-        p = Path(msg.model_dir)
-        model_dir = str(p if p.is_absolute() else base_dir / p)
-    spec = MediaSpec(
-        model_dir=model_dir,
-        tokens_per_image=_opt(msg, "tokens_per_image", d.tokens_per_image),
-        tokens_per_audio_second=_opt(msg, "tokens_per_audio_second", d.tokens_per_audio_second),
-        tokens_per_audio=_opt(msg, "tokens_per_audio", d.tokens_per_audio),
-        tokens_per_video=_opt(msg, "tokens_per_video", d.tokens_per_video),
-    )
-    for name in ("tokens_per_image", "tokens_per_audio", "tokens_per_video"):
-        if getattr(spec, name) < 1:
-            raise PolicyError(f"{where}.{name}: must be ≥ 1 (media is never free)")
-    rate = spec.tokens_per_audio_second
-    if not (math.isfinite(rate) and rate > 0):
-        raise PolicyError(f"{where}.tokens_per_audio_second: must be > 0, got {rate}")
-    if model_dir:
-        from ext_proc.media import MediaModelError, media_cost
-
-        try:
-            media_cost(spec)
-        except MediaModelError as e:
-            raise PolicyError(f"{where}.model_dir: {e}") from None
-    return spec
-
-
-def _kv_model(msg: policy_pb2.KvModel, where: str) -> KvModelSpec:
-    if not msg.config:
-        raise PolicyError(f"{where}.config: the path of the model's config.json is required")
-    try:
-        config = json.loads(Path(msg.config).read_text("utf-8"))
-        shape = shape_from_config(config)
-        spec = KvModelSpec(
-            shape=shape,
-            kv_dtype=msg.kv_dtype or "auto",
-            tp=_opt(msg, "tp", 1),
-            max_num_batched_tokens=_opt(msg, "max_num_batched_tokens", 8192),
-        )
-        build_geometry(
-            shape,
-            tp=spec.tp,
-            kv_dtype=spec.kv_dtype,
-            block_size=16,
-            max_num_batched_tokens=spec.max_num_batched_tokens,
-        )
-    except OSError as e:
-        raise PolicyError(f"{where}.config: cannot read {msg.config}: {e.strerror}") from None
-    except ValueError as e:  # JSON errors, KVInputError, NotModelledError
-        raise PolicyError(f"{where}: {e}") from None
-    return spec
-
-
-def _tokenizers(msg: policy_pb2.Policy, base_dir: Path) -> dict[str, Any]:
-    """Tokenizer specs by model; paths relative to the policy file's folder."""
-    if not msg.tokenizers:
-        return {}
-    from ext_proc.tokencount import TokenizerSpec
-
-    specs: dict[str, Any] = {}
-    for model, t in msg.tokenizers.items():
-        where = f"tokenizers.{model}"
-
-        def path(text: str) -> Path:
-            p = Path(text)
-            return p if p.is_absolute() else base_dir / p
-
-        overrides: dict[str, Any] = {}
-        for field in ("tokenizer_json", "tokenizer_config", "chat_template"):
-            value = getattr(t, field)
-            if value:
-                overrides[field] = path(value)
-        if t.content_format:
-            if t.content_format not in ("auto", "string", "openai"):
-                raise PolicyError(
-                    f"{where}.content_format: must be auto, string or openai, got "
-                    f"{t.content_format!r}"
-                )
-            overrides["content_format"] = t.content_format
-        if t.HasField("template_kwargs"):
-            overrides["template_kwargs"] = MappingProxyType(
-                json_format.MessageToDict(t.template_kwargs)
-            )
-        if t.model_dir:
-            spec = TokenizerSpec.from_model_dir(path(t.model_dir), **overrides)
-        elif "tokenizer_json" in overrides:
-            spec = TokenizerSpec(**overrides)
-        else:
-            raise PolicyError(f"{where}: give model_dir or tokenizer_json")
-        for field in ("tokenizer_json", "tokenizer_config", "chat_template"):
-            value = getattr(spec, field)
-            if value is not None and not Path(value).is_file():
-                raise PolicyError(f"{where}.{field}: no such file: {value}")
-        specs[model] = spec
-    return specs
+    return caps_per_request
 
 
 def _build(msg: policy_pb2.Policy, base_dir: Path) -> Policy:
@@ -354,29 +293,61 @@ def _build(msg: policy_pb2.Policy, base_dir: Path) -> Policy:
         if msg.default_pool:
             raise PolicyError(f"default_pool: no pool named {default_pool!r}")
         pools = {**pools, "default": Pool(name="default", metrics_urls=())}
-    routes: dict[str, RouteBinding] = {}
-    for name, binding in msg.routes.items():
-        where = f"routes.{name}"
-        if binding.profile and binding.profile not in profiles:
-            raise PolicyError(f"{where}.profile: no profile named {binding.profile!r}")
-        if binding.pool and binding.pool not in pools:
-            raise PolicyError(f"{where}.pool: no pool named {binding.pool!r}")
-        if binding.priority and binding.priority not in PRIORITIES:
-            raise PolicyError(
-                f"{where}.priority: unknown priority {binding.priority!r} (one of "
-                f"{', '.join(PRIORITIES)})"
-            )
-        if binding.schema and binding.schema not in SCHEMAS:
-            raise PolicyError(
-                f"{where}.schema: unknown schema {binding.schema!r} (one of "
-                f"{', '.join(sorted(SCHEMAS))})"
-            )
-        routes[name] = RouteBinding(
-            profile=binding.profile,
-            pool=binding.pool,
-            priority=_priority_or_none(binding.priority),
-            schema=binding.schema,
+    routes = {n: _route(n, b, profiles, pools) for n, b in msg.routes.items()}
+    passthrough = _passthrough_paths(msg)
+    header = (msg.priority_header or "x-priority").lower()
+    if header.startswith(("x-ice-", "x-mem-pressure", ":")):
+        raise PolicyError(f"priority_header: {header!r} is reserved (ICE strips it)")
+    return Policy(
+        profiles=MappingProxyType(dict(profiles)),
+        pools=MappingProxyType(dict(pools)),
+        default_profile=default_profile,
+        default_pool=default_pool,
+        priority_header=header,
+        routes=MappingProxyType(routes),
+        tokenizers=MappingProxyType(tokenizer_specs(msg, base_dir)),
+        exact_count_inline_bytes=_opt(msg, "exact_count_inline_bytes", 32768),
+        exact_count_budget_ms=_opt(msg, "exact_count_budget_ms", 600),
+        token_count_cache_bytes=_opt(msg, "token_count_cache_bytes", 32 * 1024 * 1024),
+        exact_count=_exact_count_mode(msg.exact_count),
+        embedding=embedding_spec(msg.embedding, base_dir),
+        passthrough_paths=passthrough,
+        prefix_tracking=_prefix_tracking(msg),
+    )
+
+
+def _route(
+    name: str,
+    binding: policy_pb2.RouteBinding,
+    profiles: Mapping[str, Profile],
+    pools: Mapping[str, Pool],
+) -> RouteBinding:
+    """``routes.<name>``: each name it gives must be a profile, pool, priority or schema."""
+    where = f"routes.{name}"
+    if binding.profile and binding.profile not in profiles:
+        raise PolicyError(f"{where}.profile: no profile named {binding.profile!r}")
+    if binding.pool and binding.pool not in pools:
+        raise PolicyError(f"{where}.pool: no pool named {binding.pool!r}")
+    if binding.priority and binding.priority not in PRIORITIES:
+        raise PolicyError(
+            f"{where}.priority: unknown priority {binding.priority!r} (one of "
+            f"{', '.join(PRIORITIES)})"
         )
+    if binding.schema and binding.schema not in SCHEMAS:
+        raise PolicyError(
+            f"{where}.schema: unknown schema {binding.schema!r} (one of "
+            f"{', '.join(sorted(SCHEMAS))})"
+        )
+    return RouteBinding(
+        profile=binding.profile,
+        pool=binding.pool,
+        priority=_priority_or_none(binding.priority),
+        schema=binding.schema,
+    )
+
+
+def _passthrough_paths(msg: policy_pb2.Policy) -> frozenset[str]:
+    """``passthrough_paths``: exact paths, none of them a judged endpoint."""
     passthrough = set()
     for i, path in enumerate(msg.passthrough_paths):
         if not path.startswith("/") or "?" in path or "#" in path:
@@ -389,25 +360,7 @@ def _build(msg: policy_pb2.Policy, base_dir: Path) -> Policy:
                 f"passthrough_paths[{i}]: {path} is a judged endpoint; it cannot pass unjudged"
             )
         passthrough.add(path)
-    header = (msg.priority_header or "x-priority").lower()
-    if header.startswith(("x-ice-", "x-mem-pressure", ":")):
-        raise PolicyError(f"priority_header: {header!r} is reserved (ICE strips it)")
-    return Policy(
-        profiles=MappingProxyType(dict(profiles)),
-        pools=MappingProxyType(dict(pools)),
-        default_profile=default_profile,
-        default_pool=default_pool,
-        priority_header=header,
-        routes=MappingProxyType(routes),
-        tokenizers=MappingProxyType(_tokenizers(msg, base_dir)),
-        exact_count_inline_bytes=_opt(msg, "exact_count_inline_bytes", 32768),
-        exact_count_budget_ms=_opt(msg, "exact_count_budget_ms", 600),
-        token_count_cache_bytes=_opt(msg, "token_count_cache_bytes", 32 * 1024 * 1024),
-        exact_count=_exact_count_mode(msg.exact_count),
-        embedding=embedding_spec(msg.embedding, base_dir),
-        passthrough_paths=frozenset(passthrough),
-        prefix_tracking=_prefix_tracking(msg),
-    )
+    return frozenset(passthrough)
 
 
 def _prefix_tracking(msg: policy_pb2.Policy) -> PrefixTrackingSpec | None:

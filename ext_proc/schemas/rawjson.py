@@ -4,25 +4,34 @@ Job: parse a request body once, keeping where each top-level member's value lies
 original text, so that ICE can change one value (or add one member) and leave every other
 byte as the client sent it: field order, spacing, unknown fields and number spellings survive.
 
+``parse_object`` is the one decode of a request body on ICE's way (it can also walk named
+top-level arrays element by element, for their element spans); ``splice`` applies text
+edits to a decoded body and moves every span with them, so an edited body (compacted,
+truncated, its limit lowered) is known without a second parse. ``decode_object`` is the
+span-less decode the tools and tests use.
+
 Invariants:
 - Values are decoded by the standard library's JSON decoder (C scanner); this module only
   walks the top-level object and records spans, it never re-serialises the body.
-- ``replace_value`` and ``add_member`` return new bytes; the input is never modified.
+- ``replace_value``, ``replace_values`` and ``add_member`` return new bytes; the input is
+  never modified.
 - Duplicate keys: the last occurrence wins, as with ``json.loads`` (and Python backends);
-  ``decode_object`` also remembers, per object, which keys were repeated
+  ``parse_object`` and ``decode_object`` also remember, per object, which keys were repeated
   (``duplicate_keys``), so that a schema adapter can refuse a repeated key it reads. Objects
   without repeats are plain dicts.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any
 
 __all__ = [
+    "DROPPED",
     "InvalidJSON",
     "TopLevel",
     "add_member",
@@ -33,6 +42,8 @@ __all__ = [
     "parse_object",
     "replace_array",
     "replace_value",
+    "replace_values",
+    "splice",
 ]
 
 _DECODER = json.JSONDecoder()
@@ -51,6 +62,29 @@ class TopLevel:
     values: dict[str, Any]
     spans: dict[str, tuple[int, int]]
     close_index: int  # index of the closing ``}``
+    # the element spans of the top-level arrays ``parse_object`` was asked to walk
+    items: dict[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+
+    def slim(self) -> TopLevel:
+        """This document without its array values (their keys map to ``DROPPED``): what an
+        edit of its output limit needs, cheap to send to another process."""
+        values = {k: DROPPED if isinstance(v, list) else v for k, v in self.values.items()}
+        return TopLevel(self.text, values, self.spans, self.close_index, self.items)
+
+
+class _Dropped:
+    """The value of an array ``TopLevel.slim`` left out."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "DROPPED"
+
+    def __reduce__(self) -> str:
+        return "DROPPED"  # unpickled as this module's one instance
+
+
+DROPPED: Any = _Dropped()
 
 
 class _Repeated(dict[str, Any]):
@@ -71,6 +105,10 @@ def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     marked = _Repeated(obj)
     marked.repeated = frozenset(repeated)
     return marked
+
+
+# parse_object's decoder: nested objects remember their repeated keys, as decode_object's do
+_MARKING = json.JSONDecoder(object_pairs_hook=_object)
 
 
 def duplicate_keys(obj: object) -> frozenset[str]:
@@ -107,8 +145,11 @@ def decode_object(body: bytes) -> dict[str, Any]:
     return value
 
 
-def parse_object(body: bytes) -> TopLevel:
-    """Decode ``body`` as a JSON object, recording each top-level value's span.
+def parse_object(body: bytes, arrays: frozenset[str] = frozenset()) -> TopLevel:
+    """Decode ``body`` as a JSON object, recording each top-level value's span: the one
+    decode of a request body on ICE's way (its values are ``decode_object``'s, repeated keys
+    marked alike). The top-level arrays named in ``arrays`` are walked element by element,
+    so that their element spans are known too (``TopLevel.items``: history truncation).
 
     Raises ``InvalidJSON`` with a precise message for non-UTF-8 bytes, syntax errors,
     non-object documents and trailing data.
@@ -117,43 +158,97 @@ def parse_object(body: bytes) -> TopLevel:
         text = body.decode("utf-8")
     except UnicodeDecodeError as e:
         raise InvalidJSON(f"body is not valid UTF-8 (byte {e.start})") from None
-    i = _skip_ws(text, 0)
-    if i >= len(text) or text[i] != "{":
-        raise InvalidJSON("body must be a JSON object")
-    values: dict[str, Any] = {}
-    spans: dict[str, tuple[int, int]] = {}
-    i = _skip_ws(text, i + 1)
     try:
-        if i < len(text) and text[i] == "}":
-            close = i
-        else:
-            while True:
-                if i >= len(text) or text[i] != '"':
-                    raise InvalidJSON(f"expected a member name at char {i}")
-                key, i = scanstring(text, i + 1, True)
-                i = _skip_ws(text, i)
-                if i >= len(text) or text[i] != ":":
-                    raise InvalidJSON(f"expected ':' at char {i}")
-                i = _skip_ws(text, i + 1)
-                value, end = _DECODER.raw_decode(text, i)
-                values[key] = value
-                spans[key] = (i, end)
-                i = _skip_ws(text, end)
-                if i < len(text) and text[i] == ",":
-                    i = _skip_ws(text, i + 1)
-                    continue
-                if i < len(text) and text[i] == "}":
-                    close = i
-                    break
-                raise InvalidJSON(f"expected ',' or '}}' at char {i}")
+        return _parse_text(text, arrays)
     except json.JSONDecodeError as e:
         raise InvalidJSON(f"{e.msg} at char {e.pos}") from None
     except RecursionError:
         raise InvalidJSON("the JSON is nested too deeply") from None
+
+
+def _parse_text(text: str, arrays: frozenset[str]) -> TopLevel:
+    i = _skip_ws(text, 0)
+    if i >= len(text) or text[i] != "{":
+        raise InvalidJSON("body must be a JSON object")
+    pairs: list[tuple[str, Any]] = []
+    spans: dict[str, tuple[int, int]] = {}
+    items: dict[str, tuple[tuple[int, int], ...]] = {}
+    i = _skip_ws(text, i + 1)
+    close = i
+    more = False  # after a comma: a member must follow
+    while more or i >= len(text) or text[i] != "}":
+        if i >= len(text) or text[i] != '"':
+            raise InvalidJSON(f"expected a member name at char {i}")
+        key, i = scanstring(text, i + 1, True)
+        i = _skip_ws(text, i)
+        if i >= len(text) or text[i] != ":":
+            raise InvalidJSON(f"expected ':' at char {i}")
+        i = _skip_ws(text, i + 1)
+        if key in arrays and i < len(text) and text[i] == "[":
+            value, end, items[key] = _walk_array(text, i)
+        else:
+            value, end = _MARKING.raw_decode(text, i)
+        pairs.append((key, value))
+        spans[key] = (i, end)
+        i = _skip_ws(text, end)
+        more = i < len(text) and text[i] == ","
+        if more:
+            i = _skip_ws(text, i + 1)
+        elif i >= len(text) or text[i] != "}":
+            raise InvalidJSON(f"expected ',' or '}}' at char {i}")
+        close = i
     end = _skip_ws(text, close + 1)
     if end != len(text):
         raise InvalidJSON(f"unexpected data after the object at char {end}")
-    return TopLevel(text=text, values=values, spans=spans, close_index=close)
+    return TopLevel(text=text, values=_object(pairs), spans=spans, close_index=close, items=items)
+
+
+def _walk_array(text: str, i: int) -> tuple[list[Any], int, tuple[tuple[int, int], ...]]:
+    """The array at ``text[i]``: its values, the index after it, each element's span."""
+    values: list[Any] = []
+    spans: list[tuple[int, int]] = []
+    i = _skip_ws(text, i + 1)
+    if i < len(text) and text[i] == "]":
+        return values, i + 1, ()
+    while True:
+        value, end = _MARKING.raw_decode(text, i)
+        values.append(value)
+        spans.append((i, end))
+        i = _skip_ws(text, end)
+        if i < len(text) and text[i] == ",":
+            i = _skip_ws(text, i + 1)
+        elif i < len(text) and text[i] == "]":
+            return values, i + 1, tuple(spans)
+        else:
+            raise json.JSONDecodeError("Expecting ',' delimiter", text, i)
+
+
+def splice(doc: TopLevel, edits: list[tuple[int, int, str]], values: dict[str, Any]) -> TopLevel:
+    """``doc`` with the text edits ``(start, end, replacement)`` applied (in character
+    offsets; they do not overlap, and each lies inside one member's value or the object's
+    closing space) and ``values`` as the new values: every offset moves by the edits that
+    start before it, so the result is what ``parse_object`` would give for the new text,
+    with no parse."""
+    ordered = sorted(edits)
+    parts: list[str] = []
+    pos = 0
+    for start, end, replacement in ordered:
+        parts.append(doc.text[pos:start])
+        parts.append(replacement)
+        pos = end
+    parts.append(doc.text[pos:])
+    starts = [s for s, _, _ in ordered]
+    shifts = [0]
+    for start, end, replacement in ordered:
+        shifts.append(shifts[-1] + len(replacement) - (end - start))
+
+    def moved(offset: int) -> int:  # by the edits that start before it
+        return offset + shifts[bisect.bisect_left(starts, offset)]
+
+    spans = {k: (moved(s), moved(e)) for k, (s, e) in doc.spans.items()}
+    items = {k: tuple((moved(s), moved(e)) for s, e in v) for k, v in doc.items.items()}
+    close = moved(doc.close_index)
+    return TopLevel("".join(parts), values, spans, close, items)
 
 
 def replace_value(doc: TopLevel, key: str, value: Any) -> bytes:
@@ -161,6 +256,14 @@ def replace_value(doc: TopLevel, key: str, value: Any) -> bytes:
     start, end = doc.spans[key]
     encoded = json.dumps(value, ensure_ascii=False)
     return (doc.text[:start] + encoded + doc.text[end:]).encode("utf-8")
+
+
+def replace_values(doc: TopLevel, changes: dict[str, Any]) -> bytes:
+    """Return the body with each top-level ``key`` of ``changes`` given its new value, in one
+    pass (the text unchanged when ``changes`` is empty)."""
+    edits = [(*doc.spans[k], json.dumps(v, ensure_ascii=False)) for k, v in changes.items()]
+    values = {**doc.values, **changes}
+    return splice(doc, edits, values).text.encode("utf-8")
 
 
 def add_member(doc: TopLevel, key: str, value: Any) -> bytes:
@@ -203,6 +306,14 @@ def replace_array(doc: TopLevel, key: str, items: list[str]) -> bytes:
     return (doc.text[:start] + "[" + ", ".join(items) + "]" + doc.text[end:]).encode("utf-8")
 
 
+def _member(text: str) -> TopLevel:
+    """One member's object, parsed for its spans (a part of a decoded body, not the body)."""
+    try:
+        return _parse_text(text, frozenset())
+    except json.JSONDecodeError as e:
+        raise InvalidJSON(f"{e.msg} at char {e.pos}") from None
+
+
 def edit_member(doc: TopLevel, key: str, edit: Callable[[TopLevel], bytes]) -> bytes:
     """Return the body with the value of top-level ``key`` (an object, or an array of
     objects) replaced by ``edit`` of each object (parsed with ``parse_object``): everything
@@ -212,11 +323,9 @@ def edit_member(doc: TopLevel, key: str, edit: Callable[[TopLevel], bytes]) -> b
     start, end = doc.spans[key]
     value = doc.values[key]
     if isinstance(value, dict):
-        inner = parse_object(doc.text[start:end].encode("utf-8"))
+        inner = _member(doc.text[start:end])
         return (doc.text[:start] + edit(inner).decode("utf-8") + doc.text[end:]).encode("utf-8")
     if isinstance(value, list) and all(isinstance(v, dict) for v in value):
-        items = [
-            edit(parse_object(t.encode("utf-8"))).decode("utf-8") for t in array_items(doc, key)
-        ]
+        items = [edit(_member(t)).decode("utf-8") for t in array_items(doc, key)]
         return replace_array(doc, key, items)
     raise InvalidJSON(f"'{key}' is not an object or an array of objects")

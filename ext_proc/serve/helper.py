@@ -10,7 +10,8 @@ requests, including long single strings (documents, base64 images), stay in-proc
 
 Invariants: the helper receives only picklable plain data (route key, adapter name,
 priority, body bytes, pool snapshot, the KV blocks its worker's ledger holds against that
-snapshot, by endpoint: ``PoolViews.ledger``) and returns a ``BodyVerdict``; metrics are
+snapshot, by endpoint: ``PoolViews.ledger``) and returns a ``BodyVerdict`` whose decode is
+slim (``JudgedBody.detached``); metrics are
 counted by the caller. The server starts the helper at start-up (``warm``), and a broken
 helper is replaced.
 """
@@ -22,8 +23,9 @@ import logging
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import replace
 
-from ext_proc.admit.pipeline import BodyVerdict, HeaderFacts, Pipeline, Route
+from ext_proc.admit.pipeline import BodyVerdict, Pipeline, RequestFacts, Route
 from ext_proc.policy.load import load_policy
 from ext_proc.policy.model import Priority
 from ext_proc.schemas import BY_NAME
@@ -57,8 +59,13 @@ def _judge(
     if snapshot is not None:
         helper.views.assume_held(snapshot, ledger or {})
     route = helper.router.route_for(route_key)
-    facts = HeaderFacts(adapter=BY_NAME[schema], priority=priority)
-    return helper.on_body(route, facts, body)
+    facts = RequestFacts(adapter=BY_NAME[schema], priority=priority)
+    verdict = helper.on_body(route, facts, body)
+    if verdict is None or verdict.body is None:
+        return verdict
+    # its decode goes back slim: no text, no array values (pickling them costs as much as
+    # the decode did); the worker restores the text from the bytes it already has
+    return replace(verdict, body=verdict.body.detached(body))
 
 
 def _ready() -> bool:
@@ -98,9 +105,10 @@ class Offload:
         return self._pool
 
     async def on_body(
-        self, pipeline: Pipeline, route: Route, facts: HeaderFacts, body: bytes
+        self, pipeline: Pipeline, route: Route, facts: RequestFacts, body: bytes
     ) -> BodyVerdict | None:
-        """``pipeline.on_body`` run in the helper process (same policy, same snapshot)."""
+        """``pipeline.on_body`` run in the helper process (same policy, same snapshot); the
+        verdict's decode (``JudgedBody``) comes back slim, its text restored here."""
         if facts.adapter is None:
             return pipeline.on_body(route, facts, body)
         snapshot = pipeline.lookup(route.pool)
@@ -108,11 +116,14 @@ class Offload:
         loop = asyncio.get_running_loop()
         args = (route.key, facts.adapter.name, facts.priority, body, snapshot, ledger)
         try:
-            return await loop.run_in_executor(self._executor(), _judge, *args)
+            verdict = await loop.run_in_executor(self._executor(), _judge, *args)
         except BrokenProcessPool:
             log.error("the offload helper died; starting a new one")
             self._pool = None
-            return await loop.run_in_executor(self._executor(), _judge, *args)
+            verdict = await loop.run_in_executor(self._executor(), _judge, *args)
+        if verdict is None or verdict.body is None:
+            return verdict
+        return replace(verdict, body=verdict.body.attach(body))
 
     def close(self) -> None:
         if self._pool is not None:

@@ -13,6 +13,7 @@ modes literally (an unset body mode is NONE).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from envoy.config.core.v3 import base_pb2
@@ -60,7 +61,7 @@ def _header(key: str, value: str) -> base_pb2.HeaderValueOption:
     )
 
 
-def _metadata(headers: list[tuple[str, str]]) -> struct_pb2.Struct:
+def _metadata(headers: Sequence[tuple[str, str]]) -> struct_pb2.Struct:
     md = struct_pb2.Struct()
     fields = md.fields[METADATA_NAMESPACE].struct_value.fields
     for key, value in headers:
@@ -75,7 +76,7 @@ _HEADERS_WATCH = pb.ProcessingResponse(request_headers=pb.HeadersResponse())
 _watch(_HEADERS_WATCH, _BODY_MODE_BUFFERED)
 
 
-def headers_continue(remove: list[str] | None = None, watch: bool = False) -> pb.ProcessingResponse:
+def headers_continue(remove: Sequence[str] = (), watch: bool = False) -> pb.ProcessingResponse:
     """Answer the request-headers message: continue (the body comes next), removing the named
     headers; ``watch``: and send this request's response headers to ICE."""
     if not remove:
@@ -88,8 +89,8 @@ def headers_continue(remove: list[str] | None = None, watch: bool = False) -> pb
 
 
 def skip_body(
-    remove: list[str] | None = None,
-    headers: list[tuple[str, str]] | None = None,
+    remove: Sequence[str] = (),
+    headers: Sequence[tuple[str, str]] = (),
     watch: bool = False,
 ) -> pb.ProcessingResponse:
     """Continue without sending the body to ICE (mode override: request body NONE), setting
@@ -110,7 +111,7 @@ def skip_body(
 
 
 def headers_outcome(
-    outcome: Outcome, remove: list[str] | None = None, watch: bool = False
+    outcome: Outcome, remove: Sequence[str] = (), watch: bool = False
 ) -> pb.ProcessingResponse:
     """Answer the request-headers message with a verdict made without the body (the coarse
     verdict): a ``Respond`` at once, or continue with the verdict headers set and the body

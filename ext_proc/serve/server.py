@@ -30,17 +30,16 @@ import multiprocessing
 import os
 import signal
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
-from ext_proc import telemetry
 from ext_proc.admit.backlog import DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_MESSAGE_TIMEOUT_S, Backlog
 from ext_proc.admit.pipeline import DEFAULT_MAX_BODY_BYTES, Pipeline
 from ext_proc.admit.shared_ledger import view_age_ms
@@ -48,9 +47,13 @@ from ext_proc.placement.ledger_redis import DEFAULT_DEADLINE_S, DEFAULT_TTL_S, R
 from ext_proc.placement.ledger_shm import LedgerHandle, LedgerSegment
 from ext_proc.policy.load import load_policy
 from ext_proc.policy.model import Policy
-from ext_proc.policy.pressure import pressure_of
-from ext_proc.policy.scores import pool_cache_efficiency, tokenize_latency_risk
 from ext_proc.serve import memtrim
+from ext_proc.serve.collecting import (
+    CollectorThread,
+    multiprocess_registry,
+    observer,
+    start_metrics,
+)
 from ext_proc.serve.helper import DEFAULT_HEAVY_CONTAINERS, Offload
 from ext_proc.serve.inforce import InForce, max_ages, reload_on
 from ext_proc.serve.reload import Candidate, FileWatch, candidate, policy_sha256
@@ -98,34 +101,6 @@ def worker_addresses(address: str, workers: int) -> list[str]:
     return [f"{host}:{int(port) + i}" for i in range(workers)]
 
 
-def _split_host_port(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    return host.strip("[]") or "0.0.0.0", int(port)
-
-
-def _observer(current: Callable[[], Policy]) -> Callable[[dict[str, PoolSnapshot]], None]:
-    """Export each published view's scores (default profile) as ICE's pool gauges."""
-
-    def observe(views: dict[str, PoolSnapshot]) -> None:
-        policy = current()
-        default = policy.profiles[policy.default_profile]
-        for snapshot in views.values():
-            p = pressure_of(snapshot, default.pressure)
-            if p is not None:
-                telemetry.PRESSURE.labels(pool=snapshot.pool).set(p.score)
-            ratio = pool_cache_efficiency(snapshot)
-            if ratio is not None:
-                telemetry.CACHE_EFFICIENCY.labels(pool=snapshot.pool).set(ratio)
-            risk = tokenize_latency_risk(
-                (b.derived.ttft_delta if b.derived else None for b in snapshot.backends),
-                default.ttft_target_s,
-            )
-            if risk is not None:
-                telemetry.TOKENIZE_RISK.labels(pool=snapshot.pool).set(risk)
-
-    return observe
-
-
 async def _run_worker(
     opts: ServeOptions,
     address: str,
@@ -137,33 +112,59 @@ async def _run_worker(
     in_force = InForce(
         opts.policy_path, opts.max_body_bytes, opts.heavy_containers, opts.shutdown_grace_s, policy
     )
+    snapshots = _snapshots(policy, in_force, shm_name)
+    # with several workers, each sees the others' in-flight KV blocks (ext_proc.placement.poolview)
+    handle = LedgerHandle(ledger_name, worker) if ledger_name is not None else None
+    pipeline = Pipeline(policy, snapshots.lookup, max_body_bytes=opts.max_body_bytes, ledger=handle)
+    remote = _shared_ledger(opts, pipeline, in_force, snapshots.lookup)
+    if opts.embedding_socket:
+        from ext_proc.truncate.client import EmbeddingClient
+
+        pipeline.similarity = EmbeddingClient(opts.embedding_socket)
+    server, health, servicer = _grpc_server(opts, address, pipeline, in_force)
+    running = _Running(server, health, servicer, pipeline, snapshots, handle, remote)
+    elector = await running.start(opts)
+    print(f"ice worker {os.getpid()} serving ext_proc on {address}", flush=True)
+    # The only worker watches the file itself; with several, the supervisor does and sends
+    # each worker SIGHUP.
+    await _until_stopped(in_force, FileWatch(opts.policy_path) if shm_name is None else None)
+    log.info("shutting down: draining in-flight streams (grace %.1f s)", opts.shutdown_grace_s)
+    await running.stop(opts.shutdown_grace_s, elector)
+
+
+@dataclass(frozen=True, slots=True)
+class _Snapshots:
+    """Where a worker reads its pools' views: its own collector (the only worker) or the
+    supervisor's, through shared memory."""
+
+    lookup: Callable[[str], PoolSnapshot | None]
     collector: Collector | None = None
     reader: SnapshotReader | None = None
-    lookup: Callable[[str], PoolSnapshot | None]
+
+
+def _snapshots(policy: Policy, in_force: InForce, shm_name: str | None) -> _Snapshots:
     if shm_name is None:  # the only worker: collect in-process
         store = SnapshotStore(max_ages(policy))
-        observe = _observer(lambda: in_force.policy)
+        observe = observer(lambda: in_force.policy)
 
         def publish(views: dict[str, PoolSnapshot]) -> None:
             store.put_all(views)
             observe(views)
 
         collector = Collector(policy.pools, publish)
-        lookup = store.get
         in_force.store, in_force.collector = store, collector
-    else:  # the supervisor collects; read its views from shared memory
-        reader = SnapshotReader(shm_name)
-        shared = SharedSnapshotStore(reader, max_ages(policy))
-        lookup = shared.get
-        in_force.store = shared
-    # with several workers, each sees the others' in-flight KV blocks (ext_proc.placement.poolview)
-    handle = LedgerHandle(ledger_name, worker) if ledger_name is not None else None
-    pipeline = Pipeline(policy, lookup, max_body_bytes=opts.max_body_bytes, ledger=handle)
-    remote = _shared_ledger(opts, pipeline, in_force, lookup)
-    if opts.embedding_socket:
-        from ext_proc.truncate.client import EmbeddingClient
+        return _Snapshots(store.get, collector=collector)
+    # the supervisor collects; read its views from shared memory
+    reader = SnapshotReader(shm_name)
+    shared = SharedSnapshotStore(reader, max_ages(policy))
+    in_force.store = shared
+    return _Snapshots(shared.get, reader=reader)
 
-        pipeline.similarity = EmbeddingClient(opts.embedding_socket)
+
+def _grpc_server(
+    opts: ServeOptions, address: str, pipeline: Pipeline, in_force: InForce
+) -> tuple[grpc.aio.Server, HealthServicer, ExtProcServicer]:
+    """The worker's gRPC server on ``address``: the ext_proc servicer and gRPC health."""
     limit = opts.max_body_bytes + 1024 * 1024
     server = grpc.aio.server(
         options=[
@@ -182,53 +183,77 @@ async def _run_worker(
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     server.add_insecure_port(address)
-    if collector is not None:
-        await collector.start()
-    if remote is not None:
-        await remote.start()
-    await server.start()
-    await health.set("", health_pb2.HealthCheckResponse.SERVING)
-    await health.set(
-        "envoy.service.ext_proc.v3.ExternalProcessor", health_pb2.HealthCheckResponse.SERVING
-    )
-    elector = None
-    if opts.leader_elect:  # NOT_SERVING at once (no I/O in between), SERVING while leading
+    return server, health, servicer
+
+
+class _Elector(Protocol):
+    """``--leader-elect``'s elector (``ext_proc.serve.lease``): closed at shutdown."""
+
+    async def aclose(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Running:
+    """A worker's parts, started in order and stopped in order at shutdown."""
+
+    server: grpc.aio.Server
+    health: HealthServicer
+    servicer: ExtProcServicer
+    pipeline: Pipeline
+    snapshots: _Snapshots
+    handle: LedgerHandle | None
+    remote: RedisLedger | None
+
+    async def start(self, opts: ServeOptions) -> _Elector | None:
+        """Start serving; with ``--leader-elect``, the elector that flips gRPC health."""
+        if self.snapshots.collector is not None:
+            await self.snapshots.collector.start()
+        if self.remote is not None:
+            await self.remote.start()
+        await self.server.start()
+        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        await self.health.set(
+            "envoy.service.ext_proc.v3.ExternalProcessor", health_pb2.HealthCheckResponse.SERVING
+        )
+        if not opts.leader_elect:
+            return None
+        # NOT_SERVING at once (no I/O in between), SERVING while leading
         from ext_proc.serve.lease import elect_serving
 
-        elector = await elect_serving(
-            health, lease_name=opts.lease_name, lease_namespace=opts.lease_namespace
+        return await elect_serving(
+            self.health, lease_name=opts.lease_name, lease_namespace=opts.lease_namespace
         )
-    print(f"ice worker {os.getpid()} serving ext_proc on {address}", flush=True)
 
+    async def stop(self, grace_s: float, elector: _Elector | None) -> None:
+        await self.health.enter_graceful_shutdown()
+        if elector is not None:  # release the Lease: the standby takes over while this one drains
+            await elector.aclose()
+        self.servicer.queue.close()  # queued requests get their 429 now, not a pass when cut
+        await self.server.stop(grace=grace_s)
+        if self.snapshots.collector is not None:
+            await self.snapshots.collector.stop()
+        if self.snapshots.reader is not None:
+            self.snapshots.reader.close()
+        if self.handle is not None:
+            self.handle.close()
+        if self.remote is not None:
+            await self.remote.close()
+        if self.pipeline.similarity is not None:
+            await self.pipeline.similarity.close()
+        if self.servicer.offload is not None:
+            self.servicer.offload.close()
+
+
+async def _until_stopped(in_force: InForce, watch: FileWatch | None) -> None:
+    """Reload the policy on SIGHUP (and on ``watch``'s changes) until SIGTERM or SIGINT."""
     stop, hangup = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGHUP, hangup.set)
-    # The only worker watches the file itself; with several, the supervisor does and sends
-    # each worker SIGHUP.
-    watch = FileWatch(opts.policy_path) if shm_name is None else None
     reloading = asyncio.create_task(reload_on(hangup, in_force, watch), name="policy-reload")
     await stop.wait()
     reloading.cancel()
-    log.info("shutting down: draining in-flight streams (grace %.1f s)", opts.shutdown_grace_s)
-    await health.enter_graceful_shutdown()
-    if elector is not None:  # release the Lease: the standby takes over while this one drains
-        await elector.aclose()
-    servicer.queue.close()  # queued requests get their 429 now, not a pass when cut
-    await server.stop(grace=opts.shutdown_grace_s)
-    if collector is not None:
-        await collector.stop()
-    if reader is not None:
-        reader.close()
-    if handle is not None:
-        handle.close()
-    if remote is not None:
-        await remote.close()
-    if pipeline.similarity is not None:
-        await pipeline.similarity.close()
-    if servicer.offload is not None:
-        servicer.offload.close()
 
 
 def _shared_ledger(
@@ -269,54 +294,6 @@ def _worker_main(
     asyncio.run(_run_worker(opts, address, shm_name, ledger_name, worker))
 
 
-@dataclass
-class _CollectorThread:
-    """The supervisor's collector: an asyncio loop in a thread publishing to shared memory."""
-
-    policy: Policy
-    writer: SnapshotWriter
-
-    def __post_init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.collector: Collector | None = None
-        self._stopped = asyncio.Event()
-        observe = _observer(lambda: self.policy)
-
-        def publish(views: dict[str, PoolSnapshot]) -> None:
-            self.writer.publish(views)
-            observe(views)
-
-        async def run() -> None:
-            self.collector = Collector(self.policy.pools, publish)
-            await self.collector.start()
-            await self._stopped.wait()
-            await self.collector.stop()
-
-        self.thread = threading.Thread(
-            target=self.loop.run_until_complete, args=(run(),), name="collector", daemon=True
-        )
-
-    def update(self, policy: Policy) -> None:
-        """A reloaded policy: its pools from now on (unchanged ones keep their history)."""
-        self.policy = policy
-        if self.collector is not None:
-            done = asyncio.run_coroutine_threadsafe(self.collector.update(policy.pools), self.loop)
-            done.result(10)
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self._stopped.set)
-
-
-def _start_metrics(address: str, registry: object | None = None) -> None:
-    from prometheus_client import start_http_server
-
-    host, port = _split_host_port(address)
-    if registry is None:
-        start_http_server(port, addr=host)
-    else:
-        start_http_server(port, addr=host, registry=registry)  # type: ignore[arg-type]
-
-
 def serve(opts: ServeOptions) -> int:
     """Run ICE until SIGTERM/SIGINT; returns the exit status."""
     policy = load_policy(opts.policy_path)  # fail fast, before any worker starts
@@ -334,7 +311,7 @@ def serve(opts: ServeOptions) -> int:
     try:
         if len(addresses) == 1:
             if opts.metrics_address:
-                _start_metrics(opts.metrics_address)
+                start_metrics(opts.metrics_address)
             _worker_main(opts, addresses[0])
             return 0
         return _supervise(opts, addresses)
@@ -353,74 +330,87 @@ def _supervise(opts: ServeOptions, addresses: list[str]) -> int:
         LedgerSegment(len(addresses)) as ledger,
     ):
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
-        collecting = _CollectorThread(policy, writer)
+        collecting = CollectorThread(policy, writer)
         collecting.thread.start()
         sha = policy_sha256(opts.policy_path)
         watch = FileWatch(opts.policy_path)
-        hangups = 0
         if opts.metrics_address:
-            from prometheus_client import CollectorRegistry, multiprocess
-
-            registry = CollectorRegistry()
-            multiprocess.MultiProcessCollector(registry, path=metrics_dir)  # type: ignore[no-untyped-call]
-            for metric in telemetry.collector_metrics():  # the supervisor collects the pools
-                registry.register(metric)
-            _start_metrics(opts.metrics_address, registry)
-        ctx = multiprocessing.get_context("spawn")
-        procs: dict[str, multiprocessing.process.BaseProcess] = {}
-        stopping = False
-
-        def on_signal(signum: int, _frame: object) -> None:
-            nonlocal stopping
-            stopping = True
-            for p in procs.values():
-                if p.pid is not None and p.is_alive():
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(p.pid, signal.SIGTERM)
-
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
-
-        def on_hangup(_signum: int, _frame: object) -> None:
-            nonlocal hangups
-            hangups += 1
-
-        signal.signal(signal.SIGHUP, on_hangup)
+            start_metrics(opts.metrics_address, multiprocess_registry(metrics_dir))
         # worker i appends its in-flight KV blocks to ring i of the shared ledger (a
         # restarted worker gets its index back)
         shared = {addr: (writer.name, ledger.name, i) for i, addr in enumerate(addresses)}
-        for addr in addresses:
-            procs[addr] = ctx.Process(
-                target=_worker_main, args=(opts, addr, *shared[addr]), name=f"ice-{addr}"
-            )
-            procs[addr].start()
-        while not stopping:
+        workers = _Workers(opts, metrics_dir, shared)
+        signal.signal(signal.SIGTERM, workers.on_signal)
+        signal.signal(signal.SIGINT, workers.on_signal)
+        signal.signal(signal.SIGHUP, workers.on_hangup)
+        workers.start()
+        while not workers.stopping:
             time.sleep(0.2)
-            if hangups or watch.changed():
-                hangups = 0
-                sha = _supervisor_reload(opts, collecting, sha, procs.values())
-            for addr, p in list(procs.items()):
-                if not p.is_alive() and not stopping:
-                    log.error("worker %s exited with %s; restarting", addr, p.exitcode)
-                    if p.pid is not None:
-                        from prometheus_client import multiprocess
-
-                        multiprocess.mark_process_dead(p.pid, metrics_dir)  # type: ignore[no-untyped-call]
-                    procs[addr] = ctx.Process(target=_worker_main, args=(opts, addr, *shared[addr]))
-                    procs[addr].start()
-        deadline = time.monotonic() + opts.shutdown_grace_s + 5
-        for p in procs.values():
-            p.join(max(0.1, deadline - time.monotonic()))
-            if p.is_alive():
-                p.kill()
+            if workers.hangups or watch.changed():
+                workers.hangups = 0
+                sha = _supervisor_reload(opts, collecting, sha, workers.procs.values())
+            workers.restart_dead()
+        workers.join(opts.shutdown_grace_s + 5)
         collecting.stop()
         collecting.thread.join(5)
         return 0
 
 
+class _Workers:
+    """The supervisor's worker processes, one per address, and the signals it got."""
+
+    def __init__(
+        self, opts: ServeOptions, metrics_dir: str, shared: dict[str, tuple[str, str, int]]
+    ) -> None:
+        self.opts, self.metrics_dir, self.shared = opts, metrics_dir, shared
+        self.ctx = multiprocessing.get_context("spawn")
+        self.procs: dict[str, multiprocessing.process.BaseProcess] = {}
+        self.stopping = False
+        self.hangups = 0
+
+    def on_signal(self, _signum: int, _frame: object) -> None:
+        """SIGTERM or SIGINT: stop, and pass SIGTERM on to every live worker."""
+        self.stopping = True
+        for p in self.procs.values():
+            if p.pid is not None and p.is_alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signal.SIGTERM)
+
+    def on_hangup(self, _signum: int, _frame: object) -> None:
+        self.hangups += 1
+
+    def start(self) -> None:
+        for addr in self.shared:
+            self.procs[addr] = self.ctx.Process(
+                target=_worker_main, args=(self.opts, addr, *self.shared[addr]), name=f"ice-{addr}"
+            )
+            self.procs[addr].start()
+
+    def restart_dead(self) -> None:
+        for addr, p in list(self.procs.items()):
+            if not p.is_alive() and not self.stopping:
+                log.error("worker %s exited with %s; restarting", addr, p.exitcode)
+                if p.pid is not None:
+                    from prometheus_client import multiprocess
+
+                    multiprocess.mark_process_dead(p.pid, self.metrics_dir)  # type: ignore[no-untyped-call]
+                self.procs[addr] = self.ctx.Process(
+                    target=_worker_main, args=(self.opts, addr, *self.shared[addr])
+                )
+                self.procs[addr].start()
+
+    def join(self, within_s: float) -> None:
+        """Wait up to ``within_s`` in all for the workers to exit; kill those still alive."""
+        deadline = time.monotonic() + within_s
+        for p in self.procs.values():
+            p.join(max(0.1, deadline - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+
+
 def _supervisor_reload(
     opts: ServeOptions,
-    collecting: _CollectorThread,
+    collecting: CollectorThread,
     sha: str,
     workers: Iterable[multiprocessing.process.BaseProcess],
 ) -> str:

@@ -1,12 +1,19 @@
 """The gRPC shell: one ext_proc ``Process`` stream per HTTP request.
 
 Envoy sends the request headers, then (for JSON inference requests) the buffered body, and,
-for a request ICE sent on with its response headers asked for (``ext_proc.admit.overload_answer``),
-the response headers; ICE answers each message exactly once. Any fault inside ICE is caught
-per message: with the route's ``fail_mode: open`` the request continues untouched, with
-``closed`` it gets a 503 in the API's format; in the response phase the response always
-continues as it was. Protocol state (which message we are at) stays here; request facts live
-in ``pipeline.HeaderFacts``.
+for a request ICE sent on with its response headers asked for
+(``ext_proc.admit.overload_answer``), the response headers; ICE answers each message exactly
+once. Any fault inside ICE is caught per message: with the route's ``fail_mode: open`` the
+request continues untouched, with ``closed`` it gets a 503 in the API's format; in the
+response phase the response always continues as it was.
+
+Protocol state (which message we are at) stays here; the request's facts are
+``RequestFacts`` (immutable, from the headers phase) and what the stream holds (its backlog
+ticket, KV hold, queue slot) is its ``ext_proc.admit.stream.Stream``, released in one place
+when the stream ends. The body phase's ways to a verdict, in order: judged in full (here or
+in the helper process) or from its size (``_judge``); a pending truncation finished
+(``ext_proc.admit.truncation``); a memory refusal queued (``ext_proc.admit.queue``); a
+verdict reserved in the replicas' shared ledger (``ext_proc.admit.shared_ledger``).
 """
 
 from __future__ import annotations
@@ -25,11 +32,12 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from ext_proc import telemetry
 from ext_proc.admit import overload_answer
-from ext_proc.admit.backlog import SMALL_BODY_BYTES, Backlog, Lane
+from ext_proc.admit.backlog import SMALL_BODY_BYTES, Backlog, Lane, Ticket
 from ext_proc.admit.outcome import Continue, Outcome, reject_outcome
-from ext_proc.admit.pipeline import BodyVerdict, HeaderFacts, Pipeline, Route
+from ext_proc.admit.pipeline import BodyVerdict, Pipeline, RequestFacts, Route
 from ext_proc.admit.queue import AdmissionQueue, Waiter, queueable
 from ext_proc.admit.shared_ledger import admit_shared, share_hold
+from ext_proc.admit.stream import Stream
 from ext_proc.admit.truncation import finish_truncation
 from ext_proc.schemas import OPENAI_CHAT_FALLBACK
 from ext_proc.serve import render
@@ -39,6 +47,8 @@ from ext_proc.serve.memtrim import Trimmer
 __all__ = ["ExtProcServicer"]
 
 log = logging.getLogger("ice.servicer")
+
+Replies = AsyncIterator[pb.ProcessingResponse]
 
 
 def _with_profile(outcome: Outcome, route: Route) -> Outcome:
@@ -72,112 +82,107 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self,
         request_iterator: AsyncIterator[pb.ProcessingRequest],
         context: grpc.aio.ServicerContext[pb.ProcessingRequest, pb.ProcessingResponse],
-    ) -> AsyncIterator[pb.ProcessingResponse]:
+    ) -> Replies:
         # The stream's own view of the servicer: the pipeline and offload in force when it
-        # opened (``swap``), the shared backlog, gate and trimmer.
-        stream = copy.copy(self)
-        async for response in stream._process(request_iterator, context):
-            yield response
-
-    async def _process(
-        self,
-        request_iterator: AsyncIterator[pb.ProcessingRequest],
-        context: grpc.aio.ServicerContext[pb.ProcessingRequest, pb.ProcessingResponse],
-    ) -> AsyncIterator[pb.ProcessingResponse]:
-        route = self.pipeline.router.resolve(context.invocation_metadata() or ())
-        facts = HeaderFacts(priority=route.default_priority)
+        # opened (``swap``), the shared backlog, gate, queue and trimmer.
+        view = copy.copy(self)
+        route = view.pipeline.router.resolve(context.invocation_metadata() or ())
+        stream = Stream(view.backlog, view.pipeline.views, view.queue, self._released)
         try:
-            async for request in request_iterator:
-                started = time.perf_counter()
-                phase = request.WhichOneof("request")
-                try:
-                    if phase == "request_headers":
-                        subset = _subset_hint(request.metadata_context)
-                        facts, response = self._headers(route, request.request_headers, subset)
-                    elif phase == "request_body":
-                        queued = False
-                        verdict = await self._judge(route, facts, request.request_body, started)
-                        if verdict is not None and verdict.pending is not None:
-                            # Truncation waits on the embedding worker: ask Envoy for the time
-                            # first (a reply with only override_message_timeout is not the
-                            # answer).
-                            spec = route.profile.truncation
-                            yield _extend_timeout(spec.deadline_ms if spec is not None else 0)
-                            verdict = await finish_truncation(self.pipeline, route, facts, verdict)
-                        elif queueable(route, verdict):
-                            assert verdict is not None
-                            got = self.queue.offer(
-                                self.pipeline, route, facts, verdict, request.request_body.body
-                            )
-                            if isinstance(got, Waiter):  # judged in time: the body's bytes
-                                # leave the backlog; Envoy is asked for the wait
-                                if facts.ticket is not None:
-                                    self.backlog.answered(facts.ticket)
-                                self._release(facts)
-                                yield _extend_timeout(got.spec.max_queue_wait_ms)
-                                verdict = await self.queue.wait(got)
-                                queued = True
-                                share_hold(self.pipeline, route, facts.hold)
-                            else:
-                                verdict = got
-                        if not queued and self._shares(verdict):
-                            assert verdict is not None
-                            body = request.request_body.body
-                            verdict = await admit_shared(self.pipeline, route, facts, verdict, body)
-                            self.queue.count_started(route, facts, verdict)
-                            queued = True  # counted and held
-                        response = self._body_response(route, facts, verdict, queued)
-                        if facts.ticket is not None and verdict is not _GONE:
-                            self.backlog.answered(facts.ticket)
-                        self._release(facts)
-                    elif phase == "response_headers":
-                        response = self._response_headers(route, facts, request)
-                    else:
-                        response = _continue(phase)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as e:
-                    response = self._fault(route, facts, phase, e)
-                telemetry.PROCESSING_SECONDS.labels(phase=phase or "unknown").observe(
-                    time.perf_counter() - started
-                )
+            async for response in view._process(request_iterator, route, stream):
                 yield response
         except asyncio.CancelledError:  # Envoy closed the stream (its message timeout)
-            ticket = facts.ticket
-            if ticket is not None and not ticket.released:
-                self.backlog.lost()  # an admitted body Envoy gave up on: admit less
-                if ticket.received:
-                    telemetry.BODIES_DROPPED.labels(reason="stream_closed").inc()
+            stream.abandoned()  # an admitted body Envoy gave up on: admit less
             raise
         finally:
-            self._release(facts)
-            if facts.hold is not None:  # the request is over: its KV blocks are free again
-                self.pipeline.views.release(facts.hold)
-            if facts.inflight is not None:
-                self.queue.ended(*facts.inflight)
+            stream.close()  # the request is over: its ticket, blocks and slot are free
 
-    def _shares(self, verdict: BodyVerdict | None) -> bool:
-        """The verdict is reserved in the replicas' shared ledger
-        (``ext_proc.admit.shared_ledger``)."""
-        remote = self.pipeline.views.remote
-        return remote is not None and remote.active and verdict is not None and verdict is not _GONE
-
-    def _release(self, facts: HeaderFacts) -> None:
-        ticket = facts.ticket
-        if ticket is None or ticket.released:
-            return
-        self.backlog.release(ticket)
-        telemetry.BACKLOG_BYTES.set(self.backlog.inflight_bytes)
-        telemetry.BACKLOG_WINDOW.set(self.backlog.window)
+    def _released(self, ticket: Ticket) -> None:
         if ticket.received:
             self.trimmer.seen(ticket.nbytes)
 
+    async def _process(
+        self, request_iterator: AsyncIterator[pb.ProcessingRequest], route: Route, stream: Stream
+    ) -> Replies:
+        facts = RequestFacts(priority=route.default_priority)
+        async for request in request_iterator:
+            started = time.perf_counter()
+            phase = request.WhichOneof("request")
+            try:
+                if phase == "request_headers":
+                    subset = _subset_hint(request.metadata_context)
+                    facts, response = self._headers(route, stream, request.request_headers, subset)
+                elif phase == "request_body":
+                    response = None
+                    data = request.request_body.body
+                    async for reply in self._body(route, facts, stream, data, started):
+                        if response is not None:  # a timeout extension: not the answer
+                            yield response
+                        response = reply
+                    assert response is not None
+                elif phase == "response_headers":
+                    response = self._response_headers(route, facts, stream, request)
+                else:
+                    response = _continue(phase)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                response = self._fault(route, facts, phase, e)
+            telemetry.PROCESSING_SECONDS.labels(phase=phase or "unknown").observe(
+                time.perf_counter() - started
+            )
+            yield response
+
+    async def _body(
+        self, route: Route, facts: RequestFacts, stream: Stream, data: bytes, started: float
+    ) -> Replies:
+        """The body phase: timeout extensions while ICE waits (truncation's embeddings, the
+        admission queue), then the answer, last."""
+        verdict = await self._judge(route, facts, stream, data, started)
+        recorded = False
+        if verdict is not None and verdict.pending is not None:
+            # Truncation waits on the embedding worker: ask Envoy for the time first (a
+            # reply with only override_message_timeout is not the answer).
+            spec = route.profile.truncation
+            yield _extend_timeout(spec.deadline_ms if spec is not None else 0)
+            verdict = await finish_truncation(self.pipeline, route, facts, verdict)
+        elif queueable(route, verdict):
+            assert verdict is not None
+            got = self.queue.offer(self.pipeline, route, facts, stream, verdict)
+            if isinstance(got, Waiter):  # judged in time: its bytes leave the backlog;
+                stream.answered()  # Envoy is asked for the wait
+                stream.let_ticket_go()
+                yield _extend_timeout(got.spec.max_queue_wait_ms)
+                verdict = await self.queue.wait(got)
+                recorded = True
+                share_hold(self.pipeline, route, stream.hold)
+            else:
+                verdict = got
+        if not recorded and self._shares(verdict):
+            assert verdict is not None
+            verdict = await admit_shared(self.pipeline, route, facts, stream, verdict)
+            self.queue.count_started(route, facts, stream, verdict)
+            recorded = True  # counted and held
+        response = self._body_response(route, facts, stream, verdict, recorded)
+        if verdict is not _GONE:
+            stream.answered()
+        stream.let_ticket_go()
+        yield response
+
+    def _shares(self, verdict: BodyVerdict | None) -> bool:
+        """The verdict is reserved in the replicas' shared ledger (``admit.shared_ledger``)."""
+        remote = self.pipeline.views.remote
+        return remote is not None and remote.active and verdict is not None and verdict is not _GONE
+
     def _headers(
-        self, route: Route, headers: pb.HttpHeaders, subset: frozenset[str] | None = None
-    ) -> tuple[HeaderFacts, pb.ProcessingResponse]:
+        self,
+        route: Route,
+        stream: Stream,
+        headers: pb.HttpHeaders,
+        subset: frozenset[str] | None = None,
+    ) -> tuple[RequestFacts, pb.ProcessingResponse]:
         pairs = ((h.key, h.raw_value or h.value.encode()) for h in headers.headers.headers)
-        facts = self.pipeline.on_headers(route, pairs, headers.end_of_stream)
-        facts.subset = subset
+        facts = self.pipeline.on_headers(route, pairs, headers.end_of_stream, subset)
         if facts.answer is not None:
             return facts, render.render_immediate(facts.answer)
         if facts.skip_body:
@@ -189,22 +194,29 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             helper = self.offload is not None and self.pipeline.needs_helper_size(promised)
             admitted = self.backlog.admit(promised, "helper" if helper else "inline")
             if isinstance(admitted, str):  # busy: the coarse verdict, without the body
-                verdict = self.pipeline.on_size(route, facts, promised)
-                facts.hold = self.pipeline.record(route, verdict)
-                share_hold(self.pipeline, route, facts.hold)
-                telemetry.COARSE_VERDICTS.labels(route=route.name, why=admitted).inc()
-                outcome = _with_profile(verdict.outcome, route)
-                self._watch(route, facts, verdict)
-                watch = facts.need_tokens is not None and self._watching(route)
-                return facts, render.headers_outcome(outcome, facts.strip, watch=watch)
-            facts.ticket = admitted
+                return facts, self._coarse(route, facts, stream, promised, admitted)
+            stream.ticket = admitted
             telemetry.BACKLOG_BYTES.set(self.backlog.inflight_bytes)
         watch = facts.adapter is not None and self._watching(route)
         return facts, render.headers_continue(facts.strip, watch=watch)
 
+    def _coarse(
+        self, route: Route, facts: RequestFacts, stream: Stream, promised: int, why: str
+    ) -> pb.ProcessingResponse:
+        """The coarse verdict at the headers (the worker is busy), recorded and held."""
+        verdict = self.pipeline.on_size(route, facts, promised)
+        stream.hold = self.pipeline.record(route, verdict)
+        share_hold(self.pipeline, route, stream.hold)
+        telemetry.COARSE_VERDICTS.labels(route=route.name, why=why).inc()
+        outcome = _with_profile(verdict.outcome, route)
+        self._watch(route, stream, verdict)
+        watch = stream.need_tokens is not None and self._watching(route)
+        return render.headers_outcome(outcome, facts.strip, watch=watch)
+
     def _watching(self, route: Route) -> bool:
-        """Ask for this request's response headers (``ext_proc.admit.overload_answer``); a fault
-        reading the pool asks (the response phase fails open), it never fails the request."""
+        """Ask for this request's response headers (``ext_proc.admit.overload_answer``); a
+        fault reading the pool asks (the response phase fails open), it never fails the
+        request."""
         if not overload_answer.watches(route.profile):
             return False
         try:
@@ -213,49 +225,51 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             return True
 
     @staticmethod
-    def _watch(route: Route, facts: HeaderFacts, verdict: BodyVerdict | None) -> None:
+    def _watch(route: Route, stream: Stream, verdict: BodyVerdict | None) -> None:
         """What the response phase needs of a verdict: the request's need, when it goes on
         and its profile watches for a backend's overload 503."""
         if overload_answer.watches(route.profile):
-            facts.need_tokens = overload_answer.need_tokens(route.profile, verdict)
+            stream.need_tokens = overload_answer.need_tokens(route.profile, verdict)
 
     def _response_headers(
-        self, route: Route, facts: HeaderFacts, request: pb.ProcessingRequest
+        self, route: Route, facts: RequestFacts, stream: Stream, request: pb.ProcessingRequest
     ) -> pb.ProcessingResponse:
         """A backend's overload 503 becomes ICE's answer; any other response goes on."""
         headers = request.response_headers.headers.headers
         pairs = ((h.key, h.raw_value or h.value.encode()) for h in headers)
         details = _code_details(request)
-        got = overload_answer.respond(self.pipeline, route, facts, pairs, details)
+        need = stream.need_tokens
+        got = overload_answer.respond(self.pipeline, route, facts, need, pairs, details)
         if got is None:
             return render.response_headers_continue()
         return render.render_immediate(got, overload_answer.DETAILS)
 
     async def _judge(
-        self, route: Route, facts: HeaderFacts, body: pb.HttpBody, started: float
+        self, route: Route, facts: RequestFacts, stream: Stream, data: bytes, started: float
     ) -> BodyVerdict | None:
         """The body's verdict: in full (in-process or in the offload helper), from its size
         when it arrived too late to be read in time, None for a body that is not judged, or
         ``_GONE`` (continue untouched, uncounted) when Envoy can no longer hear it."""
-        data = body.body
         heavy = (
             self.offload is not None
             and facts.adapter is not None
             and (self.offload.is_heavy(data) or self.pipeline.needs_helper(data))
         )
         lane: Lane = "helper" if heavy else "inline"
-        ticket = facts.ticket
+        ticket = stream.ticket
         if ticket is None:  # not admitted at the headers (an unknown path's body, tests)
             return await self._judge_now(route, facts, data, heavy)
         backlog = self.backlog
         backlog.arrived(ticket, len(data), lane)
         alone = backlog.queued_bytes[lane] == ticket.nbytes
         if heavy or len(data) <= SMALL_BODY_BYTES:
-            verdict = await self._judged_in_time(route, facts, data, heavy, started, alone)
+            verdict = await self._judged_in_time(route, facts, ticket, data, heavy, started, alone)
         else:  # one long body per turn of the event loop: what is ready (headers) goes first
             async with self._gate:
                 await asyncio.sleep(0)  # also where a stream Envoy has closed is cancelled
-                verdict = await self._judged_in_time(route, facts, data, heavy, started, True)
+                verdict = await self._judged_in_time(
+                    route, facts, ticket, data, heavy, started, True
+                )
         if verdict is not None and backlog.expired(time.perf_counter() - started):
             telemetry.BODIES_DROPPED.labels(reason="deadline").inc()
             backlog.lost()
@@ -265,7 +279,8 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     async def _judged_in_time(
         self,
         route: Route,
-        facts: HeaderFacts,
+        facts: RequestFacts,
+        ticket: Ticket,
         data: bytes,
         heavy: bool,
         started: float,
@@ -273,8 +288,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     ) -> BodyVerdict | None:
         """The full verdict, or the coarse one when the body is too late to be read in time;
         the judge time feeds the lane's cost (``alone``: nothing was ahead of it)."""
-        assert facts.ticket is not None
-        if self.backlog.late(facts.ticket, time.perf_counter() - started):
+        if self.backlog.late(ticket, time.perf_counter() - started):
             telemetry.COARSE_VERDICTS.labels(route=route.name, why="late").inc()
             return self.pipeline.on_size(route, facts, len(data))
         judging = time.perf_counter()
@@ -297,26 +311,31 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         return verdict
 
     async def _judge_now(
-        self, route: Route, facts: HeaderFacts, data: bytes, heavy: bool
+        self, route: Route, facts: RequestFacts, data: bytes, heavy: bool
     ) -> BodyVerdict | None:
         if heavy and self.offload is not None:
             return await self.offload.on_body(self.pipeline, route, facts, data)
         return self.pipeline.on_body(route, facts, data)
 
     def _body_response(
-        self, route: Route, facts: HeaderFacts, verdict: BodyVerdict | None, recorded: bool
+        self,
+        route: Route,
+        facts: RequestFacts,
+        stream: Stream,
+        verdict: BodyVerdict | None,
+        recorded: bool,
     ) -> pb.ProcessingResponse:
-        """``recorded``: the admission queue counted the verdict already."""
+        """``recorded``: the admission queue (or the shared ledger) counted the verdict."""
         if verdict is None or verdict is _GONE:
             return render.body_continue()
         if not recorded:
-            facts.hold = self.pipeline.record(route, verdict)
-            self.queue.count_started(route, facts, verdict)  # a tenant's requests in flight
-        self._watch(route, facts, verdict)
+            stream.hold = self.pipeline.record(route, verdict)
+            self.queue.count_started(route, facts, stream, verdict)  # a tenant's in flight
+        self._watch(route, stream, verdict)
         return render.render_body_outcome(_with_profile(verdict.outcome, route))
 
     def _fault(
-        self, route: Route, facts: HeaderFacts, phase: str | None, error: Exception
+        self, route: Route, facts: RequestFacts, phase: str | None, error: Exception
     ) -> pb.ProcessingResponse:
         # the request phases fail as the profile says; the response phase always fails open
         judging = phase in ("request_headers", "request_body")

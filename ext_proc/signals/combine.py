@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Final
 
@@ -43,6 +44,7 @@ __all__ = [
 ]
 
 Sample = tuple[str, Mapping[str, str], float]  # sample name, labels, value
+_Row = tuple[Mapping[str, str], float]  # labels, value
 
 
 class SourceParseError(ValueError):
@@ -159,12 +161,52 @@ def engine_from_samples(
     """Combine the samples of one server (see the module docstring) into an EngineScrape."""
     if kind not in N.ENGINE_NAMES:
         raise SourceParseError(f"unknown engine kind {kind!r}")
-    table = N.ENGINE_NAMES[kind]
     by_name, ranked = _group(samples, _SAMPLE_NAMES[kind], declared or {}, kind)
-    dedupe = _dedupe_ranks if ranked else _same
+    series = _Series(N.ENGINE_NAMES[kind], by_name, _dedupe_ranks if ranked else _same)
+    cap = _capacity(series)
+    reasons: dict[str, float] = defaultdict(float)
+    for labels, value in series.rows("waiting_by_reason"):
+        reasons[labels.get("reason", "")] += value
+    total = series.total
+    return EngineScrape(
+        source=source,
+        kind=kind,
+        at_s=at_s,
+        models=_models(by_name),
+        kv_cache_usage=series.mean("kv_cache_usage", cap.engine_blocks),
+        num_requests_running=total("num_requests_running"),
+        num_requests_waiting=total("num_requests_waiting"),
+        waiting_by_reason=tuple(sorted(reasons.items())),
+        sleep_state=_sleep_state(series.rows("sleep_state")),
+        num_gpu_blocks=cap.blocks,
+        block_size=cap.block_size,
+        kv_capacity_tokens=cap.tokens,
+        prefix_caching=cap.prefix_caching,
+        preemptions=total("preemptions"),
+        prefix_cache_queries_tokens=total("prefix_cache_queries_tokens"),
+        prefix_cache_hits_tokens=total("prefix_cache_hits_tokens"),
+        prompt_tokens=total("prompt_tokens"),
+        generation_tokens=total("generation_tokens"),
+        request_success=total("request_success"),
+        admission_rejections=total("admission_rejections"),
+        ttft_s=series.histogram("ttft_s"),
+        queue_time_s=series.histogram("queue_time_s"),
+        cache_hit_rate=series.mean("cache_hit_rate", None),
+    )
 
-    def first(field: str) -> str | None:
-        for name in table.get(field, ()):
+
+@dataclass(frozen=True, slots=True)
+class _Series:
+    """One server's samples by name, read a field at a time: the first of the field's names
+    (names.py's order of preference) that has samples, its rank copies counted once."""
+
+    table: Mapping[str, tuple[str, ...]]  # field → its sample names, by preference
+    by_name: Mapping[str, list[_Row]]
+    dedupe: Callable[[list[_Row]], list[_Row]]
+
+    def first(self, field: str) -> str | None:
+        by_name = self.by_name
+        for name in self.table.get(field, ()):
             if N.HOW[field] == "histogram":
                 if name + "_bucket" in by_name:
                     return name
@@ -172,15 +214,48 @@ def engine_from_samples(
                 return name
         return None
 
-    def rows(field: str) -> list[tuple[Mapping[str, str], float]]:
-        name = first(field)
-        return dedupe(by_name[name]) if name else []
+    def rows(self, field: str) -> list[_Row]:
+        name = self.first(field)
+        return self.dedupe(self.by_name[name]) if name else []
 
-    def total(field: str) -> float | None:
-        r = rows(field)
+    def total(self, field: str) -> float | None:
+        r = self.rows(field)
         return math.fsum(v for _, v in r) if r else None
 
-    # capacity: vLLM's cache_config_info labels, one per engine
+    def mean(self, field: str, engine_blocks: Mapping[str, int] | None) -> float | None:
+        """The mean in [0, 1], weighted by ``engine_blocks`` when it covers every engine."""
+        r = self.rows(field)
+        if not r:
+            return None
+        if len(r) == 1:
+            value = r[0][1]
+        elif engine_blocks and all(lb.get("engine") in engine_blocks for lb, _ in r):
+            w = [engine_blocks[lb["engine"]] for lb, _ in r]
+            value = math.fsum(v * wi for (_, v), wi in zip(r, w, strict=True)) / sum(w)
+        else:
+            value = math.fsum(v for _, v in r) / len(r)
+        return min(1.0, max(0.0, value))
+
+    def histogram(self, field: str) -> Histogram | None:
+        family = self.first(field)
+        if not family:
+            return None
+        return _histogram(family, _histogram_rows(self.by_name, family, self.dedupe))
+
+
+@dataclass(frozen=True, slots=True)
+class _Capacity:
+    """The KV cache's size, from vLLM's ``cache_config_info`` labels (one series per engine)
+    or a capacity series."""
+
+    engine_blocks: dict[str, int]  # engine → its KV blocks
+    blocks: int | None
+    block_size: int | None
+    tokens: int | None
+    prefix_caching: bool | None  # None: not said, False: the engines disagree
+
+
+def _capacity(series: _Series) -> _Capacity:
     engine_blocks: dict[str, int] = {}
     blocks: int | None = None
     block_size: int | None = None
@@ -188,7 +263,7 @@ def engine_from_samples(
     anonymous = 0
     size_tokens = 0
     caching: set[bool] = set()
-    for labels, _ in rows("cache_config"):
+    for labels, _ in series.rows("cache_config"):
         flag = labels.get("enable_prefix_caching")
         if flag is not None:
             caching.add(flag.strip().lower() == "true")
@@ -207,62 +282,25 @@ def engine_from_samples(
         capacity = blocks * block_size
     elif size_tokens:
         capacity = size_tokens
-    cap_rows = rows("kv_capacity_tokens")
+    cap_rows = series.rows("kv_capacity_tokens")
     if cap_rows:
         capacity = int(math.fsum(v for _, v in cap_rows))
+    prefix_caching = caching.pop() if len(caching) == 1 else (False if caching else None)
+    return _Capacity(engine_blocks, blocks, block_size, capacity, prefix_caching)
 
-    def mean(field: str, weighted: bool) -> float | None:
-        r = rows(field)
-        if not r:
-            return None
-        if len(r) == 1:
-            value = r[0][1]
-        elif weighted and engine_blocks and all(lb.get("engine") in engine_blocks for lb, _ in r):
-            w = [engine_blocks[lb["engine"]] for lb, _ in r]
-            value = math.fsum(v * wi for (_, v), wi in zip(r, w, strict=True)) / sum(w)
-        else:
-            value = math.fsum(v for _, v in r) / len(r)
-        return min(1.0, max(0.0, value))
 
-    reasons: dict[str, float] = defaultdict(float)
-    for labels, value in rows("waiting_by_reason"):
-        reasons[labels.get("reason", "")] += value
-
-    models = sorted(
-        {
-            labels["model_name"]
-            for name, rs in by_name.items()
-            if not name.endswith("_bucket")
-            for labels, _ in rs
-            if "model_name" in labels
-        }
-    )
-    ttft = first("ttft_s")
-    queue = first("queue_time_s")
-    return EngineScrape(
-        source=source,
-        kind=kind,
-        at_s=at_s,
-        models=tuple(models),
-        kv_cache_usage=mean("kv_cache_usage", weighted=True),
-        num_requests_running=total("num_requests_running"),
-        num_requests_waiting=total("num_requests_waiting"),
-        waiting_by_reason=tuple(sorted(reasons.items())),
-        sleep_state=_sleep_state(rows("sleep_state")),
-        num_gpu_blocks=blocks,
-        block_size=block_size,
-        kv_capacity_tokens=capacity,
-        prefix_caching=caching.pop() if len(caching) == 1 else (False if caching else None),
-        preemptions=total("preemptions"),
-        prefix_cache_queries_tokens=total("prefix_cache_queries_tokens"),
-        prefix_cache_hits_tokens=total("prefix_cache_hits_tokens"),
-        prompt_tokens=total("prompt_tokens"),
-        generation_tokens=total("generation_tokens"),
-        request_success=total("request_success"),
-        admission_rejections=total("admission_rejections"),
-        ttft_s=_histogram(ttft, _histogram_rows(by_name, ttft, dedupe)) if ttft else None,
-        queue_time_s=_histogram(queue, _histogram_rows(by_name, queue, dedupe)) if queue else None,
-        cache_hit_rate=mean("cache_hit_rate", weighted=False),
+def _models(by_name: Mapping[str, list[_Row]]) -> tuple[str, ...]:
+    """The ``model_name`` labels of every series but histogram buckets, sorted."""
+    return tuple(
+        sorted(
+            {
+                labels["model_name"]
+                for name, rs in by_name.items()
+                if not name.endswith("_bucket")
+                for labels, _ in rs
+                if "model_name" in labels
+            }
+        )
     )
 
 

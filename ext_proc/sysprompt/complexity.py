@@ -1,9 +1,10 @@
-"""System-prompt complexity score, and lossless compaction of the JSON in system prompts.
+"""System-prompt complexity score: how much of a prompt is system prompt, and how much of
+that is structured data.
 
 Job: for OpenAI chat (``messages`` of role ``system`` / ``developer``, and ``tools``) and
-Anthropic messages (``system``, a string or text blocks, and ``tools``), measure how much of
-the prompt is system prompt and how much of that is structured data, and optionally take
-the insignificant whitespace out of that structured data without changing what it means.
+Anthropic messages (``system``, a string or text blocks, and ``tools``), score a decoded
+body. Taking the insignificant whitespace out of that structured data is
+``ext_proc.sysprompt.compact``'s job.
 
 Score (see docs/sysprompt.md), tokens from ICE's own estimator (``ext_proc/schemas/estimate.py``, as
 the adapters count them):
@@ -14,50 +15,25 @@ the adapters count them):
     system_share      = min(1, system_tokens / input_tokens)       (0 when input_tokens = 0)
     structured_share  = min(1, structured_tokens / system_tokens)  (0 when no system prompt)
     score             = system_share × (0.5 + 0.5 × structured_share)    in [0, 1]
-
-Compaction (``compact_system_json``) edits, in the body's own bytes: the text of every
-system message / system block and every tool's ``description`` (embedded JSON spans only),
-and every tool's schema value (OpenAI ``function.parameters``, Anthropic ``input_schema``).
-It only deletes JSON whitespace outside JSON strings (``ext_proc.sysprompt.scan``), so the
-result is lossless (same values, key order, number spellings, escapes), idempotent and
-deterministic; every byte outside the edited values is kept. Objects that repeat a key the
-walk reads are left alone. Tokens saved are the drop in ICE's input-token estimate, which
-is exactly the drop in the system texts' and tool descriptions' estimates: whitespace in a
-tool schema saves bytes but no estimated tokens (ICE, and the servers' chat templates,
-count a schema from its parsed value, not its spacing).
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
-from ext_proc.schemas import rawjson
 from ext_proc.schemas.base import BadRequest, RequestFeatures, json_tokens, text_of_content
 from ext_proc.schemas.estimate import PER_MESSAGE_TOKENS, estimate_text_tokens
-from ext_proc.sysprompt.scan import (
-    Members,
-    array_elements,
-    compact_text,
-    delete_in_literal,
-    embedded_json_spans,
-    object_members,
-    strip_json_ws,
-    top_members,
-)
+from ext_proc.sysprompt.scan import compact_text, embedded_json_spans
 
 __all__ = [
-    "H_COMPACTED",
     "SYSTEM_ROLES",
     "SystemPromptScore",
-    "compact_system_json",
-    "maybe_compact",
     "schema_kind",
     "system_prompt_complexity",
+    "system_tokens",
 ]
 
-H_COMPACTED = "x-ice-compacted"
 SYSTEM_ROLES = frozenset(("system", "developer"))
 
 _KINDS = {
@@ -153,7 +129,7 @@ def _compacted_tools(tools: Any, kind: str) -> Any:
     return out
 
 
-def _system_tokens(body: dict[str, Any], kind: str) -> int:
+def system_tokens(body: dict[str, Any], kind: str) -> int:
     contents = _system_contents(body, kind)
     tokens = sum(PER_MESSAGE_TOKENS + _content_tokens(c) for c in contents)
     tools = body.get("tools")
@@ -184,7 +160,7 @@ def system_prompt_complexity(
     if tools is not None:
         compactable += tool_tokens - json_tokens(_compacted_tools(tools, kind))
     structured += tool_tokens
-    system = _system_tokens(body_values, kind)
+    system = system_tokens(body_values, kind)
     system_share = min(1.0, system / input_tokens) if input_tokens > 0 else 0.0
     structured_share = min(1.0, structured / system) if system > 0 else 0.0
     return SystemPromptScore(
@@ -197,140 +173,3 @@ def system_prompt_complexity(
         structured_share=structured_share,
         score=system_share * (0.5 + 0.5 * structured_share),
     )
-
-
-# --- editing the raw body -----------------------------------------------------------------
-
-Edit = tuple[int, int, str]  # (start, end, replacement) in the body's text
-
-
-def _get(obj: tuple[Members, frozenset[str]], key: str) -> tuple[int, int, Any] | None:
-    """A member's span, or None when absent or repeated (a repeated key is left alone)."""
-    members, repeated = obj
-    return None if key in repeated else members.get(key)
-
-
-def _members_at(text: str, start: int) -> tuple[Members, frozenset[str]]:
-    members, repeated, _ = object_members(text, start)
-    return members, repeated
-
-
-def _text_edit(text: str, span: tuple[int, int, Any] | None) -> Edit | None:
-    """The edit compacting the embedded JSON of one string value of the body."""
-    if span is None or not isinstance(span[2], str):
-        return None
-    start, end, value = span
-    new_value, removed = compact_text(value)
-    if not removed:
-        return None
-    literal = delete_in_literal(text[start:end], removed)
-    if literal is None or json.loads(literal) != new_value:
-        return None
-    return start, end, literal
-
-
-def _content_edits(text: str, span: tuple[int, int, Any] | None) -> list[Edit | None]:
-    if span is None:
-        return []
-    if isinstance(span[2], str):
-        return [_text_edit(text, span)]
-    if not isinstance(span[2], list):
-        return []
-    edits: list[Edit | None] = []
-    for part in array_elements(text, span[0]):
-        if isinstance(part[2], str):
-            edits.append(_text_edit(text, part))
-        elif isinstance(part[2], dict) and part[2].get("type", "text") == "text":
-            obj = _members_at(text, part[0])
-            kind = _get(obj, "type")
-            if kind is None and "type" in part[2]:
-                continue  # a repeated "type"
-            edits.append(_text_edit(text, _get(obj, "text")))
-    return edits
-
-
-def _schema_edit(text: str, span: tuple[int, int, Any] | None) -> Edit | None:
-    if span is None:
-        return None
-    start, end, value = span
-    raw = text[start:end]
-    compact = strip_json_ws(raw)
-    if compact == raw or json.loads(compact) != value:
-        return None
-    return start, end, compact
-
-
-def _edits(text: str, kind: str) -> list[Edit]:
-    top = top_members(text)
-    found: list[Edit | None] = []
-    if kind == "anthropic":
-        found += _content_edits(text, _get(top, "system"))
-    else:
-        messages = _get(top, "messages")
-        if messages is not None and isinstance(messages[2], list):
-            for msg in array_elements(text, messages[0]):
-                if not isinstance(msg[2], dict) or msg[2].get("role") not in SYSTEM_ROLES:
-                    continue
-                obj = _members_at(text, msg[0])
-                if _get(obj, "role") is not None:
-                    found += _content_edits(text, _get(obj, "content"))
-    tools = _get(top, "tools")
-    if tools is not None and isinstance(tools[2], list):
-        for tool in array_elements(text, tools[0]):
-            if not isinstance(tool[2], dict):
-                continue
-            holder: tuple[Members, frozenset[str]] | None = _members_at(text, tool[0])
-            if kind == "openai" and holder is not None:
-                fn = _get(holder, "function")
-                holder = _members_at(text, fn[0]) if fn and isinstance(fn[2], dict) else None
-            if holder is None:
-                continue
-            found.append(_text_edit(text, _get(holder, "description")))
-            key = "parameters" if kind == "openai" else "input_schema"
-            found.append(_schema_edit(text, _get(holder, key)))
-    return sorted(e for e in found if e is not None)
-
-
-def compact_system_json(body: bytes, schema: object) -> tuple[bytes, int] | None:
-    """The body with its system prompt's and tools' JSON compacted, and the input tokens
-    that saves (ICE's estimate); None when nothing changed (unsupported schema, a body that
-    is not a JSON object, or nothing to compact). See the module docstring."""
-    kind = schema_kind(schema)
-    if kind is None:
-        return None
-    try:
-        text = body.decode("utf-8")
-        edits = _edits(text, kind)
-    except (ValueError, RecursionError):
-        return None
-    if not edits:
-        return None
-    parts: list[str] = []
-    pos = 0
-    for start, end, replacement in edits:
-        parts.append(text[pos:start])
-        parts.append(replacement)
-        pos = end
-    parts.append(text[pos:])
-    new_body = "".join(parts).encode("utf-8")
-    try:
-        before = rawjson.decode_object(body)
-        after = rawjson.decode_object(new_body)
-    except rawjson.InvalidJSON:  # not expected: the edits keep the document valid
-        return None
-    saved = _system_tokens(before, kind) - _system_tokens(after, kind)
-    return new_body, max(0, saved)
-
-
-def maybe_compact(
-    profile_flag: bool, body: bytes, schema: str
-) -> tuple[bytes, list[tuple[str, str]]] | None:
-    """The profile's ``compact_system_json``: the compacted body and the headers to add
-    (``x-ice-compacted: tokens=<n>``), or None when the flag is off or nothing changed."""
-    if not profile_flag:
-        return None
-    result = compact_system_json(body, schema)
-    if result is None:
-        return None
-    new_body, saved = result
-    return new_body, [(H_COMPACTED, f"tokens={saved}")]

@@ -219,15 +219,16 @@ def object_members(text: str, i: int) -> tuple[Members, frozenset[str], int]:
         raise ValueError(f"expected ',' or '}}' at char {i}")
 
 
-def array_elements(text: str, i: int) -> list[tuple[int, int, Any]]:
-    """``(start, end, value)`` of each element of the array at ``text[i]``."""
+def array_elements(text: str, i: int, limit: int | None = None) -> list[tuple[int, int, Any]]:
+    """``(start, end, value)`` of each element of the array at ``text[i]`` (its first
+    ``limit`` elements: the rest is not read)."""
     if _at(text, i) != "[":
         raise ValueError(f"expected an array at char {i}")
     items: list[tuple[int, int, Any]] = []
     i = _skip(text, i + 1)
     if _at(text, i) == "]":
         return items
-    while True:
+    while limit is None or len(items) < limit:
         value, end = _BODY.raw_decode(text, i)
         items.append((i, end, value))
         i = _skip(text, end)
@@ -237,6 +238,7 @@ def array_elements(text: str, i: int) -> list[tuple[int, int, Any]]:
         if _at(text, i) == "]":
             return items
         raise ValueError(f"expected ',' or ']' at char {i}")
+    return items
 
 
 def top_members(text: str) -> tuple[Members, frozenset[str]]:

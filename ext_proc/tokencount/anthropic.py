@@ -67,18 +67,9 @@ def anthropic_to_chat(
     """Anthropic ``system`` + ``messages`` as the OpenAI chat messages vLLM's ``/v1/messages``
     builds from them (``system_first``: merge inline system messages into the leading one)."""
     out: list[dict[str, Any]] = []
-    system_parts = []
-    leading = _anthropic_text(system, inline=False) if system else None
+    leading = _leading_system(messages, system, system_first=system_first)
     if leading:
-        system_parts.append(leading)
-    if system_first:
-        for msg in messages:
-            if isinstance(msg, dict) and msg.get("role") == "system":
-                text = _anthropic_text(msg.get("content"), inline=True)
-                if text:
-                    system_parts.append(text)
-    if system_parts:
-        out.append({"role": "system", "content": "".join(system_parts)})
+        out.append({"role": "system", "content": leading})
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
             raise TokenCountError(f"messages[{i}]: must be an object with a role")
@@ -93,44 +84,71 @@ def anthropic_to_chat(
         if isinstance(content, str):
             chat["content"] = content
         elif isinstance(content, list):
-            parts: list[dict[str, Any]] = []
-            calls: list[dict[str, Any]] = []
-            reasoning: list[str] = []
-            for block in content:
-                if not isinstance(block, dict):
-                    raise TokenCountError(f"messages[{i}].content: blocks must be objects")
-                kind = block.get("type")
-                if kind == "text" and block.get("text"):
-                    parts.append({"type": "text", "text": block["text"]})
-                elif kind == "image" and block.get("source"):
-                    parts.append({"type": "image_url", "image_url": {"url": "<image>"}})
-                elif kind == "thinking" and block.get("thinking") is not None:
-                    reasoning.append(str(block["thinking"]))
-                elif kind == "tool_use":
-                    arguments = json.dumps(block.get("input") or {})
-                    calls.append(
-                        {
-                            "id": block.get("id") or "call",
-                            "type": "function",
-                            "function": {"name": block.get("name") or "", "arguments": arguments},
-                        }
-                    )
-                elif kind == "tool_result":
-                    if role == "user":
-                        _anthropic_tool_result(block, out)
-                    else:
-                        result = str(block.get("content")) if block.get("content") else ""
-                        parts.append({"type": "text", "text": f"Tool result: {result}"})
-            if reasoning:
-                chat["reasoning"] = "".join(reasoning)
-            if calls:
-                chat["tool_calls"] = calls
-            if parts:
-                only_text = len(parts) == 1 and parts[0]["type"] == "text"
-                chat["content"] = parts[0]["text"] if only_text else parts
+            _add_blocks(chat, content, f"messages[{i}].content", out)
         if not (role == "user" and "content" not in chat):
             out.append(chat)
     return out
+
+
+def _leading_system(messages: Sequence[Any], system: Any, *, system_first: bool) -> str:
+    """The leading system message's text: the top-level ``system``, then (``system_first``)
+    the inline system messages' text; "" when there is none."""
+    system_parts = []
+    leading = _anthropic_text(system, inline=False) if system else None
+    if leading:
+        system_parts.append(leading)
+    if system_first:
+        for msg in messages:
+            if isinstance(msg, dict) and msg.get("role") == "system":
+                text = _anthropic_text(msg.get("content"), inline=True)
+                if text:
+                    system_parts.append(text)
+    return "".join(system_parts)
+
+
+def _add_blocks(
+    chat: dict[str, Any], blocks: list[Any], where: str, out: list[dict[str, Any]]
+) -> None:
+    """A message's content blocks into ``chat``: text and image parts, ``reasoning`` and
+    ``tool_calls``; a user's tool results go to ``out`` as ``tool`` messages before it."""
+    parts: list[dict[str, Any]] = []
+    calls: list[dict[str, Any]] = []
+    reasoning: list[str] = []
+    for block in blocks:
+        if not isinstance(block, dict):
+            raise TokenCountError(f"{where}: blocks must be objects")
+        kind = block.get("type")
+        if kind == "text" and block.get("text"):
+            parts.append({"type": "text", "text": block["text"]})
+        elif kind == "image" and block.get("source"):
+            parts.append({"type": "image_url", "image_url": {"url": "<image>"}})
+        elif kind == "thinking" and block.get("thinking") is not None:
+            reasoning.append(str(block["thinking"]))
+        elif kind == "tool_use":
+            calls.append(_tool_call(block))
+        elif kind == "tool_result":
+            if chat["role"] == "user":
+                _anthropic_tool_result(block, out)
+            else:
+                result = str(block.get("content")) if block.get("content") else ""
+                parts.append({"type": "text", "text": f"Tool result: {result}"})
+    if reasoning:
+        chat["reasoning"] = "".join(reasoning)
+    if calls:
+        chat["tool_calls"] = calls
+    if parts:
+        only_text = len(parts) == 1 and parts[0]["type"] == "text"
+        chat["content"] = parts[0]["text"] if only_text else parts
+
+
+def _tool_call(block: dict[str, Any]) -> dict[str, Any]:
+    """A ``tool_use`` block as an OpenAI tool call."""
+    arguments = json.dumps(block.get("input") or {})
+    return {
+        "id": block.get("id") or "call",
+        "type": "function",
+        "function": {"name": block.get("name") or "", "arguments": arguments},
+    }
 
 
 def _anthropic_tools(tools: Any) -> list[dict[str, Any]] | None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ext_proc.admit.outcome import Continue, Respond
-from ext_proc.admit.pipeline import HeaderFacts, Pipeline
+from ext_proc.admit.pipeline import Pipeline, RequestFacts
 from ext_proc.admit.queue import queueable, tenant_key
 from ext_proc.admit.truncation import finish_truncation
 from ext_proc.policy.load import load_policy
@@ -71,7 +71,7 @@ def dry_run(
     headers.append(("content-type", content_type.encode()))
     if priority:
         headers.append((policy.priority_header, priority.encode()))
-    facts: HeaderFacts = pipeline.on_headers(r, headers, end_of_stream=not request)
+    facts: RequestFacts = pipeline.on_headers(r, headers, end_of_stream=not request)
     report: dict[str, Any] = {
         "route": r.name,
         "profile": r.profile.name,

@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from ext_proc.schemas import rawjson
 from ext_proc.schemas.estimate import PER_MESSAGE_TOKENS, estimate_text_tokens
@@ -183,19 +183,41 @@ def _default_role(schema: str) -> str:
 
 def apply_plan(body: bytes, plan: Plan) -> bytes:
     """The body with only the kept messages (and placeholders), every other byte as sent."""
-    doc = rawjson.parse_object(body)
-    items = rawjson.array_items(doc, "messages")
-    inserts: dict[int, str] = {}
+    return apply_plan_doc(rawjson.parse_object(body), plan).text.encode("utf-8")
+
+
+def apply_plan_doc(doc: rawjson.TopLevel, plan: Plan) -> rawjson.TopLevel:
+    """``apply_plan`` on a decoded body: the shorter body's text and values, with no second
+    parse (the element spans come from the decode when it walked ``messages``)."""
+    spans = doc.items.get("messages")
+    if spans is None:
+        items = rawjson.array_items(doc, "messages")
+    else:
+        items = [doc.text[s:e] for s, e in spans]
+    old: Any = doc.values.get("messages")
+    known = isinstance(old, list)
+    inserts: dict[int, tuple[str, dict[str, str]]] = {}
     if plan.placeholder:
         for run in plan.runs:
-            text = _placeholder_text(plan.placeholder, run)
-            inserts[run.before] = json.dumps(
-                {"role": plan.placeholder_role, "content": text}, ensure_ascii=False
-            )
+            message = {
+                "role": plan.placeholder_role,
+                "content": _placeholder_text(plan.placeholder, run),
+            }
+            inserts[run.before] = (json.dumps(message, ensure_ascii=False), message)
     out: list[str] = []
+    values: list[Any] = []
     for i in plan.kept_messages:
         if i in inserts:
-            out.append(inserts.pop(i))
+            text, message = inserts.pop(i)
+            out.append(text)
+            values.append(message)
         out.append(items[i])
-    out.extend(inserts.values())  # a run at the very end (cannot happen: the current turn stays)
-    return rawjson.replace_array(doc, "messages", out)
+        values.append(old[i] if known else None)
+    for text, message in inserts.values():  # a run at the very end (cannot happen: the
+        out.append(text)  # current turn stays)
+        values.append(message)
+    start, end = doc.spans["messages"]
+    new = {**doc.values, "messages": values if known else old}
+    shorter = rawjson.splice(doc, [(start, end, "[" + ", ".join(out) + "]")], new)
+    kept = {k: v for k, v in shorter.items.items() if k != "messages"}
+    return rawjson.TopLevel(shorter.text, shorter.values, shorter.spans, shorter.close_index, kept)

@@ -67,13 +67,10 @@ from envoy_data_plane.google.protobuf import Any as PbAny
 
 from ext_proc.tools.envoygen import pieces
 from ext_proc.tools.envoygen.emit import as_dict
-from ext_proc.tools.envoygen.gateway import (
-    BODY_MODES,
+from ext_proc.tools.envoygen.gateway_names import (
     EARLY_MUTATION,
-    EG_GRPC_TIMEOUT,
     FILTER_CONFIG_TYPE,
     HCM,
-    JSON_PATH,
     LISTENER_TYPE,
     ROUTE_CONFIG_TYPE,
     _pointer,
@@ -82,6 +79,7 @@ from ext_proc.tools.envoygen.gateway import (
     ext_proc_filter_name,
     xds_route_name,
 )
+from ext_proc.tools.envoygen.gateway_policies import BODY_MODES, EG_GRPC_TIMEOUT, JSON_PATH
 
 # --- an Envoy bootstrap shaped as EG would translate the objects ---------------------------
 

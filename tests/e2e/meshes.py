@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from ext_proc.tools.envoygen import gateway, istio, pieces
+from ext_proc.tools.envoygen import gateway_names, istio, pieces
 from ext_proc.tools.envoygen.emit import as_dict
 from ext_proc.tools.envoygen.spec import load_spec
 
@@ -267,7 +267,7 @@ def envoy_gateway_flavours() -> dict[str, Any]:
     return {
         "envoy-gateway": (
             envoy_gateway,
-            gateway.listener_name(SPEC),
+            gateway_names.listener_name(SPEC),
             eg_xds.ice_clusters(docs)[0],
             tuple(eg_xds.backend_clusters(docs)),
         )

@@ -50,9 +50,9 @@ One module per job, each stating its invariants at the top:
 - ``workload``: the mixed workload's plan and its parameters (``MixedSpec``).
 - ``arms``: arms, valves and their grouping by vLLM config.
 - ``metrics``: readings of vLLM's ``/metrics``, ICE's histogram and Envoy's counters.
-- ``run``: one run of a burst against one target (``Shot``, ``RunResult``, ``run_burst``) and
-  the pure reductions of its shots (``drain_s``, ``goodput``, ``by_reason``, ``by_status``,
-  ``tenant_breakdown``).
+- ``run``: one run of a burst against one target (``send``, ``RunResult``, ``run_burst``).
+- ``shots``: what each request got (``Shot``) and the pure reductions of a run's shots
+  (``drain_s``, ``goodput``, ``by_reason``, ``by_status``, ``tenant_breakdown``).
 - ``setup``: vLLM + ICE(s) + Envoy(s) started and stopped together; ``compare`` runs the modes.
 - ``sweep``: one setup and one ``compare`` per vLLM config, one after the other.
 - ``results``: the one-line, table, spread, per-tenant and JSON views of finished runs.
@@ -133,19 +133,7 @@ from ext_proc.lab.overload.results import (
     tenant_table,
     totals,
 )
-from ext_proc.lab.overload.run import (
-    RunResult,
-    Shot,
-    by_reason,
-    by_status,
-    by_valve,
-    drain_s,
-    goodput,
-    kind_breakdown,
-    quantile,
-    run_burst,
-    tenant_breakdown,
-)
+from ext_proc.lab.overload.run import RunResult, run_burst
 from ext_proc.lab.overload.setup import (
     MAX_TENANTS,
     QUEUE_LENGTH,
@@ -157,6 +145,17 @@ from ext_proc.lab.overload.setup import (
     queue_policy,
     render_policy,
     warm_up,
+)
+from ext_proc.lab.overload.shots import (
+    Shot,
+    by_reason,
+    by_status,
+    by_valve,
+    drain_s,
+    goodput,
+    kind_breakdown,
+    quantile,
+    tenant_breakdown,
 )
 from ext_proc.lab.overload.sweep import (
     GroupRun,

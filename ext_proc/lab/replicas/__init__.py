@@ -20,8 +20,11 @@ One module per job, each stating its invariants at the top:
   quantiles, median [min–max] over rounds.
 - ``traffic``: the burst, the latency probe, the steady load; ``Answer`` per request.
 - ``setup``: the backend (dev or vLLM, once) and a setting's N replicas + Envoy.
-- ``scenarios``: a setting's rounds, the sweep, the failover (standby: the active replica
-  killed under a steady load) and the crash (redis: a replica killed with a full pool).
+- ``scenarios``: a setting's rounds and the sweep.
+- ``faults``: the failover (standby: the active replica killed under a steady load) and the
+  crash (redis: a replica killed with a full pool).
+- ``readings``: what the scenarios read between steps (vLLM's preemptions, each replica's
+  passes, the shared ledger's errors), the backend settled, the shared Redis flushed.
 - ``report``: the plan, the markdown table, the scenarios' lines, the JSON document.
 - ``dev_policy.yaml``: the policy of the dev backend's runs (``kv_hold: done``,
   ``on_kv_shortfall: shed``: a request that does not fit is a 429, never a smaller one).
@@ -42,6 +45,7 @@ from ext_proc.lab.replicas.accounting import (
     peak_blocks,
     stats,
 )
+from ext_proc.lab.replicas.faults import CrashResult, FailoverResult, crash, failover
 from ext_proc.lab.replicas.report import (
     COLUMNS,
     crash_text,
@@ -53,12 +57,8 @@ from ext_proc.lab.replicas.report import (
 )
 from ext_proc.lab.replicas.scenarios import (
     METRICS,
-    CrashResult,
-    FailoverResult,
     RoundResult,
     SettingResult,
-    crash,
-    failover,
     held,
     run_round,
     run_setting,

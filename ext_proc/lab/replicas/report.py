@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ext_proc.lab.replicas.scenarios import CrashResult, FailoverResult, SettingResult
+from ext_proc.lab.replicas.faults import CrashResult, FailoverResult
+from ext_proc.lab.replicas.scenarios import SettingResult
 from ext_proc.lab.replicas.traffic import BurstPlan
 
 __all__ = ["COLUMNS", "crash_text", "document", "estimate_s", "failover_text", "plan_text", "table"]

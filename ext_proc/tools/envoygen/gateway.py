@@ -100,30 +100,46 @@ Invariants: pure (no I/O); the same spec gives the same objects in the same orde
 Envoy value is a ``pieces`` object rendered by ``as_dict`` (the EG fields are translated from
 them and raise when EG cannot say what ``pieces`` asks); ``xds_like_bootstrap`` translates
 only the shapes ``objects`` emits and raises on anything else.
+
+Where: ``gateway_names`` (the names, EG's and ICE's, and the judged routes by profile),
+``gateway_policies`` (the three policies); here the Gateway, the routes, the 404's filter,
+and their order.
 """
 
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeVar
-
-from envoy_data_plane.google.protobuf import Any as PbAny
+from typing import Any
 
 from ext_proc.tools.envoygen import pieces
 from ext_proc.tools.envoygen.emit import as_dict
-from ext_proc.tools.envoygen.spec import MeshSpec, RouteSpec
+from ext_proc.tools.envoygen.gateway_names import (
+    CLOSED,
+    EG_API,
+    EG_GROUP,
+    GATEWAY_API,
+    GATEWAY_CLASS,
+    GATEWAY_GROUP,
+    LISTENER,
+    MAX_MATCHES,
+    UNKNOWN,
+    _chunks,
+    _meta,
+    judged_groups,
+)
+from ext_proc.tools.envoygen.gateway_policies import (
+    client_traffic_policy,
+    extension_policies,
+    patch_policy,
+)
+from ext_proc.tools.envoygen.spec import MeshSpec
 
 __all__ = [
+    "CLOSED_MESSAGE",
     "HEADER",
-    "ext_proc_filter_name",
-    "judged_groups",
-    "listener_name",
     "objects",
-    "route_config_name",
-    "xds_route_name",
+    "unknown_endpoint_body",
+    "verdict_headers",
 ]
 
 HEADER = [
@@ -138,136 +154,10 @@ HEADER = [
     "Delete the EnvoyExtensionPolicy to roll back.",
 ]
 
-GATEWAY_API = "gateway.networking.k8s.io/v1"
-GATEWAY_GROUP = "gateway.networking.k8s.io"
-EG_API = "gateway.envoyproxy.io/v1alpha1"
-EG_GROUP = "gateway.envoyproxy.io"
-GATEWAY_CLASS = "eg"  # Envoy Gateway's quickstart GatewayClass
-LISTENER = "http"
-JUDGED = "llm-inference"
-CLOSED = "llm-inference-closed"
-UNKNOWN = "unknown-endpoint"
-POLICY = "ice"
-MAX_RULES = 16  # Gateway API: rules per HTTPRoute
-MAX_MATCHES = 64  # Gateway API: matches per rule
-LABELS = {
-    "app.kubernetes.io/name": "ice",
-    "app.kubernetes.io/component": "envoy-gateway",
-    "app.kubernetes.io/managed-by": "ice-envoy-config",
-}
-TYPE = "type.googleapis.com/"
-ROUTE_CONFIG_TYPE = f"{TYPE}envoy.config.route.v3.RouteConfiguration"
-LISTENER_TYPE = f"{TYPE}envoy.config.listener.v3.Listener"
-FILTER_CONFIG_TYPE = f"{TYPE}envoy.config.route.v3.FilterConfig"
-HCM = "envoy.filters.network.http_connection_manager"
-EARLY_MUTATION = "envoy.http.early_header_mutation.header_mutation"
-EG_GRPC_TIMEOUT = "10s"  # EG's defaultExtServiceRequestTimeout on the ext_proc gRPC service
-ESCAPED_SLASHES = "UnescapeAndForward"  # as local.py's HCM (EG's default redirects instead)
 CLOSED_MESSAGE = "This path is not served by this gateway."
-BODY_MODES = {
-    "BUFFERED": "Buffered",
-    "STREAMED": "Streamed",
-    "BUFFERED_PARTIAL": "BufferedPartial",
-    "FULL_DUPLEX_STREAMED": "FullDuplexStreamed",
-}
-JSON_PATH = re.compile(r"^\.\.(?P<key>\w+)\[\?\(@\.name=='(?P<name>[^']*)'\)\]$")
-
-T = TypeVar("T")
-
-
-# --- names: what EG calls things ---------------------------------------------------------
-
-
-def route_config_name(spec: MeshSpec) -> str:
-    """EG's RouteConfiguration for the listener (XDSNameSchemeV2 off)."""
-    return f"{spec.gateway.namespace}/{spec.gateway.name}/{LISTENER}"
-
-
-def listener_name(spec: MeshSpec) -> str:
-    """EG's Listener for the Gateway's listener (XDSNameSchemeV2 off)."""
-    return f"{spec.gateway.namespace}/{spec.gateway.name}/{LISTENER}"
-
-
-def xds_route_name(namespace: str, route: str, rule: int, match: int = 0) -> str:
-    """EG's xDS route for an HTTPRoute's rule and match, no hostnames (``*``)."""
-    return f"httproute/{namespace}/{route}/rule/{rule}/match/{match}/*"
-
-
-def ext_proc_filter_name(namespace: str, policy: str, index: int = 0) -> str:
-    """EG's ext_proc filter for an EnvoyExtensionPolicy's ``extProc[index]``."""
-    return f"{pieces.EXT_PROC}/{ext_proc_cluster_name(namespace, policy, index)}"
-
-
-def ext_proc_cluster_name(namespace: str, policy: str, index: int = 0) -> str:
-    return f"envoyextensionpolicy/{namespace}/{policy}/extproc/{index}"
-
-
-def backend_cluster_name(namespace: str, route: str, rule: int) -> str:
-    return f"httproute/{namespace}/{route}/rule/{rule}"
-
-
-def _pointer(key: str) -> str:
-    """A JSON pointer segment (RFC 6901)."""
-    return key.replace("~", "~0").replace("/", "~1")
-
-
-# --- the judged routes, grouped by profile -----------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class JudgedGroup:
-    """The judged routes of one profile: one EnvoyExtensionPolicy, its HTTPRoutes."""
-
-    profile: str | None
-    policy: str
-    routes: tuple[tuple[str, tuple[RouteSpec, ...]], ...]  # HTTPRoute name → one rule each
-
-
-def _chunks(items: Sequence[T], size: int) -> Iterator[tuple[T, ...]]:
-    for start in range(0, len(items), size):
-        yield tuple(items[start : start + size])
-
-
-def _slug(profile: str) -> str:
-    return re.sub(r"[^a-z0-9-]+", "-", profile.lower()).strip("-") or "profile"
-
-
-def _suffixes(profiles: Sequence[str | None]) -> list[str]:
-    """``""`` for the policy's binding (or a single group), ``-<profile>`` otherwise, unique."""
-    if len(profiles) == 1:
-        return [""]
-    out: list[str] = []
-    for i, profile in enumerate(profiles):
-        suffix = "" if profile is None else f"-{_slug(profile)}"
-        out.append(f"{suffix}-{i}" if suffix in out else suffix)
-    return out
-
-
-def judged_groups(spec: MeshSpec) -> list[JudgedGroup]:
-    """The judged routes by profile, in the order the spec first names each profile."""
-    by_profile: dict[str | None, list[RouteSpec]] = {}
-    for r in spec.routes:
-        by_profile.setdefault(r.profile, []).append(r)
-    groups = []
-    for (profile, routes), suffix in zip(
-        by_profile.items(), _suffixes(list(by_profile)), strict=True
-    ):
-        chunks = list(_chunks(routes, MAX_RULES))
-        names = [f"{JUDGED}{suffix}" + (f"-{k + 1}" if k else "") for k in range(len(chunks))]
-        groups.append(
-            JudgedGroup(profile, f"{POLICY}{suffix}", tuple(zip(names, chunks, strict=True)))
-        )
-    names = [name for g in groups for name, _ in g.routes]
-    if len(set(names)) != len(names):
-        raise ValueError(f"HTTPRoute names collide (profile names like the parts' -N): {names}")
-    return groups
 
 
 # --- the objects ---------------------------------------------------------------------------
-
-
-def _meta(name: str, namespace: str) -> dict[str, Any]:
-    return {"name": name, "namespace": namespace, "labels": dict(LABELS)}
 
 
 def _gateway(spec: MeshSpec) -> dict[str, Any]:
@@ -405,173 +295,6 @@ def _unknown_endpoint(spec: MeshSpec) -> dict[str, Any]:
     }
 
 
-def _processing_mode(mode: dict[str, Any]) -> dict[str, Any]:
-    """``pieces``' processing mode in EG's terms; what EG cannot say raises."""
-    skip = {
-        "request_trailer_mode": "SKIP",
-        "response_header_mode": "SKIP",
-        "response_trailer_mode": "SKIP",
-    }
-    if mode.get("request_header_mode") != "SEND" or any(mode.get(k) != v for k, v in skip.items()):
-        raise ValueError(f"processing mode {mode}: not expressible with EG's ExtProc API")
-    if mode.get("response_body_mode", "NONE") != "NONE":
-        raise ValueError(f"processing mode {mode}: responses are never sent to ICE")
-    return {"request": {"body": BODY_MODES[mode["request_body_mode"]]}}
-
-
-def _ice_backend_settings(spec: MeshSpec) -> dict[str, Any]:
-    """``pieces.ice_cluster``'s settings as EG's ClusterSettings."""
-    cluster = as_dict(pieces.ice_cluster("ice", [f"{spec.ice.host}:{spec.ice.port}"], dns=True))
-    (check,) = cluster["health_checks"]
-    if set(check) != {"timeout", "interval", "unhealthy_threshold", "healthy_threshold",
-                      "grpc_health_check"}:  # fmt: skip
-        raise ValueError(f"health check {check}: not expressible as EG's active GRPC check")
-    options = cluster["typed_extension_protocol_options"]
-    h2 = next(iter(options.values()))["explicit_http_config"]["http2_protocol_options"]
-    return {
-        "timeout": {"tcp": {"connectTimeout": cluster["connect_timeout"]}},
-        "http2": {"maxConcurrentStreams": h2["max_concurrent_streams"]},
-        "healthCheck": {
-            "active": {
-                "type": "GRPC",
-                "timeout": check["timeout"],
-                "interval": check["interval"],
-                "unhealthyThreshold": check["unhealthy_threshold"],
-                "healthyThreshold": check["healthy_threshold"],
-                "grpc": {},
-            }
-        },
-    }
-
-
-def _ext_proc_entry(spec: MeshSpec) -> dict[str, Any]:
-    """``pieces.ext_proc_config`` in EG's ExtProc API (less max_message_timeout and
-    response_attributes: patched)."""
-    cfg = as_dict(pieces.ext_proc_config("ice"))
-    metadata = cfg["metadata_options"]
-    processing = _processing_mode(cfg["processing_mode"])
-    processing["allowModeOverride"] = cfg["allow_mode_override"]
-    ice = spec.ice
-    return {
-        "backendRefs": [{"name": ice.service, "namespace": ice.namespace, "port": ice.port}],
-        "backendSettings": _ice_backend_settings(spec),
-        "failOpen": cfg["failure_mode_allow"],
-        "messageTimeout": cfg["message_timeout"],
-        "processingMode": processing,
-        "metadata": {
-            "accessibleNamespaces": metadata["forwarding_namespaces"]["untyped"],
-            "writableNamespaces": metadata["receiving_namespaces"]["untyped"],
-        },
-    }
-
-
-def _extension_policies(spec: MeshSpec) -> list[dict[str, Any]]:
-    out = []
-    for group in judged_groups(spec):
-        targets = [
-            {"group": GATEWAY_GROUP, "kind": "HTTPRoute", "name": n} for n, _ in group.routes
-        ]
-        out.append(
-            {
-                "apiVersion": EG_API,
-                "kind": "EnvoyExtensionPolicy",
-                "metadata": _meta(group.policy, spec.gateway.namespace),
-                "spec": {"targetRefs": targets, "extProc": [_ext_proc_entry(spec)]},
-            }
-        )
-    return out
-
-
-def _early_request_headers() -> dict[str, Any]:
-    """``pieces.strip_spoofed_headers`` as EG's ``earlyRequestHeaders``."""
-    config = as_dict(pieces.strip_spoofed_headers())["typed_config"]
-    remove: list[str] = []
-    on_match: list[dict[str, str]] = []
-    for mutation in config["mutations"]["request_mutations"]:
-        if set(mutation) == {"remove"}:
-            remove.append(mutation["remove"])
-        elif set(mutation) == {"remove_on_match"} and set(
-            matcher := mutation["remove_on_match"]["key_matcher"]
-        ) == {"prefix"}:
-            on_match.append({"type": "Prefix", "value": matcher["prefix"]})
-        else:
-            raise ValueError(f"{mutation}: not expressible as EG's earlyRequestHeaders")
-    return {"remove": remove, "removeOnMatch": on_match}
-
-
-def _quantity(n: int) -> str:
-    return f"{n >> 20}Mi" if n % (1 << 20) == 0 else str(n)
-
-
-def _client_traffic_policy(spec: MeshSpec) -> dict[str, Any]:
-    target = {"group": GATEWAY_GROUP, "kind": "Gateway", "name": spec.gateway.name}
-    return {
-        "apiVersion": EG_API,
-        "kind": "ClientTrafficPolicy",
-        "metadata": _meta(POLICY, spec.gateway.namespace),
-        "spec": {
-            "targetRefs": [{**target, "sectionName": LISTENER}],
-            "headers": {"earlyRequestHeaders": _early_request_headers()},
-            "connection": {"bufferLimit": _quantity(pieces.MAX_BODY_BYTES)},
-            "path": {"escapedSlashesAction": ESCAPED_SLASHES},
-        },
-    }
-
-
-def _route_patch(spec: MeshSpec, route: str, config: dict[str, Any], flt: str) -> dict[str, Any]:
-    return {
-        "type": ROUTE_CONFIG_TYPE,
-        "name": route_config_name(spec),
-        "operation": {
-            "op": "add",
-            "jsonPath": f"..routes[?(@.name=='{route}')]",
-            "path": f"/typed_per_filter_config/{_pointer(flt)}/config",
-            "value": config,
-        },
-    }
-
-
-def _patches(spec: MeshSpec) -> list[dict[str, Any]]:
-    ns = spec.gateway.namespace
-    patches = []
-    for group in judged_groups(spec):
-        flt = ext_proc_filter_name(ns, group.policy)
-        for name, routes in group.routes:
-            for i, r in enumerate(routes):
-                config = as_dict(PbAny.pack(pieces.judged_route_config(r.name, r.profile)))
-                patches.append(_route_patch(spec, xds_route_name(ns, name, i), config, flt))
-    cfg = as_dict(pieces.ext_proc_config("ice"))
-    for group in judged_groups(spec):
-        flt = ext_proc_filter_name(ns, group.policy)
-        for field in ("max_message_timeout", "response_attributes"):
-            patches.append(
-                {
-                    "type": LISTENER_TYPE,
-                    "name": listener_name(spec),
-                    "operation": {
-                        "op": "add",
-                        "jsonPath": f"..http_filters[?(@.name=='{flt}')]",
-                        "path": f"/typed_config/{field}",
-                        "value": cfg[field],
-                    },
-                }
-            )
-    return patches
-
-
-def _patch_policy(spec: MeshSpec) -> dict[str, Any]:
-    return {
-        "apiVersion": EG_API,
-        "kind": "EnvoyPatchPolicy",
-        "metadata": _meta(POLICY, spec.gateway.namespace),
-        "spec": {
-            "type": "JSONPatch",
-            "targetRef": {"group": GATEWAY_GROUP, "kind": "Gateway", "name": spec.gateway.name},
-            "jsonPatches": _patches(spec),
-        },
-    }
-
-
 def objects(spec: MeshSpec) -> list[dict[str, Any]]:
     """The Envoy Gateway objects, in a fixed order (see the module's docstring)."""
     return [
@@ -580,7 +303,7 @@ def objects(spec: MeshSpec) -> list[dict[str, Any]]:
         *_judged_routes(spec),
         _closed_route(spec),
         _unknown_endpoint(spec),
-        *_extension_policies(spec),
-        _client_traffic_policy(spec),
-        _patch_policy(spec),
+        *extension_policies(spec),
+        client_traffic_policy(spec),
+        patch_policy(spec),
     ]

@@ -39,6 +39,7 @@ from envoy_data_plane.google.protobuf import Any as PbAny
 
 from ext_proc.tools.envoygen import pieces
 from ext_proc.tools.envoygen.emit import as_dict
+from ext_proc.tools.envoygen.hcm_settings import access_log, too_large_reply
 from ext_proc.tools.envoygen.local import read_only_name
 from ext_proc.tools.envoygen.spec import MeshSpec
 
@@ -83,8 +84,8 @@ def _normalising_hcm(local_reply: bool = True) -> dict[str, Any]:
         ),
     )
     if local_reply:
-        hcm.local_reply_config = pieces.too_large_reply()
-    hcm.access_log = [pieces.access_log()]  # beside Istio's own, with ICE's verdict
+        hcm.local_reply_config = too_large_reply()
+    hcm.access_log = [access_log()]  # beside Istio's own, with ICE's verdict
     return {"name": HCM, "typed_config": as_dict(PbAny.pack(hcm))}
 
 

@@ -73,6 +73,7 @@ from envoy_data_plane.google.protobuf import Any as PbAny
 
 from ext_proc.tools.envoygen import pieces
 from ext_proc.tools.envoygen.emit import as_dict
+from ext_proc.tools.envoygen.hcm_settings import access_log, too_large_reply
 from ext_proc.tools.envoygen.spec import MeshSpec
 
 __all__ = ["bench_bootstrap", "local_bootstrap", "read_only_name"]
@@ -167,7 +168,7 @@ def _hcm(
         http_filters=filters,
     )
     if log:  # one JSON line per request with ICE's verdict, on Envoy's stdout
-        hcm.access_log = [pieces.access_log()]
+        hcm.access_log = [access_log()]
     if normalise:
         # Route on the path the backend will act on: /v1/chat/%63ompletions,
         # /v1/chat%2Fcompletions and //v1//chat/completions are judged as chat.
@@ -177,7 +178,7 @@ def _hcm(
             HttpConnectionManagerPathWithEscapedSlashesAction.UNESCAPE_AND_FORWARD
         )
     if local_reply:
-        hcm.local_reply_config = pieces.too_large_reply()
+        hcm.local_reply_config = too_large_reply()
     return Filter(name=HCM, typed_config=PbAny.pack(hcm))
 
 

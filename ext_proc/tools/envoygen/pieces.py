@@ -13,30 +13,23 @@ and clusters from here, so that the ways ICE runs in each proxy cannot drift apa
 - ``judged_route_config`` / ``ice_off``: per-route ext_proc config: the route's name (and
   profile) as gRPC metadata, or ICE off.
 - ``verdict_response_headers``: the client-side verdict headers, from dynamic metadata.
-- ``too_large_reply``: Envoy's own 413 in the API's error format.
 - ``ice_cluster`` / ``backend_cluster``: ICE's gRPC cluster (HTTP/2, health-checked) and the
   backend with the endpoint-picker's override_host policy. ``ice_cluster(standby=True)``:
   active-passive, one priority level per ICE address (the first judges, the others stand by)
-  with faster health checks (``STANDBY_*``) and no panic mode.
+  with faster health checks (``cluster_parts.STANDBY_*``) and no panic mode.
 
 Invariants: pure (no I/O); every value is a typed message, rendered only by ``render.as_dict``;
 names and numbers that other code reads (filter names, header names) are module constants.
+
+Beside it: ``cluster_parts`` (the clusters' endpoints, load assignments and health checks) and
+``hcm_settings`` (the connection manager's 413 reply and access log).
 """
 
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
-from envoy_data_plane.envoy.config.accesslog.v3 import (
-    AccessLog,
-    AccessLogFilter,
-    AndFilter,
-    ComparisonFilter,
-    ComparisonFilterOp,
-    HeaderFilter,
-    StatusCodeFilter,
-)
 from envoy_data_plane.envoy.config.cluster.v3 import (
     Cluster,
     ClusterCommonLbConfig,
@@ -51,25 +44,14 @@ from envoy_data_plane.envoy.config.common.mutation_rules.v3 import (
     HeaderMutationRemoveOnMatch,
 )
 from envoy_data_plane.envoy.config.core.v3 import (
-    Address,
     GrpcService,
     GrpcServiceEnvoyGrpc,
     HeaderValue,
     HeaderValueOption,
     HeaderValueOptionHeaderAppendAction,
-    HealthCheck,
-    HealthCheckGrpcHealthCheck,
     Http2ProtocolOptions,
-    RuntimeUInt32,
-    SocketAddress,
     SubstitutionFormatString,
     TypedExtensionConfig,
-)
-from envoy_data_plane.envoy.config.endpoint.v3 import (
-    ClusterLoadAssignment,
-    Endpoint,
-    LbEndpoint,
-    LocalityLbEndpoints,
 )
 from envoy_data_plane.envoy.config.route.v3 import (
     DirectResponseAction,
@@ -78,7 +60,6 @@ from envoy_data_plane.envoy.config.route.v3 import (
     RouteAction,
     RouteMatch,
 )
-from envoy_data_plane.envoy.extensions.access_loggers.file.v3 import FileAccessLog
 from envoy_data_plane.envoy.extensions.filters.http.buffer.v3 import Buffer, BufferPerRoute
 from envoy_data_plane.envoy.extensions.filters.http.ext_proc.v3 import (
     ExternalProcessor,
@@ -95,11 +76,7 @@ from envoy_data_plane.envoy.extensions.filters.http.header_mutation.v3 import (
     Mutations,
 )
 from envoy_data_plane.envoy.extensions.filters.http.router.v3 import Router
-from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 import (
-    HttpFilter,
-    LocalReplyConfig,
-    ResponseMapper,
-)
+from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 import HttpFilter
 from envoy_data_plane.envoy.extensions.load_balancing_policies.override_host.v3 import (
     OverrideHost,
     OverrideHostOverrideHostSource,
@@ -115,8 +92,9 @@ from envoy_data_plane.envoy.type.metadata.v3 import MetadataKeyPathSegment as Se
 from envoy_data_plane.envoy.type.v3 import Percent
 from envoy_data_plane.google.protobuf import Any, Struct
 
+from ext_proc.tools.envoygen.cluster_parts import _assignment, _health_check, _priorities
+
 __all__ = [
-    "ACCESS_LOG_FIELDS",
     "BUFFER",
     "ECHOED_HEADERS",
     "EXT_PROC",
@@ -124,16 +102,10 @@ __all__ = [
     "MAX_BODY_BYTES",
     "RESPONSE_ATTRIBUTES",
     "ROUTER",
-    "STANDBY_HEALTHY_THRESHOLD",
-    "STANDBY_HEALTH_INTERVAL",
-    "STANDBY_HEALTH_TIMEOUT",
-    "STANDBY_UNHEALTHY_THRESHOLD",
-    "access_log",
     "backend_cluster",
     "buffer_filter",
     "buffer_on",
     "closed_route",
-    "endpoint",
     "ext_proc_filter",
     "ice_cluster",
     "ice_off",
@@ -142,7 +114,6 @@ __all__ = [
     "read_only_route",
     "router_filter",
     "strip_spoofed_headers",
-    "too_large_reply",
     "verdict_response_headers",
 ]
 
@@ -342,152 +313,6 @@ def verdict_response_headers() -> list[HeaderValueOption]:
         )
         for h in ECHOED_HEADERS
     ]
-
-
-TOO_LARGE = "The request body exceeds the gateway's limit."
-
-
-def too_large_reply() -> LocalReplyConfig:
-    """Envoy's own 413 (a body over the buffer limit, e.g. chunked uploads) in the API's error
-    format: Anthropic's for /v1/messages, OpenAI's elsewhere."""
-
-    def is_413() -> AccessLogFilter:
-        value = RuntimeUInt32(default_value=413, runtime_key="ice.unused_413")
-        return AccessLogFilter(
-            status_code_filter=StatusCodeFilter(
-                comparison=ComparisonFilter(op=ComparisonFilterOp.EQ, value=value)
-            )
-        )
-
-    messages = AccessLogFilter(
-        header_filter=HeaderFilter(
-            header=HeaderMatcher(name=":path", string_match=StringMatcher(prefix="/v1/messages"))
-        )
-    )
-    anthropic = {
-        "type": "error",
-        "error": {"type": "request_too_large", "message": TOO_LARGE, "code": "request_too_large"},
-    }
-    openai = {
-        "error": {
-            "message": TOO_LARGE,
-            "type": "invalid_request_error",
-            "param": None,
-            "code": "request_too_large",
-        }
-    }
-    return LocalReplyConfig(
-        mappers=[
-            ResponseMapper(
-                filter=AccessLogFilter(and_filter=AndFilter(filters=[is_413(), messages])),
-                body_format_override=SubstitutionFormatString(
-                    json_format=Struct.from_dict(anthropic)
-                ),
-            ),
-            ResponseMapper(
-                filter=is_413(),
-                body_format_override=SubstitutionFormatString(json_format=Struct.from_dict(openai)),
-            ),
-        ]
-    )
-
-
-# The access log's fields (docs/operations.md "Access log"): Envoy's view of the request, then
-# ICE's verdict from its dynamic metadata (empty: ICE did not judge it), then the ext_proc
-# filter's own record of its calls (a failed call is a fail-open).
-ACCESS_LOG_FIELDS: tuple[tuple[str, str], ...] = (
-    ("time", "%START_TIME%"),
-    ("method", "%REQ(:METHOD)%"),
-    ("path", "%REQ(:PATH)%"),
-    ("route", "%ROUTE_NAME%"),
-    ("status", "%RESPONSE_CODE%"),
-    ("flags", "%RESPONSE_FLAGS%"),
-    ("details", "%RESPONSE_CODE_DETAILS%"),
-    ("duration_ms", "%DURATION%"),
-    ("upstream", "%UPSTREAM_HOST%"),
-    ("decision", f"%DYNAMIC_METADATA({VERDICT_NAMESPACE}:x-ice-decision)%"),
-    ("reason", f"%DYNAMIC_METADATA({VERDICT_NAMESPACE}:x-ice-reason)%"),
-    ("pressure", f"%DYNAMIC_METADATA({VERDICT_NAMESPACE}:x-mem-pressure)%"),
-    ("score", f"%DYNAMIC_METADATA({VERDICT_NAMESPACE}:x-mem-pressure-score)%"),
-    ("profile", f"%DYNAMIC_METADATA({VERDICT_NAMESPACE}:profile)%"),
-    ("input_tokens", f"%DYNAMIC_METADATA({VERDICT_NAMESPACE}:input_tokens)%"),
-    ("max_tokens_requested", f"%DYNAMIC_METADATA({VERDICT_NAMESPACE}:max_tokens_requested)%"),
-    ("max_tokens_granted", f"%DYNAMIC_METADATA({VERDICT_NAMESPACE}:max_tokens_granted)%"),
-    ("truncated", f"%DYNAMIC_METADATA({VERDICT_NAMESPACE}:x-ice-truncated)%"),
-    ("judged", f"%DYNAMIC_METADATA({VERDICT_NAMESPACE}:x-ice-judged)%"),
-    ("endpoint", f"%DYNAMIC_METADATA({VERDICT_NAMESPACE}:x-ice-endpoint)%"),
-    ("ext_proc_headers_status", f"%FILTER_STATE({EXT_PROC}:FIELD:request_header_call_status)%"),
-    ("ext_proc_body_status", f"%FILTER_STATE({EXT_PROC}:FIELD:request_body_last_call_status)%"),
-)
-
-
-def access_log(path: str = "/dev/stdout") -> AccessLog:
-    """One JSON line per request with ICE's verdict (``ACCESS_LOG_FIELDS``)."""
-    fields = Struct.from_dict(dict(ACCESS_LOG_FIELDS))
-    config = FileAccessLog(path=path, log_format=SubstitutionFormatString(json_format=fields))
-    return AccessLog(name="envoy.access_loggers.file", typed_config=_any(config))
-
-
-def endpoint(address: str) -> LbEndpoint:
-    """``host:port`` → an endpoint."""
-    host, _, port = address.rpartition(":")
-    return LbEndpoint(
-        endpoint=Endpoint(
-            address=Address(socket_address=SocketAddress(address=host, port_value=int(port)))
-        )
-    )
-
-
-def _assignment(name: str, addresses: Iterable[str]) -> ClusterLoadAssignment:
-    return ClusterLoadAssignment(
-        cluster_name=name,
-        endpoints=[LocalityLbEndpoints(lb_endpoints=[endpoint(a) for a in addresses])],
-    )
-
-
-def _priorities(name: str, addresses: Iterable[str]) -> ClusterLoadAssignment:
-    """One priority level per address, in order: 0 (the active) first."""
-    return ClusterLoadAssignment(
-        cluster_name=name,
-        endpoints=[
-            LocalityLbEndpoints(lb_endpoints=[endpoint(a)], priority=i)
-            for i, a in enumerate(addresses)
-        ],
-    )
-
-
-# Active-passive (``ice_cluster(standby=True)``). A crashed ICE refuses the next check's
-# connection, so it is out after at most one interval (0.5 s); a hung one or a lost node after
-# interval + timeout (1.5 s). One failed check is enough: every Envoy must leave a failing
-# active at once, since streams sent to it in the meantime pass unjudged (fail-open). The
-# timeout stays at 1 s, not lower: ICE answers health on the event loop that judges, which a
-# heavy body can hold for a few hundred ms, and each spurious miss moves the traffic (and the
-# in-flight accounting) to the standby. Two passing checks (1 s) bring a restarted active back.
-STANDBY_HEALTH_INTERVAL = datetime.timedelta(seconds=0.5)
-STANDBY_HEALTH_TIMEOUT = datetime.timedelta(seconds=1)
-STANDBY_UNHEALTHY_THRESHOLD = 1
-STANDBY_HEALTHY_THRESHOLD = 2
-
-
-def _health_check(*, standby: bool) -> HealthCheck:
-    if not standby:
-        return HealthCheck(
-            timeout=datetime.timedelta(seconds=1),
-            interval=datetime.timedelta(seconds=2),
-            unhealthy_threshold=2,
-            healthy_threshold=1,
-            grpc_health_check=HealthCheckGrpcHealthCheck(),
-        )
-    return HealthCheck(
-        timeout=STANDBY_HEALTH_TIMEOUT,
-        interval=STANDBY_HEALTH_INTERVAL,
-        unhealthy_threshold=STANDBY_UNHEALTHY_THRESHOLD,
-        healthy_threshold=STANDBY_HEALTHY_THRESHOLD,
-        # Envoy checks a cluster that has never carried traffic every 60 s by default: a fresh
-        # Envoy whose active dies before its first request would keep it for up to a minute.
-        no_traffic_interval=STANDBY_HEALTH_INTERVAL,
-        grpc_health_check=HealthCheckGrpcHealthCheck(),
-    )
 
 
 def ice_cluster(

@@ -1,0 +1,176 @@
+"""The headers phase: what a request's headers say, and the answers that need no body.
+
+``HeaderRules.read`` reads the request headers once (raw bytes; only the ones ICE uses are
+decoded) into ``RequestFacts``: the schema adapter (the route's ``schema`` binding, else the
+path's), the priority header, the tenant headers, spoofed ICE headers to strip and the
+endpoint a trusted picker chose. It then says whether the request is answered without its
+body (``Refusal``): an unknown path → 404, a judged path with a body that is not JSON → 415
+(unless the profile passes other content types), an empty body → 400, a declared length
+over the limit → 413. Read-only paths (GET/HEAD) and the policy's ``passthrough_paths`` pass
+without a body phase (``skip_body``).
+
+Pure: no metrics, no pool views (``ext_proc.admit.pipeline`` words the answer with the
+pool's pressure and counts it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+from ext_proc.admit.routing import Route
+from ext_proc.admit.verdict import RequestFacts
+from ext_proc.placement.endpoints import DESTINATION_HEADER
+from ext_proc.policy.model import PRIORITIES, Policy, Priority
+from ext_proc.schemas import (
+    OPENAI_CHAT_FALLBACK,
+    READ_ONLY_PATHS,
+    SchemaAdapter,
+    normal_path,
+    schema_for_path,
+)
+
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "SPOOF_PREFIXES", "HeaderRules", "Refusal"]
+
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+# Client-sent headers with these prefixes are removed: only ICE may set them.
+SPOOF_PREFIXES = ("x-mem-pressure", "x-ice-", "x-downgraded")
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A request answered at its headers: a 4xx in the adapter's API format. ``counted``:
+    it counts as a bad request (an unknown path always; the others unless in shadow);
+    ``shadowed``: a shadow profile lets it go on, saying what it would have got."""
+
+    adapter: SchemaAdapter
+    status: int
+    code: str
+    message: str
+    counted: bool = True
+    shadowed: bool = False
+
+
+@dataclass(slots=True)
+class _Seen:
+    """The headers ICE reads, as read (the loop's accumulator)."""
+
+    path: str = ""
+    method: str = ""
+    content_type: str = ""
+    content_length: str = ""
+    tenant: str = ""
+    queue_tenant: str = ""
+    priority: Priority | None = None
+    endpoint: str | None = None
+
+
+def _is_json(content_type: str) -> bool:
+    if not content_type:
+        return True  # many clients omit it; JSON backends parse the body regardless
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or media.endswith("+json")
+
+
+class HeaderRules:
+    """What one policy says about request headers (see the module docstring)."""
+
+    def __init__(self, policy: Policy, max_body_bytes: int) -> None:
+        self.max_body_bytes = max_body_bytes
+        self._priority_header = policy.priority_header
+        pt = policy.prefix_tracking
+        self._tenant_header = pt.tenant_header if pt is not None and pt.tenant_header else None
+        self._pick = {n: p.endpoint_pick for n, p in policy.pools.items()}
+        self._passthrough = policy.passthrough_paths
+
+    def read(
+        self,
+        route: Route,
+        headers: Iterable[tuple[str, bytes]],
+        end_of_stream: bool,
+        subset: frozenset[str] | None = None,
+    ) -> tuple[RequestFacts, Refusal | None]:
+        """The request's facts, and its answer when it gets one without its body."""
+        seen, strip = self._scan(route, headers)
+        facts = RequestFacts(
+            priority=seen.priority or route.default_priority,
+            strip=tuple(strip),
+            endpoint=seen.endpoint,
+            subset=subset,
+            content_length=int(seen.content_length) if seen.content_length.isdigit() else None,
+            tenant=seen.tenant,
+            queue_tenant=seen.queue_tenant,
+        )
+        adapter = route.schema or schema_for_path(seen.path)
+        if adapter is None:
+            plain = normal_path(seen.path)
+            read_only = plain in READ_ONLY_PATHS and seen.method in ("GET", "HEAD")
+            if plain in self._passthrough or read_only:
+                return replace(facts, skip_body=True), None
+            message = (
+                f"{seen.method or 'A request'} {plain} is not served by this gateway: it judges "
+                f"the inference endpoints only (see docs/endpoints.md)."
+            )
+            return facts, Refusal(OPENAI_CHAT_FALLBACK, 404, "unknown_endpoint", message)
+        facts = replace(facts, adapter=adapter)
+        if not _is_json(seen.content_type):
+            if route.profile.content_types == "pass":  # the profile leaves non-JSON alone
+                return replace(facts, skip_body=True), None
+            # a judged endpoint reads JSON only: a body in another type is not judged, so it
+            # does not go on (servers that sniff bodies would read it anyway)
+            media = seen.content_type.split(";", 1)[0].strip()
+            message = (
+                f"This endpoint takes a JSON body (content-type: application/json), not {media!r}."
+            )
+            return facts, self._refusal(route, adapter, 415, "unsupported_media_type", message)
+        if end_of_stream:
+            message = "The request body is empty."
+            return facts, self._refusal(route, adapter, 400, "empty_body", message)
+        length = facts.content_length
+        if length is not None and length > self.max_body_bytes:
+            message = (
+                f"The request body is {seen.content_length} bytes; the limit is "
+                f"{self.max_body_bytes} bytes."
+            )
+            return facts, self._refusal(route, adapter, 413, "request_too_large", message)
+        return facts, None
+
+    @staticmethod
+    def _refusal(
+        route: Route, adapter: SchemaAdapter, status: int, code: str, message: str
+    ) -> Refusal:
+        shadow = route.profile.mode == "shadow"
+        return Refusal(adapter, status, code, message, counted=not shadow, shadowed=shadow)
+
+    def _scan(self, route: Route, headers: Iterable[tuple[str, bytes]]) -> tuple[_Seen, list[str]]:
+        seen = _Seen()
+        strip: list[str] = []
+        queue = route.profile.queue
+        queue_header = queue.tenant_header if queue is not None and queue.tenant_header else None
+        tenant_header = self._tenant_header
+        for key, raw in headers:
+            if key == ":path":
+                seen.path = raw.decode("latin-1")
+            elif key == ":method":
+                seen.method = raw.decode("latin-1")
+            elif key == "content-type":
+                seen.content_type = raw.decode("latin-1")
+            elif key == "content-length":
+                seen.content_length = raw.decode("latin-1")
+            elif key in (tenant_header, queue_header):
+                value = raw.decode("latin-1").strip()
+                if key == tenant_header:
+                    seen.tenant = value
+                if key == queue_header:
+                    seen.queue_tenant = value
+            elif key == self._priority_header:
+                wanted = raw.decode("latin-1").strip().lower()
+                seen.priority = next((p for p in PRIORITIES if p == wanted), seen.priority)
+            elif key.startswith(SPOOF_PREFIXES):
+                strip.append(key)
+            elif key == DESTINATION_HEADER:
+                if self._pick.get(route.pool) == "header":  # set by a trusted picker
+                    seen.endpoint = raw.decode("latin-1").strip()
+                else:  # only ICE may choose the endpoint (or nobody)
+                    strip.append(key)
+        return seen, strip
