@@ -352,3 +352,50 @@ def test_a_fault_in_the_response_phase_continues_even_when_failing_closed(
     )
     assert out[2] == pb.ProcessingResponse(response_headers=pb.HeadersResponse())
     assert REGISTRY.get_sample_value("ice_internal_errors_total", labels) == before + 1
+
+
+def test_a_queued_body_asks_envoy_for_the_wait_before_it_waits() -> None:
+    """The timeout extension goes out at once; the verdict only when the queue answers (Envoy
+    would otherwise fail the request open at its message timeout)."""
+    policy = parse_policy(
+        """
+profiles:
+  default:
+    on_kv_shortfall: shed
+    queue: {enabled: true, max_queue_wait_ms: 5000, poll_ms: 20}
+"""
+    )
+    tight = BackendSignals(url="u", kv_cache_usage=0.95, num_requests_waiting=0,
+                           num_gpu_blocks=11, block_size=16)  # fmt: skip
+    view = {"now": PoolSnapshot("default", (tight,), time.monotonic())}
+    servicer = ExtProcServicer(Pipeline(policy, lambda _pool: view["now"]))
+    body = json.dumps({"messages": [{"role": "user", "content": "x" * 200}], "max_tokens": 40})
+
+    async def scenario() -> tuple[pb.ProcessingResponse, pb.ProcessingResponse, float]:
+        inbox: asyncio.Queue[pb.ProcessingRequest | None] = asyncio.Queue()
+
+        async def requests() -> AsyncIterator[pb.ProcessingRequest]:
+            while (m := await inbox.get()) is not None:
+                yield m
+
+        replies = servicer.Process(requests(), FakeContext(()))  # type: ignore[arg-type]
+        await inbox.put(headers_msg())
+        await anext(replies)
+        await inbox.put(body_msg(body.encode()))
+        extension = await asyncio.wait_for(anext(replies), 1.0)  # not after the wait
+        started = time.monotonic()
+        room = BackendSignals(url="u", kv_cache_usage=0.0, num_requests_waiting=0,
+                              num_gpu_blocks=11, block_size=16)  # fmt: skip
+        view["now"] = PoolSnapshot("default", (room,), time.monotonic())
+        verdict = await asyncio.wait_for(anext(replies), 5.0)
+        await inbox.put(None)
+        await replies.aclose()
+        return extension, verdict, time.monotonic() - started
+
+    extension, verdict, waited = asyncio.run(scenario())
+    assert extension.HasField("override_message_timeout")
+    assert extension.override_message_timeout.ToMilliseconds() == 5000 + 1000
+    assert verdict.HasField("request_body") and not verdict.HasField("override_message_timeout")
+    sets = verdict.request_body.response.header_mutation.set_headers
+    assert {h.header.key: h.header.raw_value for h in sets}["x-ice-decision"] == b"pass"
+    assert waited < 5.0

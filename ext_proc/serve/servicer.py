@@ -116,9 +116,10 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                     response = None
                     data = request.request_body.body
                     async for reply in self._body(route, facts, stream, data, started):
-                        if response is not None:  # a timeout extension: not the answer
-                            yield response
-                        response = reply
+                        if reply.HasField("override_message_timeout"):
+                            yield reply  # at once: Envoy waits longer (it is not the answer)
+                        else:
+                            response = reply
                     assert response is not None
                 elif phase == "response_headers":
                     response = self._response_headers(route, facts, stream, request)
