@@ -215,3 +215,27 @@ def test_a_body_judged_in_the_helper_is_not_decoded_again_in_the_worker(
     assert isinstance(again.outcome, Continue) and again.outcome.body is not None
     assert json.loads(again.outcome.body)["max_tokens"] == 1024  # edited on the slim decode
     assert decodes == []  # the helper decoded it, in its own process
+
+
+def test_the_system_prompt_is_scanned_once_for_its_score_and_its_compaction() -> None:
+    text = default_policy_text().replace(
+        "    fail_mode: open", "    fail_mode: open\n    compact_system_json: true"
+    )
+    text += "prefix_tracking: {enabled: true, sample_every: 1}\n"
+    pipeline = Pipeline(parse_policy(text), lambda _pool: CALM)
+    assert pipeline.prefix is not None  # the complexity score is computed for this request
+    system = "Use this config:\n" + CONFIG
+    scan.embedded_json_spans.cache_clear()
+    scan.compact_text.cache_clear()
+    verdict = pipeline.on_body(
+        pipeline.router.resolve([]), RequestFacts(adapter=OPENAI_CHAT), _chat(64, system=system)
+    )
+    assert verdict is not None and isinstance(verdict.outcome, Continue)
+    assert "x-ice-compacted" in dict(verdict.outcome.headers)
+    compacted = "Use this config:\n" + json.dumps(json.loads(CONFIG), separators=(",", ":"))
+    # each text is scanned once: the client's (compacted) and the compacted one (the score
+    # reads the body as judged); the score's own second look at a text is a cache hit
+    spans = scan.embedded_json_spans.cache_info()
+    assert scan.compact_text.cache_info().misses == 2
+    assert spans.misses == 2 and spans.hits >= 1
+    assert scan.compact_text(system)[0] == compacted

@@ -137,7 +137,7 @@ def test_compact_text_only_drops_json_whitespace(text: str, ascii_: bool) -> Non
     new_spans = embedded_json_spans(new)
     if removed:
         assert [v for _, _, v in old_spans] == [v for _, _, v in new_spans]
-    assert compact_text(new) == (new, [])  # idempotent
+    assert compact_text(new) == (new, ())  # idempotent
     literal = json.dumps(text, ensure_ascii=ascii_)
     edited = delete_in_literal(literal, removed)
     assert edited is not None and json.loads(edited) == new

@@ -1,5 +1,5 @@
-"""Lossless building blocks of ``ext_proc.sysprompt.complexity``: embedded-JSON scan, whitespace
-stripping, raw-string editing and a nested span walker.
+"""Lossless building blocks of ``ext_proc.sysprompt`` (the score and the compaction):
+embedded-JSON scan, whitespace stripping, raw-string editing and a nested span walker.
 
 Job: find JSON embedded in a text, take out its insignificant whitespace without touching
 any other character, and apply that edit to the *raw* JSON string literal of the body so
@@ -16,6 +16,9 @@ Invariants:
   is bounded: texts over ``SCAN_MAX_CHARS`` are not scanned, and the scan stops once failed
   attempts have read ``SCAN_WORK_FACTOR × len(text) + 4096`` characters (spans found until
   then stand).
+- ``embedded_json_spans`` and ``compact_text`` are cached (``SCAN_CACHE_TEXTS`` texts):
+  the score and the compaction of one request scan a system text once. Their results are
+  tuples, and the embedded values are shared: never changed by a caller.
 - Every function is pure and raises only ``ValueError`` / ``RecursionError`` (walker) on
   malformed input; the callers turn those into "leave the body alone".
 """
@@ -23,8 +26,10 @@ Invariants:
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 import re
+from collections.abc import Sequence
 from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any
 
@@ -43,6 +48,8 @@ __all__ = [
 
 SCAN_MAX_CHARS = 1 << 20
 SCAN_WORK_FACTOR = 4
+# system texts whose scan is kept: the score and the compaction of one request share it
+SCAN_CACHE_TEXTS = 16
 
 _WS = " \t\n\r"
 _OPENERS = re.compile(r"[{\[]")
@@ -66,11 +73,14 @@ _STRICT = json.JSONDecoder(parse_constant=_no_constant)  # embedded JSON: standa
 _BODY = json.JSONDecoder()  # the body itself: what rawjson / json.loads accept
 
 
-def embedded_json_spans(text: str) -> list[tuple[int, int, Any]]:
-    """``(start, end, value)`` of each outermost JSON object or array embedded in ``text``."""
+@functools.lru_cache(maxsize=SCAN_CACHE_TEXTS)
+def embedded_json_spans(text: str) -> tuple[tuple[int, int, Any], ...]:
+    """``(start, end, value)`` of each outermost JSON object or array embedded in ``text``
+    (cached: a request's system texts are scanned once for its score and its compaction;
+    the values are shared, never to be changed)."""
     spans: list[tuple[int, int, Any]] = []
     if len(text) > SCAN_MAX_CHARS:
-        return spans
+        return ()
     budget = SCAN_WORK_FACTOR * len(text) + 4096
     i = 0
     while (m := _OPENERS.search(text, i)) is not None:
@@ -88,7 +98,7 @@ def embedded_json_spans(text: str) -> list[tuple[int, int, Any]]:
         if budget <= 0:
             break
         i = start + 1
-    return spans
+    return tuple(spans)
 
 
 def _ws_runs(json_text: str, offset: int) -> list[tuple[int, int]]:
@@ -104,10 +114,11 @@ def strip_json_ws(json_text: str) -> str:
     return _STRING_OR_WS.sub(lambda m: m.group() if m.group()[0] == '"' else "", json_text)
 
 
-def compact_text(text: str) -> tuple[str, list[tuple[int, int]]]:
+@functools.lru_cache(maxsize=SCAN_CACHE_TEXTS)
+def compact_text(text: str) -> tuple[str, tuple[tuple[int, int], ...]]:
     """``text`` with the embedded JSON's whitespace removed, and the removed ranges (sorted,
     disjoint, indices into ``text``). A span whose compact form would not parse to the same
-    value (never expected) is left alone."""
+    value (never expected) is left alone. Cached, as ``embedded_json_spans``."""
     removed: list[tuple[int, int]] = []
     for start, end, value in embedded_json_spans(text):
         runs = _ws_runs(text[start:end], start)
@@ -122,17 +133,17 @@ def compact_text(text: str) -> tuple[str, list[tuple[int, int]]]:
             continue
         removed.extend(runs)
     if not removed:
-        return text, removed
+        return text, ()
     parts: list[str] = []
     pos = 0
     for a, b in removed:
         parts.append(text[pos:a])
         pos = b
     parts.append(text[pos:])
-    return "".join(parts), removed
+    return "".join(parts), tuple(removed)
 
 
-def delete_in_literal(literal: str, removed: list[tuple[int, int]]) -> str | None:
+def delete_in_literal(literal: str, removed: Sequence[tuple[int, int]]) -> str | None:
     """The raw JSON string ``literal`` (quotes included) with the *decoded* characters in
     ``removed`` taken out: plain characters lose their one character, escapes
     (``\\n``, ``\\u0020``) their whole sequence; every other byte is kept. None when the
