@@ -46,12 +46,17 @@ rounds), and ``--out FILE`` the JSON (parameters, every round with every answer)
 
 Scenarios instead of the sweep (either or both; ``--sweep`` to run the sweep too):
 
-- ``--failover``: shape standby, 2 replicas: ``--failover-clients`` (4) loops of tiny
-  requests (``--failover-gap-ms`` 50 between) through Envoy; the active replica (priority 0)
-  SIGKILLed after ``--failover-kill-after-s`` (2), the load kept ``--failover-after-s`` (5)
-  more. Reports the answers without ICE's verdict header (passed unjudged while Envoy still
-  sent to the dead replica), the window from the first to the last of them, and the errors
-  (non-2xx) by status.
+- ``--failover``: every shape of ``--failover-shapes`` (standby,local,redis) with each count
+  of ``--failover-replicas`` (2,4; standby: 2), each fault of ``--failover-faults``
+  (kill,stop): ``--failover-clients`` (4) loops of tiny requests (``--failover-gap-ms`` 50
+  between) through Envoy; replica 0 (standby: the active one) SIGKILLed (kill: a crash) or
+  SIGSTOPped (stop: a hang) after ``--failover-kill-after-s`` (2), the load kept
+  ``--failover-after-s`` (5) more; ``--failover-back-after-s`` (2) after the fault the
+  replica is restarted on its address (kill) or continued (stop). Reports, per scenario, the
+  answers without ICE's verdict header (passed unjudged while Envoy still sent to the faulted
+  replica), the window from the first to the last of them, the errors (non-2xx) by status,
+  and how long after it was back the replica judged a request again (its metrics page);
+  ``--failover-rounds`` (1) runs of each, the table ``median [min–max]`` over them.
 - ``--crash``: shape redis, 2 replicas: the burst fills the pool; once every request of it
   has its verdict, the replica that passed most of it (ICE's own pass counters) is
   SIGKILLed, its admitted requests still streaming; then a probe every ``--crash-probe-ms``
@@ -74,6 +79,7 @@ nothing.
         --rounds 3 --out replicas.json
     .venv/bin/python bench/replicas.py --replicas 2 --shapes local --rounds 1
     .venv/bin/python bench/replicas.py --failover
+    .venv/bin/python bench/replicas.py --failover --failover-rounds 3 --failover-after-s 6
     .venv/bin/python bench/replicas.py --crash --ice-arg=--ledger-ttl-s=3
     .venv/bin/python bench/replicas.py --backend vllm --replicas 1,2 --rounds 3
 
@@ -87,6 +93,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import itertools
 import json
 import sys
 import tempfile
@@ -114,6 +121,7 @@ from ext_proc.lab.replicas import (  # noqa: E402
     document,
     estimate_s,
     failover,
+    failover_table,
     failover_text,
     plan_text,
     settings,
@@ -207,7 +215,19 @@ def ledger_of(args: argparse.Namespace, workdir: Path, wanted: bool) -> Iterator
         yield server.url
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def failover_matrix(args: argparse.Namespace) -> list[tuple[str, int, str]]:
+    """(shape, replicas, fault) of each failover scenario: standby runs 2 replicas only."""
+    shapes = [s for s in args.failover_shapes.split(",") if s]
+    counts = [int(n) for n in args.failover_replicas.split(",") if n]
+    faults = [f for f in args.failover_faults.split(",") if f]
+    out: list[tuple[str, int, str]] = []
+    for shape in shapes:
+        for n in [2] if shape == "standby" else counts:
+            out += [(shape, n, fault) for fault in faults]
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--backend", choices=BACKENDS, default="dev")
     ap.add_argument("--replicas", default="1,2,4", help="N of each setting (default 1,2,4)")
@@ -232,7 +252,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="write the JSON report here")
     ap.add_argument("--dry-run", action="store_true", help="print the plan; start nothing")
     ap.add_argument("--sweep", action="store_true", help="the sweep too, with a scenario")
-    ap.add_argument("--failover", action="store_true", help="the standby failover scenario")
+    ap.add_argument("--failover", action="store_true", help="the failover scenarios")
+    ap.add_argument("--failover-shapes", default="standby,local,redis")
+    ap.add_argument("--failover-replicas", default="2,4", help="standby: 2 only")
+    ap.add_argument("--failover-faults", default="kill,stop")
+    ap.add_argument("--failover-back-after-s", type=float, default=2.0)
+    ap.add_argument("--failover-rounds", type=int, default=1, help="runs of each scenario")
     ap.add_argument("--failover-clients", type=int, default=4)
     ap.add_argument("--failover-gap-ms", type=float, default=50.0)
     ap.add_argument("--failover-kill-after-s", type=float, default=2.0)
@@ -247,6 +272,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="dev: the crash burst's delay per SSE event (~0.5 s streams: they end before "
         "the ledger's TTL can)",
     )
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     try:
         pairs = settings(parse_ints(args.replicas, "--replicas"), parse_shapes(args.shapes))
@@ -258,7 +288,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_sweep = args.sweep or not (args.failover or args.crash)
     if not run_sweep:
         pairs = []
-    shapes_used = {s for s, _ in pairs} | ({"standby"} if args.failover else set())
+    shapes_used = {s for s, _ in pairs} | (
+        {s for s, _, _ in failover_matrix(args)} if args.failover else set()
+    )
     shapes_used |= {"redis"} if args.crash else set()
     unavailable = {s: why for s in sorted(shapes_used) if (why := shape_available(s))}
     block_size, blocks = pool_of(args)
@@ -283,7 +315,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         vllm=args.backend == "vllm",
         stream_s=stream_s,
     )
-    est += 15.0 * (args.failover + args.crash)
+    failovers = len(failover_matrix(args)) * args.failover_rounds if args.failover else 0
+    est += 15.0 * failovers + 15.0 * args.crash
     scenarios = [name for name, on in (("failover", args.failover), ("crash", args.crash)) if on]
     if scenarios:
         print(f"scenarios: {', '.join(scenarios)}")
@@ -296,11 +329,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     params["plan"] = plan.__dict__
     params["unavailable"] = unavailable
     results: list[SettingResult] = []
-    failed_over: FailoverResult | None = None
+    failed_over: list[FailoverResult] = []
     crashed: CrashResult | None = None
     with contextlib.ExitStack() as es:
         workdir = args.workdir or Path(es.enter_context(tempfile.TemporaryDirectory()))
         wants_redis = args.crash or any(s == "redis" for s, _ in pairs)
+        wants_redis = wants_redis or (args.failover and "redis" in args.failover_shapes)
         backend = es.enter_context(backend_of(args, workdir))
         ledger = es.enter_context(ledger_of(args, workdir, wants_redis))
         params["pool"] = {
@@ -319,15 +353,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ice_args=args.ice_arg,
             )
         if args.failover:
-            failed_over = failover(
-                backend,
-                workdir / "failover",
-                clients=args.failover_clients,
-                kill_after_s=args.failover_kill_after_s,
-                after_s=args.failover_after_s,
-                gap_s=args.failover_gap_ms / 1000,
-                ice_args=args.ice_arg,
-            )
+            for (shape, n, fault), _ in itertools.product(
+                failover_matrix(args), range(args.failover_rounds)
+            ):
+                failed_over.append(
+                    failover(
+                        backend,
+                        workdir / f"failover-{shape}-{n}-{fault}",
+                        shape=shape,
+                        replicas=n,
+                        fault=fault,
+                        clients=args.failover_clients,
+                        kill_after_s=args.failover_kill_after_s,
+                        after_s=args.failover_after_s,
+                        gap_s=args.failover_gap_ms / 1000,
+                        back_after_s=args.failover_back_after_s,
+                        ice_args=args.ice_arg,
+                        ledger_url=ledger if shape == "redis" else None,
+                    )
+                )
         if args.crash:
             crashed = crash(
                 backend,
@@ -341,12 +385,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     if results:
         print(table(results))
-    for line in (
-        failover_text(failed_over) if failed_over else None,
-        crash_text(crashed) if crashed else None,
-    ):
-        if line:
-            print(line)
+    for f in failed_over:
+        print(failover_text(f))
+    if failed_over:
+        print(failover_table(failed_over))
+    if crashed:
+        print(crash_text(crashed))
     if args.out is not None:
         doc = document(params, results, failed_over, crashed)
         args.out.write_text(json.dumps(doc, indent=1) + "\n")

@@ -92,12 +92,55 @@ def test_standby_health_checks_fail_over_within_about_a_second() -> None:
         assert cluster[key] == plain[key], key
 
 
-def test_without_standby_the_cluster_is_unchanged() -> None:
+def test_without_standby_one_level_and_the_same_fast_checks_with_two_misses() -> None:
     cluster = as_dict(pieces.ice_cluster("ice", ADDRESSES))
     assert hosts_by_priority(cluster) == [(0, ADDRESSES)]  # one level: round robin
     (hc,) = cluster["health_checks"]
-    assert (hc["interval"], hc["unhealthy_threshold"], hc["healthy_threshold"]) == ("2s", 2, 1)
-    assert "common_lb_config" not in cluster
+    assert hc == {
+        "timeout": "1s",
+        "interval": "0.500s",
+        "unhealthy_threshold": 2,  # a busy event loop is not taken out by one late answer
+        "healthy_threshold": 2,
+        "no_traffic_interval": "0.500s",  # ext_proc streams are not traffic to Envoy's checks
+        "grpc_health_check": {},
+    }
+    # a dead replica (refused at once) is out after two checks, ≤ 1 s without traffic
+    assert (
+        datetime.timedelta(seconds=1)
+        >= cluster_parts.UNHEALTHY_THRESHOLD * cluster_parts.HEALTH_INTERVAL
+    )
+    assert "common_lb_config" not in cluster  # panic routing stays Envoy's default
+
+
+@pytest.mark.parametrize("standby", [False, True], ids=["active-active", "standby"])
+def test_every_ice_cluster_ejects_a_replica_on_its_first_refused_connection(
+    standby: bool,
+) -> None:
+    cluster = as_dict(pieces.ice_cluster("ice", ADDRESSES, standby=standby))
+    assert cluster["outlier_detection"] == {
+        "split_external_local_origin_errors": True,
+        "consecutive_local_origin_failure": 1,
+        "enforcing_consecutive_local_origin_failure": 100,
+        "enforcing_consecutive_gateway_failure": 0,
+        "enforcing_success_rate": 0,
+        "enforcing_local_origin_success_rate": 0,
+        "interval": "1s",
+        "base_ejection_time": "5s",
+        "max_ejection_time": "30s",
+        "max_ejection_percent": 50,
+    }
+
+
+def test_a_stream_refused_by_a_dead_replica_is_opened_on_another() -> None:
+    service = as_dict(pieces.ext_proc_config("ice"))["grpc_service"]
+    assert service["envoy_grpc"] == {"cluster_name": "ice"}
+    policy = service["retry_policy"]
+    # only failures before the stream exists: a stream ICE answered on is never sent twice
+    assert policy["retry_on"] == "connect-failure,refused-stream,reset-before-request"
+    assert policy["num_retries"] == 2
+    assert policy["retry_back_off"] == {"base_interval": "0.005s", "max_interval": "0.020s"}
+    (predicate,) = policy["retry_host_predicate"]
+    assert predicate["name"] == "envoy.retry_host_predicates.previous_hosts"
 
 
 def test_local_bootstrap_puts_ices_addresses_in_priority_levels() -> None:
@@ -219,4 +262,6 @@ def test_envoy_sends_every_stream_to_the_active_and_fails_over_when_it_dies(
             reply = e2e.post(CHAT, PROBE, PROBE_HEADERS)
             assert reply.status == 200 and reply.header("x-ice-decision") == "pass", reply
         assert decisions(standby_metrics) == judged + 10
-        assert "failed_active_hc" in e2e.envoy_host_stats("ice")[active]["health_flags"]
+        # out: ejected on its first refused stream, or failed by the health checks
+        flags = e2e.envoy_host_stats("ice")[active]["health_flags"]
+        assert "failed_outlier_check" in flags or "failed_active_hc" in flags, flags

@@ -780,3 +780,86 @@ def test_ice_on_the_shared_ledger_passes_and_fallen_back_warns(up: str, status: 
     )
     assert statuses(ice_metrics(page))["ice.ledger"] == {status}
     assert "ice.ledger" not in statuses(ice_metrics(ice_page(NOW - 0.2)))  # no --ledger
+
+
+# --- envoy.ice_hosts: what Envoy does when ICE's hosts are flagged ------------------------------
+
+
+def _host(port: int, **flags: bool) -> dict[str, Any]:
+    return {
+        "address": {"socket_address": {"address": "10.0.0.1", "port_value": port}},
+        "health_status": {"eds_health_status": "HEALTHY", **flags},
+    }
+
+
+def _hc_stats(failure: int, network: int) -> dict[str, Any]:
+    prefix = "cluster.ice.health_check."
+    return {
+        "stats": [
+            {"name": prefix + "failure", "value": failure},
+            {"name": prefix + "network_failure", "value": network},
+        ]
+    }
+
+
+PANIC_DEFAULT: dict[str, Any] = {"name": "ice"}  # Envoy's 50 %
+NO_PANIC: dict[str, Any] = {"name": "ice", "common_lb_config": {"healthy_panic_threshold": {}}}
+
+
+@pytest.mark.parametrize(
+    ("hosts", "cluster", "stats", "status", "words"),
+    [
+        ([_host(1), _host(2)], PANIC_DEFAULT, {}, "PASS", "healthy 10.0.0.1:1, 10.0.0.1:2"),
+        (
+            [_host(1), _host(2, failed_outlier_check=True)],
+            PANIC_DEFAULT,
+            {},
+            "WARN",
+            "10.0.0.1:2 ejected by outlier detection",
+        ),
+        (
+            [_host(1, pending_active_hc=True, failed_active_health_check=True)],
+            PANIC_DEFAULT,
+            {},
+            "WARN",
+            "not checked yet",
+        ),
+        (
+            [_host(1, failed_active_health_check=True)],
+            PANIC_DEFAULT,
+            _hc_stats(failure=4, network=4),
+            "FAIL",
+            "its streams fail too, so requests pass unjudged",
+        ),
+        (
+            [_host(1, failed_active_health_check=True)],
+            PANIC_DEFAULT,
+            _hc_stats(failure=6, network=2),
+            "WARN",
+            "panic mode (threshold 50 %): it still sends every stream to them, so requests are "
+            "judged where ICE answers; failover between replicas is off",
+        ),
+        (
+            [_host(1, failed_active_health_check=True)],
+            NO_PANIC,
+            _hc_stats(failure=6, network=2),
+            "FAIL",
+            "Envoy sends no stream to ICE, so requests pass unjudged",
+        ),
+    ],
+    ids=["healthy", "one-ejected", "just-started", "dead-panic", "not-serving-panic", "standby"],
+)
+def test_ice_hosts_tells_panic_routing_from_fail_open(
+    hosts: list[dict[str, Any]],
+    cluster: dict[str, Any],
+    stats: dict[str, Any],
+    status: str,
+    words: str,
+) -> None:
+    from ext_proc.tools.doctor.envoy_hosts import hosts_check
+
+    check = hosts_check("ice", hosts, cluster, stats)
+    assert check.status == status, check
+    assert words in check.detail, check.detail
+    if stats and status != "PASS":  # why: the health checks' own counters
+        assert "failures could not reach ICE" in check.detail, check.detail

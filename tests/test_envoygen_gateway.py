@@ -257,13 +257,25 @@ def test_the_patch_policy_carries_every_judged_routes_name_and_profile(
             "kind": "Gateway",
             "name": spec.gateway.name,
         }
-        values = [p["operation"]["value"] for p in epp["spec"]["jsonPatches"]]
+        values = [
+            p["operation"]["value"]
+            for p in epp["spec"]["jsonPatches"]
+            if p["type"] != gateway_names.CLUSTER_TYPE
+            and not p["operation"]["path"].endswith("/retry_policy")
+        ]
         expected = [as_dict(_pack(r.name, r.profile)) for r in spec.routes]
         assert sorted(map(json.dumps, (v for v in values if isinstance(v, dict)))) == sorted(
             map(json.dumps, expected)
         )
         for p in epp["spec"]["jsonPatches"]:
-            assert "jsonPath" in p["operation"]  # by name, never by array index
+            op = p["operation"]
+            if p["type"] == gateway_names.CLUSTER_TYPE:  # a whole field of ICE's cluster
+                assert "jsonPath" not in op and op["path"] in (
+                    "/health_checks",
+                    "/outlier_detection",
+                )
+            else:
+                assert "jsonPath" in op  # by name, never by array index
         assert _xds_patched_routes(spec) == {r.path: (r.name, r.profile) for r in spec.routes}
 
 
@@ -346,11 +358,8 @@ def test_the_ice_cluster_settings_are_pieces(profiled: MeshSpec) -> None:
     assert settings["timeout"]["tcp"]["connectTimeout"] == cluster["connect_timeout"]
     assert settings["http2"]["maxConcurrentStreams"] == 32
     active = settings["healthCheck"]["active"]
-    assert (active["type"], active["timeout"], active["interval"]) == (
-        "GRPC",
-        check["timeout"],
-        check["interval"],
-    )
+    assert (active["type"], active["timeout"], active["interval"]) == ("GRPC", "1s", "500ms")
+    assert (check["timeout"], check["interval"]) == ("1s", "0.500s")  # the same, in Go's words
 
 
 def test_the_bootstrap_normalises_and_buffers_as_the_local_bootstrap() -> None:
@@ -372,6 +381,12 @@ def test_every_patch_finds_exactly_one_place(profiled: MeshSpec) -> None:
         targets = {gateway_names.ROUTE_CONFIG_TYPE: hcm["route_config"]}
         (epp,) = [d for d in docs if d["kind"] == "EnvoyPatchPolicy"]
         for patch in epp["spec"]["jsonPatches"]:
+            if patch["type"] == gateway_names.CLUSTER_TYPE:  # on EG's ICE cluster, by name
+                clusters = [
+                    c["name"] for c in bootstrap["static_resources"]["clusters"]
+                ]  # fmt: skip
+                assert clusters.count(patch["name"]) == 1, patch
+                continue
             target = targets.get(patch["type"], bootstrap["static_resources"]["listeners"][0])
             assert len(eg_xds.resolve_json_path(target, patch["operation"]["jsonPath"])) == 1, patch
 
@@ -391,3 +406,32 @@ def test_the_bootstrap_passes_envoy_validate(
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_eg_carries_ices_fast_checks_outlier_detection_and_stream_retry(
+    profiled: MeshSpec,
+) -> None:
+    """What EG's ClusterSettings cannot say is patched: the checks without traffic, outlier
+    detection on local-origin failures, the ext_proc stream's retry on another replica."""
+    docs = gateway.objects(profiled)
+    settings = [
+        p["spec"]["extProc"][0]["backendSettings"]["healthCheck"]["active"]
+        for p in docs
+        if p["kind"] == "EnvoyExtensionPolicy"
+    ]
+    assert {(s["interval"], s["timeout"]) for s in settings} == {("500ms", "1s")}
+    bootstrap = eg_xds.xds_like_bootstrap(docs, "127.0.0.1:1", "127.0.0.1:2", 1, 2)
+    local = as_dict(pieces.ice_cluster("ice", ["127.0.0.1:1"]))
+    ice = [
+        c
+        for c in bootstrap["static_resources"]["clusters"]
+        if c["name"] in eg_xds.ice_clusters(docs)
+    ]
+    assert ice
+    for cluster in ice:
+        assert cluster["health_checks"] == local["health_checks"]
+        assert cluster["outlier_detection"] == local["outlier_detection"]
+    retry = as_dict(pieces.ext_proc_config("ice"))["grpc_service"]["retry_policy"]
+    for f in _hcm(bootstrap)["http_filters"]:
+        if f["name"].startswith(pieces.EXT_PROC):
+            assert f["typed_config"]["grpc_service"]["retry_policy"] == retry, f["name"]

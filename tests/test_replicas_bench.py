@@ -25,11 +25,13 @@ import pytest
 from ext_proc.lab.replicas import (
     Answer,
     BurstPlan,
+    FailoverResult,
     Held,
     RoundResult,
     SettingResult,
     added_ms,
     blocks_for,
+    failover_table,
     held,
     nearest_rank,
     over_admission,
@@ -208,3 +210,45 @@ def test_a_short_real_run_gives_a_row_per_setting(tmp_path: Path) -> None:
     (row,) = setting["rounds"]
     assert row["admitted"] + row["shed_429"] == 24
     assert "| local ×2 | 1 |" in doc["table"]
+
+
+def _faulted(unjudged: int, end_s: float, back: float | None) -> FailoverResult:
+    """A failover run: ``unjudged`` answers without a verdict, the last ending ``end_s`` after
+    the fault (at 2.0 s); the replica back at 4.0 s, judging ``back`` s later."""
+    answers = [Answer(i, 1, start_s=1.0, end_s=1.5, status=200, judged=True) for i in range(3)]
+    answers += [
+        Answer(10 + i, 1, start_s=2.0, end_s=2.0 + end_s, status=200, judged=False)
+        for i in range(unjudged)
+    ]
+    took = None if back is None else 4.0 + back
+    return FailoverResult(answers, 2.0, 8.0, shape="local", replicas=2, fault="stop",
+                          back_s=4.0, took_traffic_s=took)  # fmt: skip
+
+
+def test_the_failover_table_gives_median_and_spread_per_scenario() -> None:
+    runs = [_faulted(4, 1.1, 0.02), _faulted(2, 1.3, 0.04), _faulted(6, 1.2, None)]
+    table = failover_table(runs)
+    (row,) = [line for line in table.splitlines() if line.startswith("| local")]
+    # unjudged 2, 4, 6 → 4 [2–6]; last unjudged 1.1, 1.3, 1.2 s → 1.2 [1.1–1.3]; judging again
+    # 0.02 and 0.04 s (one run never saw it) → 0.03 [0.02–0.04]
+    assert row == (
+        "| local | 2 | stop | 3 | 7 [5–9] | 4 [2–6] | 1.2 [1.1–1.3] | 0 | 0.03 [0.02–0.04] |"
+    )
+
+
+def test_the_failover_matrix_runs_standby_with_two_replicas_only() -> None:
+    args = (
+        bench()
+        .build_parser()
+        .parse_args(
+            ["--failover", "--failover-shapes", "standby,local", "--failover-replicas", "2,4"]
+        )
+    )
+    assert bench().failover_matrix(args) == [
+        ("standby", 2, "kill"),
+        ("standby", 2, "stop"),
+        ("local", 2, "kill"),
+        ("local", 2, "stop"),
+        ("local", 4, "kill"),
+        ("local", 4, "stop"),
+    ]

@@ -68,6 +68,7 @@ from envoy_data_plane.google.protobuf import Any as PbAny
 from ext_proc.tools.envoygen import pieces
 from ext_proc.tools.envoygen.emit import as_dict
 from ext_proc.tools.envoygen.gateway_names import (
+    CLUSTER_TYPE,
     EARLY_MUTATION,
     FILTER_CONFIG_TYPE,
     HCM,
@@ -358,7 +359,9 @@ def apply_patches(
         if (p["type"], p["name"]) != (kind, name):
             continue
         op = p["operation"]
-        for pointer in resolve_json_path(doc, op["jsonPath"]):
+        # no jsonPath: the path is from the resource's root (EG: a field, never an index)
+        pointers = resolve_json_path(doc, op["jsonPath"]) if "jsonPath" in op else [""]
+        for pointer in pointers:
             tail = op.get("path", "")
             path = f"{pointer.rstrip('/')}/{tail.lstrip('/')}" if tail else pointer
             step = {"op": op["op"], "path": path, "value": op["value"]}
@@ -422,8 +425,8 @@ def xds_like_bootstrap(
         address=Address(socket_address=SocketAddress(address="127.0.0.1", port_value=admin_port))
     )
     bootstrap = as_dict(Bootstrap(admin=admin, static_resources=BootstrapStaticResources()))
-    bootstrap["static_resources"] = {
-        "listeners": [listener],
-        "clusters": _clusters(docs, ice_address, backend_address),
-    }
+    clusters = _clusters(docs, ice_address, backend_address)
+    for cluster in clusters:
+        apply_patches(cluster, patches, CLUSTER_TYPE, cluster["name"])
+    bootstrap["static_resources"] = {"listeners": [listener], "clusters": clusters}
     return bootstrap

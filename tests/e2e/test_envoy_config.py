@@ -268,7 +268,11 @@ def test_istio_and_the_stack_config_run_ice_the_same_way(flavour: str) -> None:
     )
     bootstrap = meshes.istio_gateway() if flavour == "gateway" else meshes.istio_sidecar()
     istio = meshes.ext_proc_of(bootstrap)
-    grpc = {"envoy_grpc": {"cluster_name": meshes.ISTIO_ICE}}
+    # the same service (its stream retry too), on Istio's cluster to ICE
+    grpc = {
+        **stack["typed_config"]["grpc_service"],
+        "envoy_grpc": {"cluster_name": meshes.ISTIO_ICE},
+    }
     assert istio["typed_config"] == {**stack["typed_config"], "grpc_service": grpc}
     ice = next(
         c for c in bootstrap["static_resources"]["clusters"] if c["name"] == meshes.ISTIO_ICE

@@ -21,8 +21,8 @@ One module per job, each stating its invariants at the top:
 - ``traffic``: the burst, the latency probe, the steady load; ``Answer`` per request.
 - ``setup``: the backend (dev or vLLM, once) and a setting's N replicas + Envoy.
 - ``scenarios``: a setting's rounds and the sweep.
-- ``faults``: the failover (standby: the active replica killed under a steady load) and the
-  crash (redis: a replica killed with a full pool).
+- ``faults``: the failover (one replica of any shape killed or hung under a steady load,
+  then back) and the crash (redis: a replica killed with a full pool).
 - ``readings``: what the scenarios read between steps (vLLM's preemptions, each replica's
   passes, the shared ledger's errors), the backend settled, the shared Redis flushed.
 - ``report``: the plan, the markdown table, the scenarios' lines, the JSON document.
@@ -51,6 +51,7 @@ from ext_proc.lab.replicas.report import (
     crash_text,
     document,
     estimate_s,
+    failover_table,
     failover_text,
     plan_text,
     table,
@@ -116,6 +117,7 @@ __all__ = [
     "document",
     "estimate_s",
     "failover",
+    "failover_table",
     "failover_text",
     "held",
     "nearest_rank",

@@ -1,9 +1,12 @@
-"""The replicas bench's fault scenarios: a replica SIGKILLed under load.
+"""The replicas bench's fault scenarios: a replica SIGKILLed (or SIGSTOPped) under load.
 
-- ``failover``: shape ``standby``, 2 replicas: a steady load of tiny requests through Envoy,
-  replica 0 (the priority-0, active one) SIGKILLed at ``kill_after_s``, the load kept
-  ``after_s`` more; a ``FailoverResult``: the answers without ICE's verdict (Envoy failed
-  open), the window from the first to the last of them, the errors (non-2xx) by status.
+- ``failover``: any shape (standby, local, redis), N replicas: a steady load of tiny requests
+  through Envoy, replica 0 (standby: the priority-0, active one) SIGKILLed (a crash) or
+  SIGSTOPped (a hang) at ``kill_after_s``, the load kept ``after_s`` more, optionally the
+  replica restarted (or continued) ``back_after_s`` after the fault; a ``FailoverResult``:
+  the answers without ICE's verdict (Envoy failed open), the window from the first to the
+  last of them, the errors (non-2xx) by status, and how long the replica took to judge
+  again once it was back (its body-phase count on its metrics page).
 - ``crash``: shape ``redis``, 2 replicas: a burst that fills the pool; once every request of
   it has its verdict (the admitted ones still streaming), the replica that passed most of it
   (``victim_of``: ICE's own pass counters, read before the kill) is SIGKILLed; then a probe
@@ -62,14 +65,23 @@ __all__ = [
 
 
 # --- failover -----------------------------------------------------------------------------------
+FAULTS = ("kill", "stop")
+
+
 @dataclass
 class FailoverResult:
-    """The steady load across the active replica's SIGKILL (times: s after the kill)."""
+    """The steady load across one replica's fault (times: s after the load's start; the
+    summary's: s after the fault)."""
 
     answers: list[Answer]
-    kill_s: float | None  # s after the load's start
+    kill_s: float | None  # when the fault was made
     duration_s: float
     skipped: str | None = None
+    shape: str = "standby"
+    replicas: int = 2
+    fault: str = "kill"  # kill: SIGKILL (a crash); stop: SIGSTOP (a hang)
+    back_s: float | None = None  # the replica restarted (kill) or thawed (stop): serving again
+    took_traffic_s: float | None = None  # its first judged request after that
 
     def summary(self) -> dict[str, Any]:
         kill = self.kill_s or 0.0
@@ -79,7 +91,13 @@ class FailoverResult:
         for a in self.answers:
             if not a.ok:
                 errors[str(a.status)] = errors.get(str(a.status), 0) + 1
+        back = None
+        if self.back_s is not None and self.took_traffic_s is not None:
+            back = round(self.took_traffic_s - self.back_s, 3)
         return {
+            "shape": self.shape,
+            "replicas": self.replicas,
+            "fault": self.fault,
             "requests": len(self.answers),
             "ok": sum(1 for a in self.answers if a.ok),
             "unjudged": len(unjudged),
@@ -89,6 +107,8 @@ class FailoverResult:
             "errors": sum(errors.values()),
             "errors_by_status": dict(sorted(errors.items())),
             "kill_s": self.kill_s,
+            "back_s": self.back_s,
+            "took_traffic_after_back_s": back,
             "duration_s": self.duration_s,
             "skipped": self.skipped,
         }
@@ -97,34 +117,118 @@ class FailoverResult:
         return {**self.summary(), "answers": [a.record() for a in self.answers]}
 
 
+@dataclass
+class _Watch:
+    """When the faulted replica judged again: its body-phase count, polled."""
+
+    t0: float = 0.0
+    back_s: float | None = None
+    took_traffic_s: float | None = None
+    baseline: float = 0.0
+
+
+def _bodies(url: str) -> float | None:
+    return metric_sum(url, "ice_processing_seconds_count", phase="request_body")
+
+
 def failover(
     backend: Backend,
     workdir: Path,
     *,
+    shape: str = "standby",
+    replicas: int = 2,
+    fault: str = "kill",
     clients: int = 4,
     kill_after_s: float = 2.0,
     after_s: float = 5.0,
     gap_s: float = 0.05,
+    back_after_s: float | None = None,
     ice_args: Sequence[str] = (),
+    ledger_url: str | None = None,
 ) -> FailoverResult:
-    """Shape standby, 2 replicas: the steady load, replica 0 SIGKILLed at ``kill_after_s``,
-    ``after_s`` more of load."""
+    """``replicas`` of ``shape`` under the steady load; replica 0 (standby: the active one)
+    SIGKILLed (``fault`` kill) or SIGSTOPped (stop) at ``kill_after_s``, the load kept
+    ``after_s`` more. ``back_after_s``: that long after the fault the replica is restarted
+    (kill) or continued (stop), and the result says when it judged a request again."""
+    if fault not in FAULTS:
+        raise ValueError(f"fault {fault!r}: one of {FAULTS}")
     duration = kill_after_s + after_s
+    watch = _Watch()
     try:
-        with replicas_up(workdir, backend, 2, "standby", ice_args=ice_args) as reps:
+        with replicas_up(
+            workdir, backend, replicas, shape, ledger_url=ledger_url, ice_args=ice_args
+        ) as reps:
+            actions = _fault_actions(reps, fault, kill_after_s, back_after_s, watch)
             answers, done = asyncio.run(
-                steady(
-                    reps.envoy_url,
-                    backend.model,
-                    clients=clients,
-                    duration_s=duration,
-                    gap_s=gap_s,
-                    actions=[(kill_after_s, lambda: reps.kill(0))],
-                )
+                _steady_watched(reps, backend, clients, duration, gap_s, actions, watch)
             )
     except ShapeUnavailable as e:
-        return FailoverResult([], None, duration, skipped=str(e))
-    return FailoverResult(answers, done[0] if done else None, duration)
+        return FailoverResult([], None, duration, skipped=str(e), shape=shape, fault=fault)
+    return FailoverResult(
+        answers,
+        done[0] if done else None,
+        duration,
+        shape=shape,
+        replicas=replicas,
+        fault=fault,
+        back_s=watch.back_s,
+        took_traffic_s=watch.took_traffic_s,
+    )
+
+
+def _fault_actions(
+    reps: Replicas, fault: str, at_s: float, back_after_s: float | None, watch: _Watch
+) -> list[tuple[float, Any]]:
+    def make() -> None:
+        watch.baseline = _bodies(reps.metrics_urls[0]) or 0.0
+        (reps.kill if fault == "kill" else reps.freeze)(0)
+
+    def back() -> None:
+        if fault == "kill":
+            reps.restart(0)
+            watch.baseline = 0.0  # a new process counts from zero
+        else:
+            reps.thaw(0)
+        watch.back_s = time.monotonic() - watch.t0
+
+    actions: list[tuple[float, Any]] = [(at_s, make)]
+    if back_after_s is not None:
+        actions.append((at_s + back_after_s, back))
+    return actions
+
+
+async def _steady_watched(
+    reps: Replicas,
+    backend: Backend,
+    clients: int,
+    duration_s: float,
+    gap_s: float,
+    actions: list[tuple[float, Any]],
+    watch: _Watch,
+) -> tuple[list[Answer], list[float]]:
+    """The steady load, and a poll (every 50 ms) of the faulted replica once it is back."""
+    watch.t0 = time.monotonic()
+
+    async def poll() -> None:
+        while time.monotonic() - watch.t0 < duration_s:
+            await asyncio.sleep(0.05)
+            if watch.back_s is None or watch.took_traffic_s is not None:
+                continue
+            seen = await asyncio.to_thread(_bodies, reps.metrics_urls[0])
+            if seen is not None and seen > watch.baseline:
+                watch.took_traffic_s = time.monotonic() - watch.t0
+
+    load = steady(
+        reps.envoy_url,
+        backend.model,
+        clients=clients,
+        duration_s=duration_s,
+        gap_s=gap_s,
+        actions=actions,
+        t0=watch.t0,
+    )
+    (answers, done), _ = await asyncio.gather(load, poll())
+    return answers, done
 
 
 # --- crash --------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ run order, skipped ones included.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from typing import Any
 
@@ -106,19 +107,62 @@ def table(results: Sequence[SettingResult]) -> str:
 
 def failover_text(result: FailoverResult) -> str:
     s = result.summary()
+    what = f"{s['shape']} ×{s['replicas']}, {s['fault']}"
     if s["skipped"]:
-        return f"failover (standby ×2): skipped ({s['skipped']})"
+        return f"failover ({what}): skipped ({s['skipped']})"
     window = (
         "none"
         if s["unjudged"] == 0
-        else f"{s['unjudged_first_s']}–{s['unjudged_last_s']} s after the kill "
+        else f"{s['unjudged_first_s']}–{s['unjudged_last_s']} s after the fault "
         f"({s['unjudged_window_s']} s)"
     )
+    back = s["took_traffic_after_back_s"]
+    again = "" if s["back_s"] is None else f"; judging again {back} s after it was back"
     return (
-        f"failover (standby ×2, active SIGKILLed at {s['kill_s']} s): {s['requests']} requests, "
+        f"failover ({what} of replica 0 at {s['kill_s']} s): {s['requests']} requests, "
         f"{s['ok']} ok, {s['unjudged']} answered unjudged (window {window}), {s['errors']} "
         f"errors {s['errors_by_status'] or ''}".rstrip()
+        + again
     )
+
+
+def _spread(values: Sequence[float | None], unit: str = "") -> str:
+    """``median [min–max]`` of the values that are there ("–": none)."""
+    got = sorted(round(v, 2) for v in values if v is not None)
+    if not got:
+        return "–"
+    mid = statistics.median(got)
+    text = f"{mid:g}{unit}"
+    return text if got[0] == got[-1] else f"{text} [{got[0]:g}–{got[-1]:g}]"
+
+
+def failover_table(results: Sequence[FailoverResult]) -> str:
+    """A markdown row per (shape, replicas, fault), each figure ``median [min–max]`` over its
+    runs; times in s after the fault (the unjudged window's end) or after the replica was
+    back (judging again)."""
+    rows = [
+        "| shape | replicas | fault | runs | requests | unjudged | last unjudged (s after) "
+        "| errors | judging again after back (s) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    groups: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
+    for r in results:
+        s = r.summary()
+        groups.setdefault((s["shape"], s["replicas"], s["fault"]), []).append(s)
+    for (shape, n, fault), runs in groups.items():
+        done = [s for s in runs if not s["skipped"]]
+        if not done:
+            rows.append(f"| {shape} | {n} | {fault} | 0 | skipped: {runs[0]['skipped']} |||||")
+            continue
+        rows.append(
+            f"| {shape} | {n} | {fault} | {len(done)} | "
+            f"{_spread([s['requests'] for s in done])} | "
+            f"{_spread([s['unjudged'] for s in done])} | "
+            f"{_spread([s['unjudged_last_s'] for s in done])} | "
+            f"{_spread([s['errors'] for s in done])} | "
+            f"{_spread([s['took_traffic_after_back_s'] for s in done])} |"
+        )
+    return "\n".join(rows)
 
 
 def crash_text(result: CrashResult) -> str:
@@ -147,7 +191,7 @@ def crash_text(result: CrashResult) -> str:
 def document(
     params: dict[str, Any],
     results: Sequence[SettingResult],
-    failover: FailoverResult | None = None,
+    failover: Sequence[FailoverResult] = (),
     crash: CrashResult | None = None,
 ) -> dict[str, Any]:
     """Everything, JSON-ready."""
@@ -155,6 +199,7 @@ def document(
         "params": params,
         "settings": [r.record() for r in results],
         "table": table(results) if results else None,
-        "failover": None if failover is None else failover.record(),
+        "failover": [f.record() for f in failover],
+        "failover_table": failover_table(failover) if failover else None,
         "crash": None if crash is None else crash.record(),
     }

@@ -41,6 +41,7 @@ import contextlib
 import functools
 import inspect
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -266,11 +267,49 @@ class Replicas:
     admin_port: int
     ledger_url: str | None = None
     killed: list[int] = field(default_factory=list)
+    stopped: list[int] = field(default_factory=list)
+    policy: Path | None = None
+    ice_args: tuple[str, ...] = ()
 
     def kill(self, index: int) -> None:
         """SIGKILL replica ``index`` (its process group), as a crash."""
         self.stack.stop(self.names[index], sig=signal.SIGKILL, timeout_s=5.0)
         self.killed.append(index)
+
+    def freeze(self, index: int) -> None:
+        """SIGSTOP replica ``index``: a hung ICE (its sockets accept, nothing answers)."""
+        proc = self.stack.procs[self.names[index]]
+        os.killpg(proc.pid, signal.SIGSTOP)
+        self.stopped.append(index)
+
+    def thaw(self, index: int) -> None:
+        """SIGCONT a frozen replica."""
+        proc = self.stack.procs[self.names[index]]
+        os.killpg(proc.pid, signal.SIGCONT)
+        self.stopped.remove(index)
+
+    def restart(self, index: int) -> None:
+        """Start replica ``index`` again on its address and metrics address (after ``kill``);
+        returns once its gRPC health answers SERVING."""
+        name = f"{self.names[index]}-again"
+        metrics = self.metrics_urls[index].removeprefix("http://").removesuffix("/metrics")
+        extra = [*(["--ledger", self.ledger_url] if self.ledger_url else []), *self.ice_args]
+        self.stack.start_ice(
+            self.addresses[index],
+            policy=self.policy,
+            workers=1,
+            metrics_address=metrics,
+            extra=extra,
+            name=name,
+        )
+        self.names[index] = name
+        self.killed.remove(index)
+
+    def close_frozen(self) -> None:
+        """Thaw what is still frozen, so that the stack's SIGTERM reaches it."""
+        for index in list(self.stopped):
+            with contextlib.suppress(ProcessLookupError, KeyError):
+                self.thaw(index)
 
     def log_tails(self, lines: int = 15) -> str:
         return self.stack.log_tails(lines)
@@ -367,4 +406,19 @@ def replicas_up(
         )
         envoy_url = f"http://127.0.0.1:{envoy_port}"
         warm(envoy_url, backend.model, n)
-        yield Replicas(shape, stack, names, addresses, metrics, envoy_url, admin_port, ledger_url)
+        reps = Replicas(
+            shape,
+            stack,
+            names,
+            addresses,
+            metrics,
+            envoy_url,
+            admin_port,
+            ledger_url,
+            policy=backend.policy,
+            ice_args=tuple(ice_args),
+        )
+        try:
+            yield reps
+        finally:
+            reps.close_frozen()

@@ -279,12 +279,13 @@ async def steady(
     duration_s: float,
     gap_s: float,
     actions: Sequence[tuple[float, Callable[[], None]]] = (),
+    t0: float | None = None,
 ) -> tuple[list[Answer], list[float]]:
     """``clients`` loops of tiny requests (``x-priority: standard``) for ``duration_s``,
     ``gap_s`` between one's answer and its next request; each action of ``actions`` (at_s,
     callable) runs in a thread at its time. The answers in start order, and each action's
-    real time (s after t0)."""
-    t0 = time.monotonic()
+    real time (s after ``t0``: the given monotonic time, else now)."""
+    t0 = time.monotonic() if t0 is None else t0
     out: list[Answer] = []
     done_at: list[float] = []
     headers = {"x-priority": "standard"}

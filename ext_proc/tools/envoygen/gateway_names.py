@@ -28,6 +28,7 @@ from ext_proc.tools.envoygen.spec import MeshSpec, RouteSpec
 
 __all__ = [
     "CLOSED",
+    "CLUSTER_TYPE",
     "EARLY_MUTATION",
     "EG_API",
     "EG_GROUP",
@@ -75,6 +76,7 @@ LABELS = {
 TYPE = "type.googleapis.com/"
 ROUTE_CONFIG_TYPE = f"{TYPE}envoy.config.route.v3.RouteConfiguration"
 LISTENER_TYPE = f"{TYPE}envoy.config.listener.v3.Listener"
+CLUSTER_TYPE = f"{TYPE}envoy.config.cluster.v3.Cluster"
 FILTER_CONFIG_TYPE = f"{TYPE}envoy.config.route.v3.FilterConfig"
 HCM = "envoy.filters.network.http_connection_manager"
 EARLY_MUTATION = "envoy.http.early_header_mutation.header_mutation"

@@ -27,6 +27,7 @@ from envoy_data_plane.google.protobuf import Any as PbAny
 from ext_proc.tools.envoygen import pieces
 from ext_proc.tools.envoygen.emit import as_dict
 from ext_proc.tools.envoygen.gateway_names import (
+    CLUSTER_TYPE,
     EG_API,
     GATEWAY_GROUP,
     LISTENER,
@@ -35,6 +36,7 @@ from ext_proc.tools.envoygen.gateway_names import (
     ROUTE_CONFIG_TYPE,
     _meta,
     _pointer,
+    ext_proc_cluster_name,
     ext_proc_filter_name,
     judged_groups,
     listener_name,
@@ -77,12 +79,18 @@ def _processing_mode(mode: dict[str, Any]) -> dict[str, Any]:
     return {"request": {"body": BODY_MODES[mode["request_body_mode"]]}}
 
 
+def _go_duration(text: str) -> str:
+    """A protobuf JSON duration ("0.500s") as EG's Go duration ("500ms")."""
+    seconds = float(text.removesuffix("s"))
+    return f"{seconds:g}s" if seconds == int(seconds) else f"{round(seconds * 1000)}ms"
+
+
 def _ice_backend_settings(spec: MeshSpec) -> dict[str, Any]:
     """``pieces.ice_cluster``'s settings as EG's ClusterSettings."""
     cluster = as_dict(pieces.ice_cluster("ice", [f"{spec.ice.host}:{spec.ice.port}"], dns=True))
     (check,) = cluster["health_checks"]
     if set(check) != {"timeout", "interval", "unhealthy_threshold", "healthy_threshold",
-                      "grpc_health_check"}:  # fmt: skip
+                      "grpc_health_check", *PATCHED_CHECK_FIELDS}:  # fmt: skip
         raise ValueError(f"health check {check}: not expressible as EG's active GRPC check")
     options = cluster["typed_extension_protocol_options"]
     h2 = next(iter(options.values()))["explicit_http_config"]["http2_protocol_options"]
@@ -92,14 +100,38 @@ def _ice_backend_settings(spec: MeshSpec) -> dict[str, Any]:
         "healthCheck": {
             "active": {
                 "type": "GRPC",
-                "timeout": check["timeout"],
-                "interval": check["interval"],
+                "timeout": _go_duration(check["timeout"]),
+                "interval": _go_duration(check["interval"]),
                 "unhealthyThreshold": check["unhealthy_threshold"],
                 "healthyThreshold": check["healthy_threshold"],
                 "grpc": {},
             }
         },
     }
+
+
+# What EG's ClusterSettings cannot say of ``pieces.ice_cluster`` and ``ext_proc_config``, set
+# by the EnvoyPatchPolicy instead: the health check's interval without traffic, outlier
+# detection on local-origin failures (EG's passive check cannot turn the 5xx rules off), and
+# the ext_proc stream's retry on another replica.
+PATCHED_CHECK_FIELDS = ("no_traffic_interval",)
+
+
+def _cluster_patches(spec: MeshSpec, policy: str) -> list[dict[str, Any]]:
+    """``pieces.ice_cluster``'s settings EG cannot express, on EG's ext_proc cluster."""
+    cluster = as_dict(pieces.ice_cluster("ice", [f"{spec.ice.host}:{spec.ice.port}"], dns=True))
+    name = ext_proc_cluster_name(spec.gateway.namespace, policy)
+    # whole fields (an add replaces): EG's own active check, with the fields it cannot say
+    values = [("/health_checks", cluster["health_checks"])]
+    values.append(("/outlier_detection", cluster["outlier_detection"]))
+    return [
+        {
+            "type": CLUSTER_TYPE,
+            "name": name,
+            "operation": {"op": "add", "path": path, "value": value},
+        }
+        for path, value in values
+    ]
 
 
 def _ext_proc_entry(spec: MeshSpec) -> dict[str, Any]:
@@ -201,7 +233,9 @@ def _patches(spec: MeshSpec) -> list[dict[str, Any]]:
     cfg = as_dict(pieces.ext_proc_config("ice"))
     for group in judged_groups(spec):
         flt = ext_proc_filter_name(ns, group.policy)
-        for field in ("max_message_timeout", "response_attributes"):
+        fields = [(f, cfg[f]) for f in ("max_message_timeout", "response_attributes")]
+        fields.append(("grpc_service/retry_policy", cfg["grpc_service"]["retry_policy"]))
+        for field, value in fields:
             patches.append(
                 {
                     "type": LISTENER_TYPE,
@@ -210,10 +244,11 @@ def _patches(spec: MeshSpec) -> list[dict[str, Any]]:
                         "op": "add",
                         "jsonPath": f"..http_filters[?(@.name=='{flt}')]",
                         "path": f"/typed_config/{field}",
-                        "value": cfg[field],
+                        "value": value,
                     },
                 }
             )
+        patches += _cluster_patches(spec, group.policy)
     return patches
 
 

@@ -13,7 +13,9 @@ The ingress gateway (``ice-gateway`` in the gateway's namespace, its pods by lab
   with ``x-ice-route`` (and ``x-ice-profile``) as gRPC metadata, and the verdict headers
   from dynamic metadata for the client; the 404 route reads the body first;
 - ICE's cluster (Istio's ``outbound|PORT||ice.NS.svc.cluster.local``): at most 32 streams
-  per HTTP/2 connection, as the local bootstrap.
+  per HTTP/2 connection, as the local bootstrap; its outlier detection from a
+  ``DestinationRule`` ``ice`` in ICE's namespace (a replica ejected on its first refused
+  connection), and the ext_proc stream's retry on another replica (in the filter's config).
 
 The sidecar (``ice-sidecar`` in the backend's namespace, the backend's pods): Istio builds
 the inbound route table itself (one route, ``default``, every path to ``inbound|PORT||``)
@@ -49,8 +51,9 @@ HEADER = [
     "Istio: ICE in the ingress gateway (Gateway, VirtualService, EnvoyFilter `ice-gateway`)",
     "and in the inference pods' sidecars (EnvoyFilter `ice-sidecar`). Use one of the two, or",
     "both (a request judged at the gateway is judged again in the sidecar: give the sidecar a",
-    "profile without shedding, or drop its EnvoyFilter). How: docs/deploy-istio.md; why each",
-    "piece is there: ext_proc/tools/envoygen/istio.py. Remove an EnvoyFilter to roll back.",
+    "profile without shedding, or drop its EnvoyFilter); DestinationRule `ice` ejects a dead",
+    "ICE pod at once. How: docs/deploy-istio.md; why each piece is there:",
+    "ext_proc/tools/envoygen/istio.py. Remove an EnvoyFilter to roll back.",
 ]
 HCM = "envoy.filters.network.http_connection_manager"
 NETWORKING = "networking.istio.io/v1"
@@ -270,6 +273,38 @@ def _sidecar_objects(spec: MeshSpec) -> list[dict[str, Any]]:
     ]
 
 
+def _duration(text: str) -> str:
+    """A protobuf JSON duration ("5s", "0.500s") in Istio's words ("5s", "500ms")."""
+    seconds = float(text.removesuffix("s"))
+    return f"{seconds:g}s" if seconds == int(seconds) else f"{round(seconds * 1000)}ms"
+
+
+def ice_destination_rule(spec: MeshSpec) -> dict[str, Any]:
+    """ICE's cluster belongs to istiod: its outlier detection comes from a DestinationRule,
+    the same as the local cluster's (``pieces.ice_cluster``): the first refused or reset
+    connection ejects a replica (local-origin failures apart), so a dead ICE pod gets no
+    second stream while Kubernetes takes it out of the endpoints."""
+    od = as_dict(pieces.ice_cluster("ice", ["127.0.0.1:1"]))["outlier_detection"]
+    return {
+        "apiVersion": NETWORKING,
+        "kind": "DestinationRule",
+        "metadata": {"name": "ice", "namespace": spec.ice.namespace},
+        "spec": {
+            "host": spec.ice.host,
+            "trafficPolicy": {
+                "outlierDetection": {
+                    "splitExternalLocalOriginErrors": od["split_external_local_origin_errors"],
+                    "consecutiveLocalOriginFailures": od["consecutive_local_origin_failure"],
+                    "interval": _duration(od["interval"]),
+                    "baseEjectionTime": _duration(od["base_ejection_time"]),
+                    "maxEjectionPercent": od["max_ejection_percent"],
+                }
+            },
+        },
+    }
+
+
 def objects(spec: MeshSpec) -> list[dict[str, Any]]:
-    """The Istio objects, in a fixed order: gateway flavour, then sidecar flavour."""
-    return [*_gateway_objects(spec), *_sidecar_objects(spec)]
+    """The Istio objects, in a fixed order: gateway flavour, then sidecar flavour, then ICE's
+    own DestinationRule (both flavours' outbound cluster to ICE)."""
+    return [*_gateway_objects(spec), *_sidecar_objects(spec), ice_destination_rule(spec)]

@@ -92,7 +92,13 @@ from envoy_data_plane.envoy.type.metadata.v3 import MetadataKeyPathSegment as Se
 from envoy_data_plane.envoy.type.v3 import Percent
 from envoy_data_plane.google.protobuf import Any, Struct
 
-from ext_proc.tools.envoygen.cluster_parts import _assignment, _health_check, _priorities
+from ext_proc.tools.envoygen.cluster_parts import (
+    _assignment,
+    _health_check,
+    _outlier_detection,
+    _priorities,
+    stream_retry_policy,
+)
 
 __all__ = [
     "BUFFER",
@@ -184,7 +190,10 @@ def ext_proc_config(cluster: str) -> ExternalProcessor:
     fail-open; ICE may extend one message's timeout for truncation and queueing up to
     ``MAX_MESSAGE_TIMEOUT``."""
     return ExternalProcessor(
-        grpc_service=GrpcService(envoy_grpc=GrpcServiceEnvoyGrpc(cluster_name=cluster)),
+        grpc_service=GrpcService(
+            envoy_grpc=GrpcServiceEnvoyGrpc(cluster_name=cluster),
+            retry_policy=stream_retry_policy(),
+        ),
         failure_mode_allow=True,
         message_timeout=MESSAGE_TIMEOUT,
         max_message_timeout=MAX_MESSAGE_TIMEOUT,
@@ -346,6 +355,7 @@ def ice_cluster(
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": _any(h2)
         },
         health_checks=[_health_check(standby=standby)],
+        outlier_detection=_outlier_detection(),
         common_lb_config=(
             ClusterCommonLbConfig(healthy_panic_threshold=Percent(value=0.0)) if standby else None
         ),
