@@ -8,7 +8,8 @@ written. ``policy_passthrough_paths`` reads those paths from a policy file. A cl
 in ``standby_clusters`` gets its endpoints in priority levels, one each (active-passive ICE),
 with the generator's health checks for that shape (``pieces.ice_cluster(standby=True)``).
 
-Invariant: every process started here is stopped by ``Stack.close`` (also on error), and
+Invariant: every process started here is stopped by ``Stack.close`` (also on error, and on
+a second stop signal during the close: ``signals_deferred``), and
 each start waits until the process is really ready (log line, gRPC health, Envoy /ready).
 """
 
@@ -22,9 +23,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -242,6 +244,32 @@ def wait_grpc_health(address: str, timeout_s: float = 15.0) -> None:
     raise StackError(f"ICE at {address} not healthy after {timeout_s} s")
 
 
+DEFERRED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """The stop signals that arrive while the block runs are remembered, not acted on, and
+    raised again (to their own handlers) when it ends. In the main thread only (where Python
+    runs signal handlers); elsewhere the block runs as it is. A signal mask would not do:
+    the kernel hands a process's signal to any thread that does not block it, and CPython
+    then runs the handler in the main thread all the same."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[int] = []
+    previous = {
+        sig: signal.signal(sig, lambda s, _f: arrived.append(s)) for sig in DEFERRED_SIGNALS
+    }
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for number in dict.fromkeys(arrived):
+            signal.raise_signal(number)
+
+
 @dataclass
 class Stack:
     """Processes on loopback; use as a context manager."""
@@ -270,21 +298,20 @@ class Stack:
     def _spawn(
         self, name: str, argv: list[str], env: dict[str, str] | None = None
     ) -> subprocess.Popen[str]:
-        proc = subprocess.Popen(
-            argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={**os.environ, **(env or {})},
-            start_new_session=True,
-        )
-        self.procs[name] = proc
+        with signals_deferred():  # a process started is one the stack will stop
+            proc = subprocess.Popen(
+                argv,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env={**os.environ, **(env or {})},
+                start_new_session=True,
+            )
+            self.procs[name] = proc
         return proc
 
     def _drain_to_log(self, name: str, proc: subprocess.Popen[str]) -> None:
         """Copy the rest of a process's output to a log file in a thread (no pipe stalls)."""
-        import threading
-
         path = self.workdir / f"{name}.log"
         self.logs[name] = path
 
@@ -370,5 +397,10 @@ class Stack:
         return proc.returncode
 
     def close(self) -> None:
-        for name in list(self.procs)[::-1]:
-            self.stop(name)
+        """Stop every process, newest first. The stop signals (SIGTERM, SIGINT, SIGHUP) are
+        deferred meanwhile: a second one (``make`` passes its SIGTERM on to its child, which
+        the process group had already received) acts after every process is stopped, not in
+        the middle of it, where it would leave the rest running."""
+        with signals_deferred():
+            for name in list(self.procs)[::-1]:
+                self.stop(name)

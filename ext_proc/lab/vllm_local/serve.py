@@ -24,6 +24,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from ext_proc.lab.stack import signals_deferred
 from ext_proc.lab.vllm_local.common import (
     DEFAULT_MODEL_DIR,
     DEFAULT_SCRATCH,
@@ -143,6 +144,10 @@ class VllmServer:
         return self.cfg.base_url
 
     def close(self, timeout_s: float = 20.0) -> None:
+        with signals_deferred():  # a second stop signal must not leave the server running
+            self._close(timeout_s)
+
+    def _close(self, timeout_s: float) -> None:
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGTERM)
@@ -189,7 +194,7 @@ def start_server(
     log_path = log_path or cfg.scratch / f"vllm-{cfg.port}.log"
     argv, env = serve_command(cfg)
     t0 = time.monotonic()
-    with log_path.open("wb") as log:
+    with log_path.open("wb") as log, signals_deferred():  # started: then stopped
         proc = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
@@ -198,7 +203,7 @@ def start_server(
             env=env,
             start_new_session=True,
         )
-    server = VllmServer(cfg, proc, log_path)
+        server = VllmServer(cfg, proc, log_path)
     try:
         deadline = t0 + timeout_s
         while True:
