@@ -5,14 +5,18 @@
 Job: from valid chat, completions and Anthropic messages bodies, make seeded mutations —
 wrong types, huge numbers (1e30, 10^30), NaN / Infinity literals, nesting 20,000 deep, a
 BOM, invalid UTF-8, cut-off JSON, repeated keys, six content types, bodies over the 8 MiB
-limit (declared and sent), chunked bodies, odd paths and methods — and send each through the
+limit (declared and sent), chunked bodies, odd paths and methods, and odd types and sizes
+(long texts and lists, deep nesting, a 4,301-digit integer) at every field ICE reads on every
+judged endpoint (``odd_field``) — and send each through the
 stack (one ICE worker, ``envoy/envoy.yaml``, the dev backend). Every request carries
 ``x-fuzz-id``; the dev backend records what reached it. Reported by outcome: passed
 (the backend's 200 with the body byte for byte as sent), mutated (ICE rewrote it: the body
 the backend got is JSON and differs from the sent one only in the output-limit fields),
 4xx by status and ``x-ice-reason`` (Envoy's own: ``envoy``), 5xx by who sent it, requests
-over 5 s, and ICE's crashes (its process gone or restarted). Targets: 0 crashes, 0 hangs,
-0 altered passed bodies, 0 5xx from ICE.
+over 5 s, ICE's crashes (its process gone or restarted) and ICE's own faults while judging
+(``ice_judge_errors_total``: a fault fails open on the fuzz policy, so it is read from
+ICE's metrics). Targets: 0 crashes, 0 hangs, 0 altered passed bodies, 0 5xx from ICE, 0
+judge faults.
 
 ``run`` is what ``tests/e2e/test_fuzz.py`` calls with 2,000 bodies on the e2e stack.
 """
@@ -86,12 +90,110 @@ def _odd_value(rng: random.Random) -> Any:
     return rng.choice(["lots", -3, 1.5, True, None, [], {}, [1, 2], {"a": 1}, 10**30, "", "∞"])
 
 
+# The fields ICE reads, by endpoint: (path, a valid body, where the field is). ``odd_field``
+# puts an odd type or size there; the answer must be a 4xx or a judged pass, never a fault.
+ODD_FIELD_SITES: tuple[tuple[str, dict[str, Any], tuple[str | int, ...]], ...] = tuple(
+    (path, doc, where)
+    for path, doc, wheres in (
+        (
+            "/v1/chat/completions",
+            {"model": "dev-model", "max_tokens": 16, "n": 1, "tools": [], "documents": [],
+             "chat_template_kwargs": {"x": "y"}, "messages": [
+                 {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+                 {"role": "assistant", "content": "a", "reasoning": "r",
+                  "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]}]},
+            (("model",), ("max_tokens",), ("n",), ("tools",), ("documents",),
+             ("chat_template_kwargs",), ("chat_template_kwargs", "x"), ("messages",),
+             ("messages", 0), ("messages", 0, "role"), ("messages", 0, "content"),
+             ("messages", 0, "content", 0), ("messages", 0, "content", 0, "type"),
+             ("messages", 0, "content", 0, "text"), ("messages", 1, "reasoning"),
+             ("messages", 1, "tool_calls"), ("messages", 1, "tool_calls", 0, "function")),
+        ),
+        (
+            "/v1/chat/completions/batch",
+            {"model": "dev-model", "max_tokens": 16,
+             "messages": [[{"role": "user", "content": [{"type": "text", "text": "hi"}]}]]},
+            (("messages",), ("messages", 0), ("messages", 0, 0, "content", 0, "type")),
+        ),
+        (
+            "/v1/completions",
+            {"model": "dev-model", "prompt": "hi", "max_tokens": 16, "best_of": 1},
+            (("prompt",), ("max_tokens",), ("best_of",)),
+        ),
+        (
+            "/v1/messages",
+            {"model": "dev-model", "max_tokens": 16, "system": [{"type": "text", "text": "s"}],
+             "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]},
+            (("system",), ("system", 0, "type"), ("messages", 0, "content"),
+             ("messages", 0, "content", 0, "type"), ("max_tokens",)),
+        ),
+        (
+            "/v1/responses",
+            {"model": "dev-model", "max_output_tokens": 16, "instructions": "i",
+             "input": [{"type": "message", "role": "user",
+                        "content": [{"type": "input_text", "text": "hi"}]}]},
+            (("input",), ("input", 0, "type"), ("input", 0, "content", 0, "type"),
+             ("instructions",), ("max_output_tokens",)),
+        ),
+        (
+            "/v1/embeddings",
+            {"model": "dev-model", "input": ["a", "b"]},
+            (("input",), ("input", 0)),
+        ),
+        (
+            "/inference/v1/generate",
+            {"model": "dev-model", "token_ids": [1, 2], "sampling_params": {"max_tokens": 16},
+             "content_parts": [{"type": "text", "text": "x"}]},
+            (("token_ids",), ("sampling_params",), ("sampling_params", "max_tokens"),
+             ("content_parts", 0, "type")),
+        ),
+        (
+            "/invocations",
+            {"model": "dev-model", "max_tokens": 16,
+             "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]},
+            (("messages", 0, "content", 0, "type"), ("max_tokens",)),
+        ),
+    )
+    for where in wheres
+)  # fmt: skip
+HUGE_INT = "7" * (sys.get_int_max_str_digits() + 1)  # more digits than Python converts
+
+
+def _odd_or_big(rng: random.Random) -> Any:
+    """An odd type, or an odd size: long text, a long list, deep nesting, a huge integer."""
+    return rng.choice(
+        [
+            *(_odd_value(rng) for _ in range(3)),
+            [[]],
+            [None],
+            {"type": []},
+            "x" * rng.choice([10_000, 300_000]),
+            ["x"] * rng.choice([1_000, 50_000]),
+            json.loads("[" * 500 + "]" * 500),
+            HUGE_INT,  # spliced in as a bare number (see odd_field)
+        ]
+    )
+
+
+def _odd_field(rng: random.Random) -> tuple[str, str]:
+    """``odd_field``: one field ICE reads, set to an odd type or size; the path and text."""
+    path, doc, where = rng.choice(ODD_FIELD_SITES)
+    doc = json.loads(json.dumps(doc))
+    parent: Any = doc
+    for key in where[:-1]:
+        parent = parent[key]
+    value = _odd_or_big(rng)
+    parent[where[-1]] = "__HUGE__" if value == HUGE_INT else value
+    return path, json.dumps(doc).replace('"__HUGE__"', HUGE_INT)
+
+
 def mutations(count: int, seed: int) -> Iterator[Case]:
     """``count`` seeded cases (see the module docstring for the families)."""
     rng = random.Random(seed)
     families = (
         "valid", "wrong_type", "huge_number", "nan", "deep", "bom", "bad_utf8", "cut",
         "repeated_key", "content_type", "oversized", "chunked", "odd_path", "odd_method",
+        "odd_field",
     )  # fmt: skip
     for i in range(count):
         family = families[i % len(families)]
@@ -142,6 +244,8 @@ def mutations(count: int, seed: int) -> Iterator[Case]:
             )
         elif family == "odd_method":
             method = rng.choice(["GET", "PUT", "DELETE", "PATCH", "OPTIONS"])
+        elif family == "odd_field":
+            path, text = _odd_field(rng)
         body = text.encode("utf-8", "surrogatepass")
         if family == "bad_utf8":
             cut = rng.randint(0, len(body))
@@ -223,6 +327,7 @@ class Report:
     ice_5xx: list[int] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    judge_errors: float = 0.0  # ICE's faults while judging (``ice_judge_errors_total``)
 
 
 def classify(s: Sent, got: bytes | None, report: Report) -> None:
@@ -259,11 +364,30 @@ def classify(s: Sent, got: bytes | None, report: Report) -> None:
     report.families.setdefault(c.family, Counter())[outcome] += 1
 
 
+def judge_errors(metrics_url: str) -> float:
+    """The sum of ICE's ``ice_judge_errors_total`` samples on its /metrics page."""
+    with urllib.request.urlopen(metrics_url, timeout=30) as r:
+        page = r.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in page.splitlines()
+        if line.startswith("ice_judge_errors_total{")
+    )
+
+
 def run(
-    port: int, backend_url: str, count: int, seed: int = 1, concurrency: int = 8, batch: int = 400
+    port: int,
+    backend_url: str,
+    count: int,
+    seed: int = 1,
+    concurrency: int = 8,
+    batch: int = 400,
+    metrics_url: str | None = None,
 ) -> Report:
-    """Send ``count`` cases; verify them against what the backend received."""
+    """Send ``count`` cases; verify them against what the backend received (and, with
+    ``metrics_url``, ICE's /metrics: its faults while judging them)."""
     report = Report()
+    faults_before = judge_errors(metrics_url) if metrics_url else 0.0
     started = time.perf_counter()
     recorded(backend_url)  # start clean
     cases = mutations(count, seed)
@@ -278,6 +402,8 @@ def run(
                 classify(s, bodies.get(s.case.id), report)
             report.sent += len(chunk)
     report.seconds = time.perf_counter() - started
+    if metrics_url:
+        report.judge_errors = judge_errors(metrics_url) - faults_before
     return report
 
 
@@ -285,7 +411,7 @@ def print_report(r: Report, crashes: int) -> None:
     print(
         f"{r.sent:,} requests in {r.seconds:.0f} s; ICE crashes {crashes}; over "
         f"{SLOW_S:.0f} s: {len(r.slow)}; altered: {len(r.altered)}; 5xx from ICE: "
-        f"{len(r.ice_5xx)}"
+        f"{len(r.ice_5xx)}; ICE's faults while judging: {r.judge_errors:.0f}"
     )
     for outcome, n in r.outcomes.most_common():
         print(f"  {outcome:<40} {n:>8,}")
@@ -304,9 +430,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="ice-fuzz-") as tmp, Stack(Path(tmp)) as stack:
         backend, ice, ingress, admin = free_port(), free_port(), free_port(), free_port()
+        metrics = free_port()
         backend_url = stack.start_backend(backend)
         policy = tb.write_policy(Path(tmp), f"{backend_url}/metrics")
-        stack.start_ice(f"127.0.0.1:{ice}", policy=policy)
+        stack.start_ice(f"127.0.0.1:{ice}", policy=policy, metrics_address=f"127.0.0.1:{metrics}")
         config = render_envoy_config(
             ENVOY_DIR / "envoy.yaml",
             admin_port=admin,
@@ -316,7 +443,10 @@ def main(argv: list[str] | None = None) -> int:
         stack.start_envoy(config, admin)
         time.sleep(1.5)
         proc = stack.procs["ice"]
-        report = run(ingress, backend_url, args.bodies, args.seed, args.concurrency)
+        metrics_url = f"http://127.0.0.1:{metrics}/metrics"
+        report = run(
+            ingress, backend_url, args.bodies, args.seed, args.concurrency, metrics_url=metrics_url
+        )
         crashes = 0 if proc.poll() is None else 1
         print_report(report, crashes)
         if args.json:
@@ -330,9 +460,10 @@ def main(argv: list[str] | None = None) -> int:
                 "slow": report.slow,
                 "ice_5xx": report.ice_5xx,
                 "errors": report.errors,
+                "judge_errors": report.judge_errors,
             }
             Path(args.json).write_text(json.dumps(row, indent=1))
-        bad = crashes or report.altered or report.ice_5xx or report.slow
+        bad = crashes or report.altered or report.ice_5xx or report.slow or report.judge_errors
         return 1 if bad else 0
 
 

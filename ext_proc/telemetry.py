@@ -22,6 +22,7 @@ __all__ = [
     "DECISIONS",
     "ERRORS",
     "INPUT_TOKENS",
+    "JUDGE_ERRORS",
     "KV_USAGE",
     "PASSTHROUGH",
     "POOL_STALE",
@@ -63,6 +64,12 @@ ERRORS = Counter(
     "ice_internal_errors",
     "Faults inside ICE while handling a request (the request failed open or closed).",
     ["phase", "fail_mode"],
+)
+JUDGE_ERRORS = Counter(
+    "ice_judge_errors",
+    "ICE's own faults in the body phase, by route and stage (decode, features, count, judge, "
+    "plan; admit: after the verdict); the profile's fail_mode answered them.",
+    ["route", "stage"],
 )
 # From the message's arrival in ICE's servicer to its answer being ready, per ext_proc phase;
 # the body phase includes the offload helper and the truncation wait. Not seen here: gRPC's

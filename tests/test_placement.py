@@ -283,7 +283,7 @@ def test_the_subset_hint_is_read_from_forwarded_metadata() -> None:
     from envoy.config.core.v3 import base_pb2
     from google.protobuf import struct_pb2
 
-    from ext_proc.serve.servicer import _subset_hint
+    from ext_proc.serve.messages import subset_hint as _subset_hint
 
     def metadata(value: object) -> base_pb2.Metadata:
         md = base_pb2.Metadata()

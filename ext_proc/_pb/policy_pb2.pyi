@@ -130,7 +130,9 @@ class Policy(_message.Message):
     default_pool: _builtins.str
     """Pool used by routes that name none (gRPC metadata x-ice-pool). Default "default"."""
     priority_header: _builtins.str
-    """Request header that carries the priority: critical | standard | sheddable. Default "x-priority"."""
+    """Request header that carries the priority: critical | standard | sheddable. Default
+    "x-priority". What it may do is each profile's (and route's) client_priority.
+    """
     exact_count_inline_bytes: _builtins.int
     """Bodies up to this size are counted exactly in the worker; larger ones in the helper
     process (exact counting costs ~2-3.5 µs a token). Default 32768.
@@ -453,17 +455,26 @@ class RouteBinding(_message.Message):
     POOL_FIELD_NUMBER: _builtins.int
     PRIORITY_FIELD_NUMBER: _builtins.int
     SCHEMA_FIELD_NUMBER: _builtins.int
+    CLIENT_PRIORITY_FIELD_NUMBER: _builtins.int
     profile: _builtins.str
     """Profile name (default: default_profile)."""
     pool: _builtins.str
     """Pool name (default: default_pool)."""
     priority: _builtins.str
-    """Default priority of the route's requests (default: the profile's default_priority)."""
+    """The route's priority: the priority of its requests, and (client_priority: cap) the
+    highest a client's priority header can ask for (default: the profile's default_priority).
+    """
     schema: _builtins.str
     """The request schema of the route's requests, for paths whose body differs between servers
     (SGLang's native /generate): openai_chat | openai_completions | anthropic_messages |
     openai_responses | openai_embeddings | openai_chat_batch | sagemaker_invocations |
     vllm_generate | sglang_generate. Default: chosen by the request's path.
+    """
+    client_priority: _builtins.str
+    """What a client's priority header (priority_header) may do on this route: "cap" (lower
+    the route's priority, never raise it), "trust" (set it: the mesh sets the header from
+    an authenticated identity) or "ignore" (the route's priority is fixed). Default: the
+    profile's client_priority.
     """
     def __init__(
         self,
@@ -472,10 +483,11 @@ class RouteBinding(_message.Message):
         pool: _builtins.str = ...,
         priority: _builtins.str = ...,
         schema: _builtins.str = ...,
+        client_priority: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["pool", b"pool", "priority", b"priority", "profile", b"profile", "schema", b"schema"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_priority", b"client_priority", "pool", b"pool", "priority", b"priority", "profile", b"profile", "schema", b"schema"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -510,6 +522,7 @@ class Profile(_message.Message):
     COMPACT_SYSTEM_JSON_FIELD_NUMBER: _builtins.int
     QUEUE_FIELD_NUMBER: _builtins.int
     BACKEND_OVERLOAD_STATUS_FIELD_NUMBER: _builtins.int
+    CLIENT_PRIORITY_FIELD_NUMBER: _builtins.int
     max_model_len: _builtins.int
     """The model's context length in tokens. Unset: no context checks."""
     output_buffer_tokens: _builtins.int
@@ -517,7 +530,10 @@ class Profile(_message.Message):
     min_output_tokens: _builtins.int
     """Never downgrade the output limit below this (unless the context has less room). Default 16."""
     default_priority: _builtins.str
-    """Priority of requests that carry no valid priority header. Default "standard"."""
+    """The priority of the profile's requests (a route's priority overrides it): what a request
+    without a valid priority header gets and, with client_priority: cap, the highest one a
+    client's header can ask for. Default "standard".
+    """
     retry_after_s: _builtins.int
     """Retry-After seconds on a 429. Default 2."""
     fail_mode: _builtins.str
@@ -575,6 +591,13 @@ class Profile(_message.Message):
     headers and the API's error format. ICE asks Envoy for the response headers of every
     request it sends on (one more ext_proc message each); 0 turns that off (the backend's
     answers pass as they are). Not in mode: shadow.
+    """
+    client_priority: _builtins.str
+    """What a client's priority header (priority_header) may do on the profile's routes:
+    "cap" (default: lower the route's priority, never raise it, so a client cannot claim
+    critical), "trust" (set it, as the header says: for a header the mesh sets from an
+    authenticated identity) or "ignore" (the route's priority is fixed). A route's
+    client_priority overrides it.
     """
     @_builtins.property
     def pressure(self) -> Global___Pressure: ...
@@ -637,10 +660,11 @@ class Profile(_message.Message):
         compact_system_json: _builtins.bool = ...,
         queue: Global___Queue | None = ...,
         backend_overload_status: _builtins.int | None = ...,
+        client_priority: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_backend_overload_status", b"_backend_overload_status", "_max_embedding_inputs", b"_max_embedding_inputs", "_max_media_parts", b"_max_media_parts", "_max_model_len", b"_max_model_len", "_max_sequences", b"_max_sequences", "_min_output_tokens", b"_min_output_tokens", "_output_buffer_tokens", b"_output_buffer_tokens", "_retry_after_max_s", b"_retry_after_max_s", "_retry_after_min_s", b"_retry_after_min_s", "_retry_after_s", b"_retry_after_s", "_ttft_target_s", b"_ttft_target_s", "backend_overload_status", b"backend_overload_status", "kv_model", b"kv_model", "max_embedding_inputs", b"max_embedding_inputs", "max_media_parts", b"max_media_parts", "max_model_len", b"max_model_len", "max_sequences", b"max_sequences", "max_tokens_cap", b"max_tokens_cap", "media", b"media", "min_output_tokens", b"min_output_tokens", "output_buffer_tokens", b"output_buffer_tokens", "pressure", b"pressure", "queue", b"queue", "retry_after_max_s", b"retry_after_max_s", "retry_after_min_s", b"retry_after_min_s", "retry_after_s", b"retry_after_s", "shed", b"shed", "truncation", b"truncation", "ttft_target_s", b"ttft_target_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_backend_overload_status", b"_backend_overload_status", "_max_embedding_inputs", b"_max_embedding_inputs", "_max_media_parts", b"_max_media_parts", "_max_model_len", b"_max_model_len", "_max_sequences", b"_max_sequences", "_min_output_tokens", b"_min_output_tokens", "_output_buffer_tokens", b"_output_buffer_tokens", "_retry_after_max_s", b"_retry_after_max_s", "_retry_after_min_s", b"_retry_after_min_s", "_retry_after_s", b"_retry_after_s", "_ttft_target_s", b"_ttft_target_s", "backend_overload_status", b"backend_overload_status", "compact_system_json", b"compact_system_json", "content_types", b"content_types", "default_priority", b"default_priority", "fail_mode", b"fail_mode", "kv_model", b"kv_model", "max_embedding_inputs", b"max_embedding_inputs", "max_media_parts", b"max_media_parts", "max_model_len", b"max_model_len", "max_sequences", b"max_sequences", "max_tokens_cap", b"max_tokens_cap", "media", b"media", "min_output_tokens", b"min_output_tokens", "mode", b"mode", "on_kv_shortfall", b"on_kv_shortfall", "output_buffer_tokens", b"output_buffer_tokens", "pressure", b"pressure", "queue", b"queue", "retry_after_max_s", b"retry_after_max_s", "retry_after_min_s", b"retry_after_min_s", "retry_after_s", b"retry_after_s", "shed", b"shed", "stored_context", b"stored_context", "truncation", b"truncation", "ttft_target_s", b"ttft_target_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_backend_overload_status", b"_backend_overload_status", "_max_embedding_inputs", b"_max_embedding_inputs", "_max_media_parts", b"_max_media_parts", "_max_model_len", b"_max_model_len", "_max_sequences", b"_max_sequences", "_min_output_tokens", b"_min_output_tokens", "_output_buffer_tokens", b"_output_buffer_tokens", "_retry_after_max_s", b"_retry_after_max_s", "_retry_after_min_s", b"_retry_after_min_s", "_retry_after_s", b"_retry_after_s", "_ttft_target_s", b"_ttft_target_s", "backend_overload_status", b"backend_overload_status", "client_priority", b"client_priority", "compact_system_json", b"compact_system_json", "content_types", b"content_types", "default_priority", b"default_priority", "fail_mode", b"fail_mode", "kv_model", b"kv_model", "max_embedding_inputs", b"max_embedding_inputs", "max_media_parts", b"max_media_parts", "max_model_len", b"max_model_len", "max_sequences", b"max_sequences", "max_tokens_cap", b"max_tokens_cap", "media", b"media", "min_output_tokens", b"min_output_tokens", "mode", b"mode", "on_kv_shortfall", b"on_kv_shortfall", "output_buffer_tokens", b"output_buffer_tokens", "pressure", b"pressure", "queue", b"queue", "retry_after_max_s", b"retry_after_max_s", "retry_after_min_s", b"retry_after_min_s", "retry_after_s", b"retry_after_s", "shed", b"shed", "stored_context", b"stored_context", "truncation", b"truncation", "ttft_target_s", b"ttft_target_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__backend_overload_status: _TypeAlias = _typing.Literal["backend_overload_status"]  # noqa: Y015
     _WhichOneofArgType__backend_overload_status: _TypeAlias = _typing.Literal["_backend_overload_status", b"_backend_overload_status"]  # noqa: Y015

@@ -2,8 +2,9 @@
 
 ``HeaderRules.read`` reads the request headers once (raw bytes; only the ones ICE uses are
 decoded) into ``RequestFacts``: the schema adapter (the route's ``schema`` binding, else the
-path's), the priority header, the tenant headers, spoofed ICE headers to strip and the
-endpoint a trusted picker chose. It then says whether the request is answered without its
+path's), the priority (``judged_priority``: the route's, which a client's priority header may
+lower, or set where the route trusts it), the tenant headers, spoofed ICE headers to strip and
+the endpoint a trusted picker chose. It then says whether the request is answered without its
 body (``Refusal``): an unknown path → 404, a judged path with a body that is not JSON → 415
 (unless the profile passes other content types), an empty body → 400, a declared length
 over the limit → 413. Read-only paths (GET/HEAD) and the policy's ``passthrough_paths`` pass
@@ -30,7 +31,7 @@ from ext_proc.schemas import (
     schema_for_path,
 )
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "SPOOF_PREFIXES", "HeaderRules", "Refusal"]
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "SPOOF_PREFIXES", "HeaderRules", "Refusal", "judged_priority"]
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 # Client-sent headers with these prefixes are removed: only ICE may set them.
@@ -61,8 +62,23 @@ class _Seen:
     content_length: str = ""
     tenant: str = ""
     queue_tenant: str = ""
-    priority: Priority | None = None
+    priority: Priority | None = None  # the client's claim (``judged_priority`` judges it)
     endpoint: str | None = None
+
+
+def judged_priority(route: Route, claim: Priority | None) -> tuple[Priority, Priority | None]:
+    """The request's priority, from the route's and the client's ``claim`` (its priority
+    header; None: absent or not a priority), under the route's ``client_priority``: ``trust``
+    takes the claim; ``cap`` takes it only at or below the route's priority (a client may ask
+    for less, never for more); ``ignore`` keeps the route's. Second: the claim when it was not
+    taken (the access log's ``priority_claimed``), else None."""
+    own = route.default_priority
+    if claim is None or claim == own:
+        return own, None
+    mode = route.client_priority
+    if mode == "trust" or (mode == "cap" and PRIORITIES.index(claim) > PRIORITIES.index(own)):
+        return claim, None
+    return own, claim
 
 
 def _is_json(content_type: str) -> bool:
@@ -92,8 +108,10 @@ class HeaderRules:
     ) -> tuple[RequestFacts, Refusal | None]:
         """The request's facts, and its answer when it gets one without its body."""
         seen, strip = self._scan(route, headers)
+        priority, claimed = judged_priority(route, seen.priority)
         facts = RequestFacts(
-            priority=seen.priority or route.default_priority,
+            priority=priority,
+            priority_claimed=claimed,
             strip=tuple(strip),
             endpoint=seen.endpoint,
             subset=subset,

@@ -20,7 +20,15 @@ from ext_proc.policy.decision import (
 from ext_proc.schemas import rawjson
 from ext_proc.schemas.base import RequestFeatures, SchemaAdapter
 
-__all__ = ["LIMIT_FIELDS", "Continue", "Outcome", "Respond", "plan", "reject_outcome"]
+__all__ = [
+    "LIMIT_FIELDS",
+    "Continue",
+    "Outcome",
+    "Respond",
+    "plan",
+    "priority_fields",
+    "reject_outcome",
+]
 
 # Output-limit fields per schema (paths: a top-level key, or a key inside the object(s) of a
 # top-level key). A downgrade lowers every one present that is above the new limit, so no
@@ -92,6 +100,15 @@ def log_fields(decision: Decision, features: RequestFeatures) -> tuple[tuple[str
     elif requested is not None and not isinstance(decision, Reject):
         fields.append(("max_tokens_granted", str(requested)))
     return tuple(fields)
+
+
+def priority_fields(priority: str, claimed: str | None) -> tuple[tuple[str, str], ...]:
+    """The access log's priority fields: the priority the request was judged at and, when the
+    client's priority header claimed another that ICE did not take (``client_priority: cap``
+    or ``ignore``, ``ext_proc.admit.headers.judged_priority``), that claim."""
+    if claimed is None:
+        return (("priority", priority),)
+    return (("priority", priority), ("priority_claimed", claimed))
 
 
 def plan(

@@ -22,13 +22,15 @@
 Invariants: nothing reaches the backend on a path ICE does not judge unless the policy or
 the read-only list opens it; ``on_body`` returns ``None`` when the request passes untouched
 and unannotated (not an inference request); every other outcome carries the verdict
-headers; a request's body is decoded once, whatever way it takes.
+headers; a request's body is decoded once, whatever way it takes; an exception while judging
+a body is its API's 400 or a ``JudgeFault`` naming the stage (the shell's ``_fault``).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -79,6 +81,7 @@ __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
     "SPOOF_PREFIXES",
     "BodyVerdict",
+    "JudgeFault",
     "Pipeline",
     "RequestFacts",
     "Route",
@@ -89,6 +92,32 @@ log = logging.getLogger("ice.pipeline")
 
 SnapshotLookup = Callable[[str], PoolSnapshot | None]
 _MESSAGES = frozenset({"messages"})  # walked element by element when a profile truncates
+
+
+class JudgeFault(Exception):
+    """ICE's own fault while judging a body: its stage (decode, features, count, judge,
+    plan), the error's type and message (plain strings: it pickles, from the helper too)."""
+
+    def __init__(self, stage: str, kind: str, message: str) -> None:
+        super().__init__(stage, kind, message)
+        self.stage, self.kind = stage, kind
+
+    def __str__(self) -> str:
+        return f"{self.kind} while judging ({self.stage}): {self.args[2]}"
+
+
+@contextmanager
+def judging(stage: str, client: bool = False) -> Iterator[None]:
+    """An exception inside is ICE's fault at ``stage`` (``JudgeFault``; an inner stage's
+    stays its own), but (``client``) those that say the body breaks its API: a 400."""
+    try:
+        yield
+    except JudgeFault:
+        raise
+    except Exception as e:
+        if client and isinstance(e, rawjson.InvalidJSON | BadRequest | RecursionError):
+            raise
+        raise JudgeFault(stage, type(e).__name__, str(e)[:300]) from e
 
 
 def _upstream(verdict: BodyVerdict) -> bool:
@@ -206,8 +235,10 @@ class Pipeline:
         if adapter is None:
             return None
         try:
-            body = self._decode(route, adapter, raw)
-            features = adapter.features(body.doc.values, media_cost(route.profile.media))
+            with judging("decode", client=True):
+                body = self._decode(route, adapter, raw)
+            with judging("features", client=True):
+                features = adapter.features(body.doc.values, media_cost(route.profile.media))
         except rawjson.InvalidJSON as e:
             message = f"The request body is not valid JSON: {e}."
             return self._bad_body(route, adapter, 400, "invalid_json", message)
@@ -217,13 +248,15 @@ class Pipeline:
             message = "The request body is not valid JSON: the JSON is nested too deeply."
             return self._bad_body(route, adapter, 400, "invalid_json", message)
         values = body.doc.values
-        if self.prefix is not None:
-            self.prefix.observe_request(
-                route.name, values, features, len(raw), facts.tenant, self.counters
-            )
-        if self._pick.get(route.pool) == "ice":
-            body = replace(body, prefix=prefix_key(features.schema, values))
-        return self._judge_body(route, facts, adapter, body, features)
+        with judging("judge"):  # the prefix's tracking and key: placement's inputs
+            if self.prefix is not None:
+                self.prefix.observe_request(
+                    route.name, values, features, len(raw), facts.tenant, self.counters
+                )
+            if self._pick.get(route.pool) == "ice":
+                body = replace(body, prefix=prefix_key(features.schema, values))
+        with judging("plan"):  # what _judge_body does outside its count and judge stages
+            return self._judge_body(route, facts, adapter, body, features)
 
     @staticmethod
     def _decode(route: Route, adapter: SchemaAdapter, raw: bytes) -> JudgedBody:
@@ -268,13 +301,17 @@ class Pipeline:
         counted = self.counters is not None and self.counters.counter_for(features.model)
         decided = None
         if counted and self.policy.exact_count == "needed":  # the estimate may decide
-            decided = self._by_estimate(route, facts, features, body)
+            with judging("judge"):
+                decided = self._by_estimate(route, facts, features, body)
         if decided is not None:
             features, (decision, placement) = decided
         else:
             if self.counters is not None:
-                features = exact_count(self.counters, features, body.doc.values, len(body.raw))
-            decision, placement = self.judge(route, facts, features, LADDER, body.prefix)
+                with judging("count"):
+                    values = body.doc.values
+                    features = exact_count(self.counters, features, values, len(body.raw))
+            with judging("judge"):
+                decision, placement = self.judge(route, facts, features, LADDER, body.prefix)
         if route.profile.mode == "shadow":
             would = (decision.decision, decision.reason)
             return shadowed(would, features, adapter, body, placement, decision.pressure)

@@ -3,6 +3,8 @@
 ``Router.resolve`` maps ``x-ice-route``, ``x-ice-profile``, ``x-ice-pool`` and
 ``x-ice-priority`` (set per route in Envoy's ext_proc ``grpc_service.initial_metadata``) to a
 ``Route``: the route's binding in the policy, overridden field by field by explicit metadata.
+What a client's priority header may do on the route (``client_priority``: cap, trust or
+ignore) is the binding's, else its profile's; metadata does not change it.
 
 Invariants: an unknown profile or pool falls back to the policy's default, with one warning
 per name (never a failed request); a ``Route`` is immutable and rebuilt from its ``key`` by
@@ -16,7 +18,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ext_proc.policy.model import PRIORITIES, Policy, Priority, Profile
+from ext_proc.policy.model import PRIORITIES, ClientPriority, Policy, Priority, Profile
 from ext_proc.schemas import SCHEMAS, SchemaAdapter
 
 __all__ = ["Route", "Router"]
@@ -26,7 +28,9 @@ log = logging.getLogger("ice.pipeline")
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    """What a route's gRPC metadata selects. ``key`` rebuilds it: ``Router.route_for(key)``."""
+    """What a route's gRPC metadata selects. ``key`` rebuilds it: ``Router.route_for(key)``.
+    ``default_priority``: the route's priority; ``client_priority``: what a client's priority
+    header may do to it (``ext_proc.admit.headers.judged_priority``)."""
 
     name: str
     profile: Profile
@@ -34,6 +38,7 @@ class Route:
     default_priority: Priority
     key: tuple[str, str, str, str] = ("", "", "", "")
     schema: SchemaAdapter | None = None  # the binding's schema; None: chosen by path
+    client_priority: ClientPriority = "cap"
 
 
 class Router:
@@ -89,6 +94,9 @@ class Router:
             pool = ""
         prof = p.profiles[profile or p.default_profile]
         prio: Priority = prof.default_priority
+        client = prof.client_priority
+        if binding is not None and binding.client_priority is not None:
+            client = binding.client_priority
         for candidate in PRIORITIES:
             if candidate == priority:
                 prio = candidate
@@ -99,4 +107,5 @@ class Router:
             default_priority=prio,
             key=(name, profile, pool, priority),
             schema=schema,
+            client_priority=client,
         )

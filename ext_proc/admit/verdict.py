@@ -52,7 +52,9 @@ class RequestFacts:
     """What the request headers said, kept for the body phase (and the response phase)."""
 
     adapter: SchemaAdapter | None = None
-    priority: Priority = "standard"
+    priority: Priority = "standard"  # as judged (``ext_proc.admit.headers.judged_priority``)
+    # the client's priority header when ICE did not take it (capped, or ignored): the log's
+    priority_claimed: Priority | None = None
     strip: tuple[str, ...] = ()  # client-sent headers only ICE may set: removed
     answer: Respond | None = None  # set when the request is answered without its body
     skip_body: bool = False  # not an inference request: do not send the body to ICE

@@ -22,7 +22,9 @@ Cost rules (tokens; sizes in pixels; durations in seconds):
 Defaults — no ``model_dir``, or a model whose processor is not modelled here:
   image  → ``spec.tokens_per_image`` (576)
   audio  → ``ceil(seconds × spec.tokens_per_audio_second)`` (25.0 tokens/s) when the duration
-           is known, else ``spec.tokens_per_audio`` (750)
+           is known, else ``spec.tokens_per_audio`` (750). Known: a WAV of fixed-width
+           samples, its seconds from the bytes present whatever its header claims
+           (``ext_proc.media.headers``: a ``data`` size of 0 plays to the end)
   video  → ``spec.tokens_per_video`` (4096)
   Audio and video always use these rules, whatever the model.
 
@@ -39,7 +41,8 @@ Defaults — no ``model_dir``, or a model whose processor is not modelled here:
       elif h̄·w̄ < min_pixels: β = √(min_pixels / (h·w)), h̄ = ⌈h·β / f⌉·f, same for w̄
   tokens = (h̄/p)·(w̄/p) / m² + 2  (the 2 are <|vision_start|> and <|vision_end|>).
   Unknown size, or an aspect ratio over 200 (which the server rejects): the worst case,
-  ⌊max_pixels / f²⌋ + 2 (1282 for the 1003520 default, 16386 for 12845056).
+  ⌊max_pixels / f²⌋ + 2 (1282 for the 1003520 default, 16386 for 12845056), which is also
+  the byte bound of an image whose header cannot be trusted (``ext_proc.media.cost``).
 
 "llava" — LLaVA-1.5 style: ``config.json`` ``model_type`` ``llava`` with a CLIP vision tower
   (``vision_config.model_type`` ``clip_vision_model`` or absent) that states ``image_size`` s

@@ -1,5 +1,24 @@
 """What a media part costs in prompt tokens: the model's own processor (Qwen2-VL family,
-LLaVA-1.5) or the profile's defaults (``ext_proc.media``)."""
+LLaVA-1.5) or the profile's defaults (``ext_proc.media``).
+
+An image whose header cannot be trusted (no size read from it: a format ICE does not read,
+a header cut off, a side of 0; or an aspect ratio the server refuses) is charged its *byte
+bound*: the most tokens an image of that many bytes can cost under the profile's media
+settings (tokens):
+
+    byte_bound = qwen2_vl: ⌊max_pixels / f²⌋ + 2   (f = patch_size × merge_size, pixels)
+                 llava:    (s // p)² (+1 with the "full" strategy)
+                 defaults: tokens_per_image
+
+The per-image default stands in for a processor ICE does not know; with a known processor,
+its largest count is exact, and the default (even if larger) does not apply. The bound does
+not shrink with the byte count: among the formats vLLM 0.32 opens
+(``vllm/multimodal/image.py``, ``ALLOWED_IMAGE_FORMATS``) no finite pixels-per-byte ceiling
+holds (a GIF's logical screen costs 4 bytes whatever its size, TIFF strips may share one
+run of bytes, a WebP lossless code of one symbol costs 0 bits per pixel), so a few hundred
+bytes can already carry an image at the processor's ``max_pixels``. For PNG, JPEG, GIF and
+WebP the header ICE reads is the one vLLM's decoder (the same Pillow classes, libwebp's
+canvas) sizes the image by, so a size read from it is trusted."""
 
 from __future__ import annotations
 
@@ -87,8 +106,13 @@ class MediaCost:
     def _tokens(self, part: MediaPart) -> int:
         spec = self.spec
         if part.kind == "image":
+            w, h = part.width, part.height
+            if w is None or h is None or w <= 0 or h <= 0:
+                return self.image_byte_bound()  # no size to trust
             if self.qwen is not None:
-                return self.qwen.tokens(part.width, part.height)
+                if max(w, h) / min(w, h) > _MAX_ASPECT_RATIO:
+                    return self.image_byte_bound()
+                return self.qwen.tokens(w, h)
             if self.image_tokens_fixed is not None:
                 return self.image_tokens_fixed
             return spec.tokens_per_image
@@ -98,6 +122,14 @@ class MediaCost:
                 return math.ceil(s * spec.tokens_per_audio_second)
             return spec.tokens_per_audio
         return spec.tokens_per_video
+
+    def image_byte_bound(self) -> int:
+        """Tokens of an image whose header cannot be trusted (the module docstring)."""
+        if self.qwen is not None:
+            return self.qwen.worst_tokens()
+        if self.image_tokens_fixed is not None:
+            return self.image_tokens_fixed
+        return self.spec.tokens_per_image
 
 
 @functools.lru_cache(maxsize=64)

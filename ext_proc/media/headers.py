@@ -1,6 +1,29 @@
 """Reading sizes from media bytes without decoding them: an image's width and height from its
 header (PNG, JPEG, GIF through Pillow's format classes; WebP by hand), a WAV's duration
-(``ext_proc.media``)."""
+(``ext_proc.media``).
+
+A WAV's duration is what the decoder will play, not what its header claims. vLLM 0.32 decodes
+audio with torchcodec (FFmpeg) first, then soundfile (libsndfile), then PyAV (FFmpeg)
+(``vllm/multimodal/media/audio.py``, ``load_audio``). Measured here with PyAV 18.1
+(libavformat 62.12) and soundfile (libsndfile 1.2.2) on PCM WAVs:
+
+- a ``data`` chunk size of 0: FFmpeg plays every byte to the end (600 s of 600 s present);
+  libsndfile reads 0 frames;
+- a size past the end (a streaming writer's 0xFFFFFFFF too): both play what is present;
+- a size inside the payload (an honest header, other chunks after it): both play that size;
+  with a second ``data`` chunk after it FFmpeg plays the second one (1 s + 20 s → 20 s);
+- a lying RIFF size, byte rate or block align: ignored by both (frames from rate, channels
+  and bits per sample).
+
+So, in seconds: ``data_bytes / (sample_rate × channels × ceil(bits_per_sample / 8))`` with
+``data_bytes`` the largest ``data`` chunk, each read as ``min(size, bytes present after its
+header)``, or every byte present when its size is 0 (after 64 chunks, the bytes left count
+as one more); rate, channels and bits from the
+``fmt`` chunk, for sample formats of fixed width (PCM, IEEE float, A-law, µ-law, and
+``WAVE_FORMAT_EXTENSIBLE`` of those). ``RIFF``, ``RF64``/``BW64`` (their 32-bit sizes say
+0xFFFFFFFF: the bytes present count) and big-endian ``RIFX`` are read, when the part says
+it is a WAV (``wav``, ``audio/wav``…). Compressed WAVs (ADPCM, GSM, MP3 in WAV) and other
+formats are of unknown duration (``None``)."""
 
 from __future__ import annotations
 
@@ -9,8 +32,8 @@ import binascii
 import io
 import urllib.parse
 import warnings
-import wave
 from collections.abc import Iterator
+from typing import Literal
 
 __all__ = ["audio_seconds", "image_size"]
 
@@ -18,6 +41,22 @@ __all__ = ["audio_seconds", "image_size"]
 # of data); the whole payload is decoded only when neither holds the header.
 _PREFIX_B64_CHARS = (4 * 1024, 64 * 1024)
 _WAV_FORMATS = frozenset({"wav", "wave", "x-wav", "vnd.wave"})
+_RIFF_ORDER: dict[bytes, Literal["little", "big"]] = {
+    b"RIFF": "little",
+    b"RF64": "little",
+    b"BW64": "little",
+    b"RIFX": "big",
+}
+# Chunks walked at most; past them the rest of the payload counts as audio (a body of tiny
+# chunks would otherwise cost a Python step per 8 bytes).
+_MAX_CHUNKS = 64
+# WAVE format tags of a fixed sample width: PCM, IEEE float, A-law, µ-law
+_FIXED_WIDTH_TAGS = frozenset({1, 3, 6, 7})
+_EXTENSIBLE = 0xFFFE
+
+
+class _Short(Exception):
+    """The walk needs bytes past the decoded prefix."""
 
 
 def _data_url(url: str) -> tuple[str, bool, int] | None:
@@ -33,20 +72,22 @@ def _data_url(url: str) -> tuple[str, bool, int] | None:
     return params[0].strip(), "base64" in params[1:], comma + 1
 
 
-def _decodings(text: str, start: int = 0) -> Iterator[bytes]:
+def _decodings(text: str, start: int = 0) -> Iterator[tuple[bytes, bool]]:
     """The base64 in ``text[start:]``, decoded as growing prefixes (3 KiB, 48 KiB) and then
-    whole; the caller stops at the first it can read. Decoding is the cost (~2 µs per KiB)."""
+    whole, each with whether it is the whole payload; the caller stops at the first it can
+    read. Decoding is the cost (~2 µs per KiB)."""
     for chars in _PREFIX_B64_CHARS:
         prefix = text[start : start + chars]
+        whole = start + chars >= len(text)
         try:
             head: bytes | None = base64.b64decode(prefix)
         except (binascii.Error, ValueError):
             head = None  # e.g. line breaks shifted the padding: a longer prefix may decode
         if head is not None:
-            yield head
-        if start + chars >= len(text):
+            yield head, whole
+        if whole:
             return
-    yield base64.b64decode(text[start:])
+    yield base64.b64decode(text[start:]), True
 
 
 def image_size(url_or_b64: str, *, base64_data: bool = False) -> tuple[int, int] | None:
@@ -64,14 +105,14 @@ def image_size(url_or_b64: str, *, base64_data: bool = False) -> tuple[int, int]
         _, is_base64, start = parsed
         if is_base64:
             return _first_size(_decodings(url_or_b64, start))
-        return _first_size(iter([urllib.parse.unquote_to_bytes(url_or_b64[start:])]))
+        return _first_size(iter([(urllib.parse.unquote_to_bytes(url_or_b64[start:]), True)]))
     except Exception:
         return None
 
 
-def _first_size(decodings: Iterator[bytes]) -> tuple[int, int] | None:
+def _first_size(decodings: Iterator[tuple[bytes, bool]]) -> tuple[int, int] | None:
     """The size from the first decoding whose header reads; stops at an unknown format."""
-    for data in decodings:
+    for data, _ in decodings:
         fmt = _sniff(data)
         if fmt is None:
             return None  # the magic bytes are at the start: more data will not help
@@ -142,12 +183,11 @@ def _webp_size(data: bytes) -> tuple[int, int] | None:
 
 
 def audio_seconds(data_b64: str, fmt: str) -> float | None:
-    """Duration of base64 audio when its header says: PCM WAV (read by the stdlib ``wave``).
+    """Duration of base64 audio that is a WAV of a fixed sample width, from the bytes
+    present (see the module docstring); ``None`` for other formats (mp3, …), compressed WAVs
+    and unreadable data.
 
-    ``fmt`` is the part's format (``wav``, or a media type such as ``audio/wav``). ``None``
-    for other formats (mp3, …) and unreadable data. A header that declares more frames than
-    the payload holds (streamed WAVs write 0xFFFFFFFF) is capped at what the payload holds.
-    """
+    ``fmt`` is the part's format (``wav``, or a media type such as ``audio/wav``)."""
     return _audio_seconds(data_b64, 0, fmt)
 
 
@@ -155,20 +195,64 @@ def _audio_seconds(text: str, start: int, fmt: str) -> float | None:
     try:
         if fmt.strip().lower().removeprefix("audio/") not in _WAV_FORMATS:
             return None
-        payload_bytes = (len(text) - start) * 3 // 4 - _padding(text)
-        for data in _decodings(text, start):
+        estimate = (len(text) - start) * 3 // 4 - _padding(text)
+        for data, whole in _decodings(text, start):
+            if data[:4] not in _RIFF_ORDER or data[8:12] != b"WAVE":
+                return None  # the magic bytes are at the start: more data will not help
             try:
-                with wave.open(io.BytesIO(data), "rb") as w:
-                    frames, rate = w.getnframes(), w.getframerate()
-                    frame_bytes = w.getnchannels() * w.getsampwidth()
-            except (wave.Error, EOFError, ValueError):
-                continue  # cut off before the data chunk: try a longer prefix
-            if rate <= 0 or frame_bytes <= 0:
-                return None
-            return min(frames, payload_bytes // frame_bytes) / rate
+                return _wav_seconds(data, len(data) if whole else estimate)
+            except _Short:
+                continue  # a chunk lies past this prefix: decode more
     except Exception:
         return None
     return None
+
+
+def _wav_seconds(data: bytes, present: int) -> float | None:
+    """Seconds of the WAV whose first bytes are ``data`` and whose payload is ``present``
+    bytes: its chunks walked from the first, each ``data`` chunk read as the module docstring
+    says. Raises ``_Short`` when a chunk header lies past ``data``."""
+    order = _RIFF_ORDER[data[:4]]
+    frame_bytes = rate = 0
+    longest: int | None = None
+    pos = 12
+    for _ in range(_MAX_CHUNKS):
+        if pos + 8 > present:
+            break
+        if pos + 8 > len(data):
+            raise _Short
+        tag, size = data[pos : pos + 4], int.from_bytes(data[pos + 4 : pos + 8], order)
+        body = pos + 8
+        if tag == b"fmt ":
+            if body + 16 > len(data):
+                raise _Short
+            rate, frame_bytes = _wav_format(data[body : body + min(size, 40)], order)
+        elif tag == b"data":
+            after = present - body
+            played = size if 0 < size <= after else after
+            longest = max(longest or 0, played)
+            if played == after:
+                break  # it runs to the end
+        pos = body + size + (size & 1)  # chunks are padded to an even length
+    else:
+        longest = max(longest or 0, present - pos)  # too many chunks: the rest may play
+    if longest is None or rate <= 0 or frame_bytes <= 0:
+        return None
+    return longest // frame_bytes / rate
+
+
+def _wav_format(fmt: bytes, order: Literal["little", "big"]) -> tuple[int, int]:
+    """(sample rate, bytes per frame) of a ``fmt`` chunk; (0, 0) for a format whose sample
+    width is not fixed (compressed) or that is not stated."""
+    tag = int.from_bytes(fmt[0:2], order)
+    if tag == _EXTENSIBLE and len(fmt) >= 26:
+        tag = int.from_bytes(fmt[24:26], order)  # the sub-format GUID's first two bytes
+    channels = int.from_bytes(fmt[2:4], order)
+    rate = int.from_bytes(fmt[4:8], order)
+    bits = int.from_bytes(fmt[14:16], order)
+    if tag not in _FIXED_WIDTH_TAGS:
+        return 0, 0
+    return rate, channels * -(-bits // 8)
 
 
 def _padding(text: str) -> int:

@@ -45,7 +45,10 @@ when the profile names the model's config; less the whole blocks of its expected
 hit: cached = floor(input × reuse), reuse = the pool's recent hit ratio, at most input − 1
 tokens (vLLM always recomputes the last prompt token). Further samples of one prompt (``n``)
 hit its whole prompt (at most input − 1 tokens) when every backend caches prefixes; a
-request's blocks are summed over its sequences (``KvFit.need``).
+request that asks for prompt logprobs (``prompt_logprobs``, ``echo`` with logprobs) reads no
+cached block on vLLM (``skip_reading_prefix_cache``, ``ext_proc.policy.kvfit``): every sample
+of it counts whole, with no expected hit. A request's blocks are summed over its sequences
+(``KvFit.need``).
 
 Invariant: caches are keyed by snapshot identity, so a new snapshot recomputes everything;
 nothing here does I/O.
@@ -162,6 +165,9 @@ class PoolViews:
             def sibling(i: int, o: int) -> int:  # its prompt's full blocks are cached
                 return blocks(i, o, i)
 
+            def cold(i: int, o: int) -> int:  # a request vLLM reads no cached block for
+                return blocks(i, o, 0)
+
             shared = sibling if snapshot.prefix_caching else None
             overrides = self._overrides.get(snapshot.pool)
             for b in snapshot.backends:
@@ -170,7 +176,7 @@ class PoolViews:
                     continue
                 if b.asleep:  # a sleeping engine serves nothing: no room
                     free = 0
-                fit = KvFit(free, usable, bs, first, shared)
+                fit = KvFit(free, usable, bs, first, shared, cold)
                 address = endpoint_of(b.url, overrides)
                 views.append(Endpoint(address, fit, b.num_requests_waiting, b.stale, b.asleep))
         result = tuple(views)

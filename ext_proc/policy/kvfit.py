@@ -1,10 +1,19 @@
 """A request's KV-cache need and a backend's room for it (pure).
 
 ``Shape``: what the arithmetic needs of a request (prompts grouped by tokens, samples per
-prompt, the window a stored-context sequence fills). ``KvFit``: one endpoint's free and usable
-blocks, and how many blocks a sequence needs (``blocks``: the first sample of a prompt;
-``sibling``: another sample of it, its full prompt blocks shared). The formulas are in
-``ext_proc.policy.evaluate``'s docstring and the README ("The decision ladder").
+prompt, the window a stored-context sequence fills, whether the backend reads its prefix
+cache for it). ``KvFit``: one endpoint's free and usable blocks, and how many blocks a
+sequence needs (``blocks``: the first sample of a prompt; ``sibling``: another sample of it,
+its full prompt blocks shared; ``cold``: a sample that reads no cached block). The formulas
+are in ``ext_proc.policy.evaluate``'s docstring and the README ("The decision ladder").
+
+Samples share prompt blocks only where vLLM reads the prefix cache: not when the pool has
+caching off (``sibling`` is None), and not for a request that asks for prompt logprobs
+(``prompt_logprobs``, or ``echo`` with logprobs: ``Shape.reads_cache`` False), for which vLLM
+0.32 sets ``SamplingParams.skip_reading_prefix_cache`` (``vllm/sampling_params.py``) and looks
+up no cached block (``KVCacheManager.prefix_cache_lookup_enabled``,
+``vllm/v1/core/kv_cache_manager.py``): every sample then prefills its whole prompt, and the
+first sample gets no hit from the pool's recent ratio either (``cold``).
 """
 
 from __future__ import annotations
@@ -21,12 +30,13 @@ __all__ = ["KvFit", "Shape"]
 @dataclass(frozen=True, slots=True)
 class Shape:
     """What the KV arithmetic needs of a request's shape: its prompts grouped by tokens
-    ((tokens, count) pairs), the samples each starts, and the window a stored-context
-    sequence fills (0: none)."""
+    ((tokens, count) pairs), the samples each starts, the window a stored-context
+    sequence fills (0: none), and whether the backend reads its prefix cache for it."""
 
     groups: tuple[tuple[int, int], ...]
     samples: int = 1
     window: int = 0
+    reads_cache: bool = True
 
     @classmethod
     def single(cls, input_tokens: int) -> Shape:
@@ -36,7 +46,8 @@ class Shape:
     @classmethod
     def of(cls, features: RequestFeatures, profile: Profile) -> Shape:
         window = (profile.max_model_len or 0) if features.stored_context else 0
-        return cls(features.prompt_groups(), features.samples, window)
+        groups, samples = features.prompt_groups(), features.samples
+        return cls(groups, samples, window, features.reads_prefix_cache)
 
     @property
     def sequences(self) -> int:
@@ -53,19 +64,24 @@ class KvFit:
     """The pool's KV room and how many blocks a request needs (see the module docstring).
 
     ``blocks(P, O)``: the first sequence of a prompt; ``sibling(P, O)``: another sample of
-    the same prompt, whose full prompt blocks are shared (None: not shared, as ``blocks``)."""
+    the same prompt, whose full prompt blocks are shared (None: not shared, as ``blocks``);
+    ``cold(P, O)``: a sequence of a request that reads no cached block (None: as ``blocks``)."""
 
     free_blocks: int
     usable_blocks: int
     block_size: int
     blocks: Callable[[int, int], int]
     sibling: Callable[[int, int], int] | None = None
+    cold: Callable[[int, int], int] | None = None
 
     def need(self, shape: Shape, output: int) -> int:
         """KV blocks of the whole request with ``output`` tokens per sequence."""
         total = 0
         for tokens, count in shape.groups:
             p = max(tokens, shape.window - output) if shape.window else tokens
+            if not shape.reads_cache:  # no sample reads the cache: none shares a block
+                total += count * shape.samples * (self.cold or self.blocks)(p, output)
+                continue
             one = self.blocks(p, output)
             if shape.samples > 1:
                 other = self.sibling(p, output) if self.sibling is not None else one

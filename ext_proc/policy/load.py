@@ -25,7 +25,9 @@ from ext_proc.policy.load_pool import pool_spec, positive
 from ext_proc.policy.load_queue import queue_spec
 from ext_proc.policy.load_truncation import embedding_spec, truncation_spec
 from ext_proc.policy.model import (
+    CLIENT_PRIORITIES,
     PRIORITIES,
+    ClientPriority,
     Level,
     Policy,
     PrefixTrackingSpec,
@@ -162,6 +164,7 @@ def _profile(name: str, msg: policy_pb2.Profile, base_dir: Path) -> Profile:
         output_buffer_tokens=_opt(msg, "output_buffer_tokens", d.output_buffer_tokens),
         min_output_tokens=max(1, _opt(msg, "min_output_tokens", d.min_output_tokens)),
         default_priority=priority,
+        client_priority=_client_priority(msg.client_priority, where) or d.client_priority,
         pressure=_pressure(msg.pressure, f"{where}.pressure"),
         max_tokens_cap=MappingProxyType(caps),
         shed_at=MappingProxyType(shed),
@@ -343,6 +346,7 @@ def _route(
         pool=binding.pool,
         priority=_priority_or_none(binding.priority),
         schema=binding.schema,
+        client_priority=_client_priority(binding.client_priority, where),
     )
 
 
@@ -393,6 +397,18 @@ def _exact_count_mode(text: str) -> Literal["needed", "always"]:
     if text == "always":
         return "always"
     raise PolicyError(f"exact_count: {text!r} is not one of needed, always")
+
+
+def _client_priority(text: str, where: str) -> ClientPriority | None:
+    """``client_priority`` (a profile's or a route's); None when not given."""
+    for candidate in CLIENT_PRIORITIES:
+        if candidate == text:
+            return candidate
+    if text:
+        raise PolicyError(
+            f"{where}.client_priority: must be 'cap', 'trust' or 'ignore', got {text!r}"
+        )
+    return None
 
 
 def _priority_or_none(text: str) -> Priority | None:

@@ -16,7 +16,9 @@ from ext_proc.media.spec import MediaSpec
 from ext_proc.signals.pool import Pool
 
 __all__ = [
+    "CLIENT_PRIORITIES",
     "PRIORITIES",
+    "ClientPriority",
     "EmbeddingSpec",
     "FailMode",
     "KvModelSpec",
@@ -33,7 +35,11 @@ __all__ = [
 ]
 
 Priority = Literal["critical", "standard", "sheddable"]
-PRIORITIES: tuple[Priority, ...] = ("critical", "standard", "sheddable")
+PRIORITIES: tuple[Priority, ...] = ("critical", "standard", "sheddable")  # highest first
+# What a client's priority header may do (docs/configuration.md "Priority"): ``cap`` lower the
+# route's priority, never raise it; ``trust`` set it; ``ignore`` nothing (the route's is fixed).
+ClientPriority = Literal["cap", "trust", "ignore"]
+CLIENT_PRIORITIES: tuple[ClientPriority, ...] = ("cap", "trust", "ignore")
 FailMode = Literal["open", "closed"]
 KvShortfall = Literal["downgrade", "shed", "ignore"]
 
@@ -100,6 +106,7 @@ class Profile:
     output_buffer_tokens: int = 2048
     min_output_tokens: int = 16
     default_priority: Priority = "standard"
+    client_priority: ClientPriority = "cap"  # a route's binding overrides it
     pressure: PressureModel = field(default_factory=PressureModel)
     # Output-token cap per level; a level absent here has no cap.
     max_tokens_cap: MappingProxyType[Level, int] = field(
@@ -190,6 +197,7 @@ class RouteBinding:
     pool: str = ""
     priority: Priority | None = None
     schema: str = ""  # an adapter name (ext_proc.schemas.SCHEMAS); "" = chosen by path
+    client_priority: ClientPriority | None = None  # None: the profile's
 
 
 @dataclass(frozen=True, slots=True)

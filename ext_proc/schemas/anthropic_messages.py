@@ -1,7 +1,9 @@
 """Anthropic ``/v1/messages`` adapter.
 
 Reads the top-level ``system`` (string or text blocks), ``messages`` with string or
-content-block content, and the required ``max_tokens``. Errors use Anthropic's format:
+content-block content, ``tools``, what the chat template renders besides (``documents``, the
+strings of ``chat_template_kwargs``: vLLM converts the request to chat) and the required
+``max_tokens``. Errors use Anthropic's format:
 ``{"type": "error", "error": {"type": ..., "message": ...}}``; ICE adds a machine-readable
 ``code`` (and ``param``) inside ``error``, which Anthropic clients ignore.
 """
@@ -22,12 +24,24 @@ from ext_proc.schemas.base import (
     optional_token_limit,
 )
 from ext_proc.schemas.estimate import PER_MESSAGE_TOKENS, REPLY_PRIMER_TOKENS
+from ext_proc.schemas.openai import template_extra_tokens
 
 __all__ = ["ANTHROPIC_MESSAGES", "anthropic_error_body"]
 
 # Top-level keys the adapter and the exact counter read (a repeated one is a 400).
 MESSAGES_KEYS = frozenset(
-    ("model", "messages", "system", "max_tokens", "stream", "tools", "thinking", "output_config")
+    (
+        "model",
+        "messages",
+        "system",
+        "max_tokens",
+        "stream",
+        "tools",
+        "thinking",
+        "output_config",
+        "chat_template_kwargs",
+        "documents",
+    )
 )
 MESSAGE_KEYS = frozenset(("role", "content"))
 
@@ -74,6 +88,7 @@ class _AnthropicMessages:
             tally.content(msg.get("content"), f"messages[{i}].content")
         if body.get("tools") is not None:
             tally.tokens += json_tokens(body["tools"])
+        tally.tokens += template_extra_tokens(body)  # as vLLM's chat conversion renders them
         if body.get("max_tokens") is None:
             raise BadRequest("max_tokens: Field required", param="max_tokens", code="missing_field")
         model = body.get("model")

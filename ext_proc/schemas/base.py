@@ -10,6 +10,8 @@ Invariants:
   tokens included; ``prompt_tokens`` holds every prompt's when a request carries more than
   one (a completions batch, batch chat, embeddings inputs), else it is empty.
 - ``samples`` is the number of sequences each prompt starts: ``max(n, best_of)``.
+- ``reads_prefix_cache`` is False when the backend will not read its prefix cache for the
+  request (``ext_proc.schemas.openai.reads_prefix_cache``): its samples share no block.
 - A key an adapter reads that the body gives twice (``rawjson.duplicate_keys``) is a
   ``BadRequest`` naming it: backends disagree on which copy wins, so ICE cannot know what it
   would judge. Keys an adapter does not read may repeat freely.
@@ -39,6 +41,7 @@ __all__ = [
     "json_tokens",
     "optional_token_limit",
     "samples_of",
+    "string_type",
     "text_of_content",
 ]
 
@@ -75,6 +78,9 @@ class RequestFeatures:
     # tokens of each prompt when the request carries several (each its own sequence group)
     prompt_tokens: tuple[int, ...] = ()
     samples: int = 1  # sequences per prompt: max(n, best_of)
+    # False: vLLM does not read the prefix cache for it (prompt logprobs asked, or echo with
+    # logprobs: ``SamplingParams.skip_reading_prefix_cache``), so no sample shares a block
+    reads_prefix_cache: bool = True
     media_parts: int = 0  # image, audio and video parts
     media_tokens: int = 0  # their tokens (in input_tokens and prompt_tokens)
     generates: bool = True  # False: embeddings (no output tokens)
@@ -249,7 +255,8 @@ class Tally:
         content; a part of any other type counts the tokens of its whole JSON text, so an
         unknown part never costs nothing."""
         check_keys(part, PART_KEYS, where)
-        if part.get("type") == "prompt_embeds" or "prompt_embeds" in part:
+        kind = string_type(part, where)
+        if kind == "prompt_embeds" or "prompt_embeds" in part:
             raise BadRequest(
                 f"'{where}': prompt embeddings cannot be judged by this gateway (their token "
                 f"count is inside the tensor); send text or token ids",
@@ -263,10 +270,7 @@ class Tally:
             self.media_tokens += cost
             self.tokens += cost
             return
-        kind = part.get("type")
-        text = (
-            part.get(_TEXT_FIELD.get(kind, "text")) if isinstance(kind, str) else part.get("text")
-        )
+        text = part.get(_TEXT_FIELD.get(kind, "text") if kind is not None else "text")
         if isinstance(text, str):
             self.tokens += estimate_text_tokens(text)
         if kind == "tool_use":
@@ -294,6 +298,31 @@ _KNOWN_PARTS = frozenset(
         "tool_result",
     )
 )
+
+
+def string_type(obj: Mapping[str, Any], where: str) -> str | None:
+    """``obj``'s ``type`` (None when absent or null); any other non-string is a
+    ``BadRequest``: no API has a part or item type that is not a string."""
+    kind = obj.get("type")
+    if kind is None or isinstance(kind, str):
+        return kind
+    raise BadRequest(
+        f"'{where}.type' must be a string, got {json_type(kind)}",
+        param=f"{where}.type",
+        code="invalid_type",
+    )
+
+
+def json_type(value: Any) -> str:
+    """The JSON name of a decoded value's type (for error messages)."""
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    for kind, name in ((str, "string"), (list, "array"), (dict, "object")):
+        if isinstance(value, kind):
+            return name
+    return "null" if value is None else type(value).__name__
 
 
 def text_of_content(content: Any, where: str, media: MediaCost = DEFAULT_MEDIA) -> int:

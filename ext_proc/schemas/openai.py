@@ -1,12 +1,14 @@
 """OpenAI ``/v1/chat/completions``, ``/v1/completions`` and vLLM's batch chat adapters.
 
-Chat: ``messages`` (string or content-part array content, media parts at their cost),
-``tools`` (their JSON), output limit ``max_completion_tokens`` when it is set and not null,
-else ``max_tokens`` (the precedence of vLLM, SGLang and OpenAI); ``n`` and ``best_of``
-samples. Completions: ``prompt`` as a string, a list of strings, token ids or a list of
-token-id lists (each list element is its own prompt, as in vLLM), limit ``max_tokens``,
-samples ``max(n, best_of)``. Batch chat (vLLM's ``/v1/chat/completions/batch``): ``messages``
-is a list of conversations, each its own prompt, with chat's limits.
+Chat: ``messages`` (string or content-part array content, media parts at their cost; an
+assistant's ``reasoning`` / ``reasoning_content``), ``tools`` (their JSON), what else the
+template renders (``documents``, the strings of ``chat_template_kwargs``), output limit
+``max_completion_tokens`` when it is set and not null, else ``max_tokens`` (the precedence
+of vLLM, SGLang and OpenAI); ``n`` and ``best_of`` samples. Completions: ``prompt`` as a
+string, a list of strings, token ids or a list of token-id lists (each list element is its
+own prompt, as in vLLM), limit ``max_tokens``, samples ``max(n, best_of)``. Batch chat
+(vLLM's ``/v1/chat/completions/batch``): ``messages`` is a list of conversations, each its
+own prompt, with chat's limits.
 Errors use OpenAI's error object: ``{"error": {"message", "type", "param", "code"}}``.
 """
 
@@ -36,6 +38,9 @@ __all__ = [
     "chat_limit",
     "chat_prompt",
     "openai_error_body",
+    "reads_prefix_cache",
+    "reasoning_tokens",
+    "template_extra_tokens",
     "tool_call_tokens",
 ]
 
@@ -63,9 +68,17 @@ CHAT_KEYS = frozenset(
         "add_special_tokens",
         "chat_template_kwargs",
         "reasoning_effort",
+        "documents",
+        "prompt_logprobs",
+        "echo",
+        "top_logprobs",
     )
 )
-MESSAGE_KEYS = frozenset(("role", "content", "tool_calls", "name", "tool_call_id"))
+MESSAGE_KEYS = frozenset(
+    ("role", "content", "tool_calls", "name", "tool_call_id", "reasoning", "reasoning_content")
+)
+# Template kwargs the exact counter (as vLLM) never hands the template as they are.
+_NOT_RENDERED = frozenset(("messages", "tools", "documents", "add_generation_prompt"))
 COMPLETION_KEYS = frozenset(
     (
         "model",
@@ -76,6 +89,9 @@ COMPLETION_KEYS = frozenset(
         "best_of",
         "stream",
         "add_special_tokens",
+        "prompt_logprobs",
+        "echo",
+        "logprobs",
     )
 )
 
@@ -106,6 +122,71 @@ def tool_call_tokens(calls: list[Any]) -> int:
     return total
 
 
+def reasoning_tokens(msg: dict[str, Any]) -> int:
+    """An assistant message's reasoning, which reasoning models' templates (Qwen3-style) put
+    back into the prompt: vLLM copies ``reasoning`` into the template's ``reasoning`` and
+    ``reasoning_content``; servers that hand the message on as sent render
+    ``reasoning_content``. The larger of the two counts (any JSON value: its text)."""
+    if msg.get("role") != "assistant":
+        return 0
+    given = (msg[k] for k in ("reasoning", "reasoning_content") if msg.get(k) is not None)
+    return max((json_tokens(v) for v in given), default=0)
+
+
+def documents_tokens(documents: Any) -> int:
+    """RAG ``documents`` as a template renders them: each document's JSON text (its keys
+    and values: titles and texts) and ``PER_MESSAGE_TOKENS`` of framing."""
+    if isinstance(documents, list):
+        return sum(PER_MESSAGE_TOKENS + json_tokens(d) for d in documents)
+    return json_tokens(documents)
+
+
+def strings_tokens(value: Any) -> int:
+    """Tokens of every string inside a JSON value (keys aside): the text a template kwarg
+    may add; numbers and booleans only switch a template's branches."""
+    total, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += estimate_text_tokens(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return total
+
+
+def template_extra_tokens(body: dict[str, Any]) -> int:
+    """Text a chat template renders besides the messages and ``tools``, as the exact counter
+    hands it over: ``documents`` (top level; else ``chat_template_kwargs.documents``) and the
+    strings of each other ``chat_template_kwargs`` value (with a message's framing)."""
+    documents = body.get("documents")
+    kwargs = body.get("chat_template_kwargs")
+    if not isinstance(kwargs, dict):
+        kwargs = {}
+    if documents is None:
+        documents = kwargs.get("documents")
+    extra = documents_tokens(documents) if documents is not None else 0
+    for key, value in kwargs.items():
+        text = strings_tokens(value) if key not in _NOT_RENDERED else 0
+        extra += text + PER_MESSAGE_TOKENS if text else 0  # framed as a message would be
+    return extra
+
+
+def reads_prefix_cache(body: dict[str, Any], logprobs: str, absent: int | None) -> bool:
+    """Whether vLLM reads its prefix cache for the request: not when prompt logprobs are
+    asked, ``prompt_logprobs`` or ``echo`` with ``logprobs`` (``logprobs`` is chat's
+    ``top_logprobs``, default 0, or completions' ``logprobs``, default None: ``absent``).
+    vLLM 0.32: ``to_sampling_params`` (``entrypoints/openai/{chat_completion,completion}/
+    protocol.py``) sets ``prompt_logprobs`` from them, ``SamplingParams.__post_init__``
+    (``sampling_params.py``) then ``skip_reading_prefix_cache``, and the scheduler looks up no
+    cached block (``v1/core/kv_cache_manager.py``, ``prefix_cache_lookup_enabled``): each
+    sample prefills its whole prompt."""
+    if body.get("prompt_logprobs") is not None:
+        return False
+    return not (body.get("echo") is True and body.get(logprobs, absent) is not None)
+
+
 def _model(body: dict[str, Any]) -> str | None:
     model = body.get("model")
     return model if isinstance(model, str) else None
@@ -130,6 +211,7 @@ def chat_prompt(messages: Any, where: str, tally: Tally) -> int:
         calls = msg.get("tool_calls")
         if isinstance(calls, list):
             tally.tokens += tool_call_tokens(calls)
+        tally.tokens += reasoning_tokens(msg)
     return len(messages)
 
 
@@ -155,6 +237,7 @@ class _OpenAIChat:
         count = chat_prompt(body.get("messages"), "messages", tally)
         if body.get("tools") is not None:
             tally.tokens += json_tokens(body["tools"])
+        tally.tokens += template_extra_tokens(body)
         limit, field = chat_limit(body)
         return RequestFeatures(
             schema=self.name,
@@ -165,6 +248,7 @@ class _OpenAIChat:
             stream=_stream(body),
             message_count=count,
             samples=samples_of(body, "n", "best_of"),
+            reads_prefix_cache=reads_prefix_cache(body, "top_logprobs", 0),
             media_parts=tally.media_parts,
             media_tokens=tally.media_tokens,
         )
@@ -189,6 +273,7 @@ class _OpenAIChatBatch:
                 code="invalid_type",
             )
         tools = json_tokens(body["tools"]) if body.get("tools") is not None else 0
+        tools += template_extra_tokens(body)  # rendered into every conversation
         prompts: list[int] = []
         parts = media_tokens = messages = 0
         for i, conversation in enumerate(conversations):
@@ -208,6 +293,7 @@ class _OpenAIChatBatch:
             message_count=messages,
             prompt_tokens=tuple(prompts) if len(prompts) > 1 else (),
             samples=samples_of(body, "n", "best_of"),
+            reads_prefix_cache=reads_prefix_cache(body, "top_logprobs", 0),
             media_parts=parts,
             media_tokens=media_tokens,
         )
@@ -263,6 +349,7 @@ class _OpenAICompletions:
             message_count=len(prompts),
             prompt_tokens=tuple(prompts) if len(prompts) > 1 else (),
             samples=samples_of(body, "n", "best_of"),
+            reads_prefix_cache=reads_prefix_cache(body, "logprobs", None),
         )
 
     def error_body(self, status: int, code: str, message: str, param: str | None) -> bytes:

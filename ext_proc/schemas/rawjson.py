@@ -15,6 +15,9 @@ Invariants:
   walks the top-level object and records spans, it never re-serialises the body.
 - ``replace_value``, ``replace_values`` and ``add_member`` return new bytes; the input is
   never modified.
+- A body with an integer of more digits than the interpreter converts
+  (``sys.get_int_max_str_digits()``, 4,300 by default) is ``InvalidJSON``
+  (``too_long_integer``), never the decoder's bare ``ValueError``.
 - Duplicate keys: the last occurrence wins, as with ``json.loads`` (and Python backends);
   ``parse_object`` and ``decode_object`` also remember, per object, which keys were repeated
   (``duplicate_keys``), so that a schema adapter can refuse a repeated key it reads. Objects
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from json.decoder import scanstring  # type: ignore[attr-defined]
@@ -44,6 +48,7 @@ __all__ = [
     "replace_value",
     "replace_values",
     "splice",
+    "too_long_integer",
 ]
 
 _DECODER = json.JSONDecoder()
@@ -116,6 +121,14 @@ def duplicate_keys(obj: object) -> frozenset[str]:
     return obj.repeated if type(obj) is _Repeated else frozenset()
 
 
+def too_long_integer() -> str:
+    """Why a body with an integer of more digits than ``sys.get_int_max_str_digits()`` is
+    refused: converting one costs time quadratic in its digits (the interpreter's guard), no
+    field a server reads can hold one, and a Python server's JSON decoder refuses it too."""
+    limit = sys.get_int_max_str_digits()
+    return f"a number has more than {limit} digits, the most an integer may have"
+
+
 def _skip_ws(text: str, i: int) -> int:
     n = len(text)
     while i < n and text[i] in _WS:
@@ -140,6 +153,8 @@ def decode_object(body: bytes) -> dict[str, Any]:
         if e.msg == "Extra data":
             raise InvalidJSON(f"unexpected data after the object at char {e.pos}") from None
         raise InvalidJSON(f"{e.msg} at char {e.pos}") from None
+    except ValueError:  # an integer of too many digits (too_long_integer)
+        raise InvalidJSON(too_long_integer()) from None
     if not isinstance(value, dict):
         raise InvalidJSON("body must be a JSON object")
     return value
@@ -160,10 +175,14 @@ def parse_object(body: bytes, arrays: frozenset[str] = frozenset()) -> TopLevel:
         raise InvalidJSON(f"body is not valid UTF-8 (byte {e.start})") from None
     try:
         return _parse_text(text, arrays)
+    except InvalidJSON:
+        raise
     except json.JSONDecodeError as e:
         raise InvalidJSON(f"{e.msg} at char {e.pos}") from None
     except RecursionError:
         raise InvalidJSON("the JSON is nested too deeply") from None
+    except ValueError:  # an integer of too many digits (too_long_integer)
+        raise InvalidJSON(too_long_integer()) from None
 
 
 def _parse_text(text: str, arrays: frozenset[str]) -> TopLevel:
@@ -310,8 +329,12 @@ def _member(text: str) -> TopLevel:
     """One member's object, parsed for its spans (a part of a decoded body, not the body)."""
     try:
         return _parse_text(text, frozenset())
+    except InvalidJSON:
+        raise
     except json.JSONDecodeError as e:
         raise InvalidJSON(f"{e.msg} at char {e.pos}") from None
+    except ValueError:
+        raise InvalidJSON(too_long_integer()) from None
 
 
 def edit_member(doc: TopLevel, key: str, edit: Callable[[TopLevel], bytes]) -> bytes:

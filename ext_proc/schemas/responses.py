@@ -27,6 +27,7 @@ from ext_proc.schemas.base import (
     check_keys,
     json_tokens,
     optional_token_limit,
+    string_type,
 )
 from ext_proc.schemas.estimate import PER_MESSAGE_TOKENS, REPLY_PRIMER_TOKENS
 from ext_proc.schemas.openai import openai_error_body
@@ -59,7 +60,7 @@ def _item(item: Any, where: str, tally: Tally) -> bool:
     if not isinstance(item, dict):
         raise BadRequest(f"'{where}' must be an object", param="input", code="invalid_type")
     check_keys(item, ITEM_KEYS, where)
-    kind = item.get("type")
+    kind = string_type(item, where)
     tally.tokens += PER_MESSAGE_TOKENS
     if kind == "item_reference":
         return True

@@ -9,6 +9,8 @@ lab). A request's way, in the order it meets these modules:
 - ``servicer``: one ext_proc ``Process`` stream per HTTP request: it feeds each message to
   ``ext_proc.admit`` and sends the answer back;
 - ``render``: the protobuf edge: an outcome becomes a ``ProcessingResponse``;
+- ``messages``: the messages' small parts (timeout extension, subset hint, request id, the
+  do-nothing answer of a phase);
 - ``inforce`` and ``reload``: the policy in force, and its hot reload;
 - ``helper``: the helper process that judges heavy bodies off the event loop;
 - ``memtrim``: glibc's allocator settings and the trim after a flood of bodies;

@@ -24,7 +24,6 @@ import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -33,8 +32,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from ext_proc import telemetry
 from ext_proc.admit import overload_answer
 from ext_proc.admit.backlog import SMALL_BODY_BYTES, Backlog, Lane, Ticket
-from ext_proc.admit.outcome import Continue, Outcome, reject_outcome
-from ext_proc.admit.pipeline import BodyVerdict, Pipeline, RequestFacts, Route
+from ext_proc.admit.outcome import Continue, Outcome, priority_fields, reject_outcome
+from ext_proc.admit.pipeline import BodyVerdict, JudgeFault, Pipeline, RequestFacts, Route
 from ext_proc.admit.queue import AdmissionQueue, Waiter, queueable
 from ext_proc.admit.shared_ledger import admit_shared, share_hold
 from ext_proc.admit.stream import Stream
@@ -43,6 +42,13 @@ from ext_proc.schemas import OPENAI_CHAT_FALLBACK
 from ext_proc.serve import render
 from ext_proc.serve.helper import Offload
 from ext_proc.serve.memtrim import Trimmer
+from ext_proc.serve.messages import (
+    code_details,
+    continue_phase,
+    extend_timeout,
+    request_id,
+    subset_hint,
+)
 
 __all__ = ["ExtProcServicer"]
 
@@ -51,9 +57,14 @@ log = logging.getLogger("ice.servicer")
 Replies = AsyncIterator[pb.ProcessingResponse]
 
 
-def _with_profile(outcome: Outcome, route: Route) -> Outcome:
-    """The access log's ``profile`` field: the profile the request was judged under."""
-    return dataclasses.replace(outcome, log=(*outcome.log, ("profile", route.profile.name)))
+def _with_profile(outcome: Outcome, route: Route, facts: RequestFacts) -> Outcome:
+    """The access log's ``profile`` and priority fields: the profile the request was judged
+    under, its priority, and a priority header's claim ICE did not take."""
+    fields = (
+        ("profile", route.profile.name),
+        *priority_fields(facts.priority, facts.priority_claimed),
+    )
+    return dataclasses.replace(outcome, log=(*outcome.log, *fields))
 
 
 class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
@@ -105,12 +116,14 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self, request_iterator: AsyncIterator[pb.ProcessingRequest], route: Route, stream: Stream
     ) -> Replies:
         facts = RequestFacts(priority=route.default_priority)
+        rid = ""  # Envoy's x-request-id, for the fault log
         async for request in request_iterator:
             started = time.perf_counter()
             phase = request.WhichOneof("request")
             try:
                 if phase == "request_headers":
-                    subset = _subset_hint(request.metadata_context)
+                    rid = request_id(request.request_headers)
+                    subset = subset_hint(request.metadata_context)
                     facts, response = self._headers(route, stream, request.request_headers, subset)
                 elif phase == "request_body":
                     response = None
@@ -124,11 +137,11 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                 elif phase == "response_headers":
                     response = self._response_headers(route, facts, stream, request)
                 else:
-                    response = _continue(phase)
+                    response = continue_phase(phase)
             except asyncio.CancelledError:
                 raise
             except Exception as e:
-                response = self._fault(route, facts, phase, e)
+                response = self._fault(route, facts, phase, e, rid)
             telemetry.PROCESSING_SECONDS.labels(phase=phase or "unknown").observe(
                 time.perf_counter() - started
             )
@@ -145,7 +158,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             # Truncation waits on the embedding worker: ask Envoy for the time first (a
             # reply with only override_message_timeout is not the answer).
             spec = route.profile.truncation
-            yield _extend_timeout(spec.deadline_ms if spec is not None else 0)
+            yield extend_timeout(spec.deadline_ms if spec is not None else 0)
             verdict = await finish_truncation(self.pipeline, route, facts, verdict)
         elif queueable(route, verdict):
             assert verdict is not None
@@ -153,7 +166,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             if isinstance(got, Waiter):  # judged in time: its bytes leave the backlog;
                 stream.answered()  # Envoy is asked for the wait
                 stream.let_ticket_go()
-                yield _extend_timeout(got.spec.max_queue_wait_ms)
+                yield extend_timeout(got.spec.max_queue_wait_ms)
                 verdict = await self.queue.wait(got)
                 recorded = True
                 share_hold(self.pipeline, route, stream.hold)
@@ -209,7 +222,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         stream.hold = self.pipeline.record(route, verdict)
         share_hold(self.pipeline, route, stream.hold)
         telemetry.COARSE_VERDICTS.labels(route=route.name, why=why).inc()
-        outcome = _with_profile(verdict.outcome, route)
+        outcome = _with_profile(verdict.outcome, route, facts)
         self._watch(route, stream, verdict)
         watch = stream.need_tokens is not None and self._watching(route)
         return render.headers_outcome(outcome, facts.strip, watch=watch)
@@ -238,7 +251,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         """A backend's overload 503 becomes ICE's answer; any other response goes on."""
         headers = request.response_headers.headers.headers
         pairs = ((h.key, h.raw_value or h.value.encode()) for h in headers)
-        details = _code_details(request)
+        details = code_details(request)
         need = stream.need_tokens
         got = overload_answer.respond(self.pipeline, route, facts, need, pairs, details)
         if got is None:
@@ -333,19 +346,30 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             stream.hold = self.pipeline.record(route, verdict)
             self.queue.count_started(route, facts, stream, verdict)  # a tenant's in flight
         self._watch(route, stream, verdict)
-        return render.render_body_outcome(_with_profile(verdict.outcome, route))
+        return render.render_body_outcome(_with_profile(verdict.outcome, route, facts))
 
     def _fault(
-        self, route: Route, facts: RequestFacts, phase: str | None, error: Exception
+        self, route: Route, facts: RequestFacts, phase: str | None, error: Exception, rid: str
     ) -> pb.ProcessingResponse:
-        # the request phases fail as the profile says; the response phase always fails open
+        """ICE's fault: the request phases fail as the profile says, the response phase open;
+        a body's is counted by stage (a ``JudgeFault``'s, or ``admit``: after the verdict);
+        each kind is logged once, with the request id."""
         judging = phase in ("request_headers", "request_body")
         mode = route.profile.fail_mode if judging else "open"
         telemetry.ERRORS.labels(phase=phase or "unknown", fail_mode=mode).inc()
-        key = f"{phase}:{type(error).__name__}"
+        kind, where = type(error).__name__, ""
+        if phase == "request_body":
+            stage = error.stage if isinstance(error, JudgeFault) else "admit"
+            kind = error.kind if isinstance(error, JudgeFault) else kind
+            telemetry.JUDGE_ERRORS.labels(route=route.name, stage=stage).inc()
+            where = f" at stage {stage}"
+        key = f"{phase}{where}:{kind}"
         if key not in self._logged:
             self._logged.add(key)
-            log.exception("internal error in phase %s (failing %s)", phase, mode)
+            rid = rid or "without x-request-id"
+            log.exception(
+                "internal error in phase %s%s (failing %s; request %s)", phase, where, mode, rid
+            )
         if mode == "closed":
             adapter = facts.adapter or OPENAI_CHAT_FALLBACK
             return render.render_immediate(
@@ -353,74 +377,8 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                     adapter, 503, "ice_internal_error", "ICE could not judge the request."
                 )
             )
-        return _continue(phase)
+        return continue_phase(phase)
 
 
 # The verdict of a body Envoy has given up on: answered with a plain continue, not counted.
 _GONE = BodyVerdict(None, None, Continue([], None))
-
-# What ICE asks of Envoy's message timeout beyond the time it holds a message for: the
-# truncation deadline (then the planning and the body edit) or a queued request's longest
-# wait. Envoy's max_message_timeout must allow it (ext_proc.tools.envoygen.pieces).
-TIMEOUT_MARGIN_MS = 1000
-
-
-def _extend_timeout(hold_ms: int) -> pb.ProcessingResponse:
-    """A reply that only extends Envoy's message timeout for this message (it is not the
-    answer): ``hold_ms`` plus the margin."""
-    response = pb.ProcessingResponse()
-    response.override_message_timeout.FromMilliseconds(hold_ms + TIMEOUT_MARGIN_MS)
-    return response
-
-
-SUBSET_NAMESPACE = "envoy.lb.subset_hint"
-SUBSET_KEY = "x-gateway-destination-endpoint-subset"
-
-
-def _subset_hint(metadata: Any) -> frozenset[str] | None:
-    """The endpoint-picker protocol's subset hint (filter metadata ``envoy.lb.subset_hint`` /
-    ``x-gateway-destination-endpoint-subset``: a list of ip:port, or one comma-separated
-    string), forwarded by Envoy's ``metadata_options.forwarding_namespaces``; None: no hint."""
-    namespaces = metadata.filter_metadata
-    if SUBSET_NAMESPACE not in namespaces:
-        return None
-    fields = namespaces[SUBSET_NAMESPACE].fields
-    if SUBSET_KEY not in fields:
-        return None
-    value = fields[SUBSET_KEY]
-    kind = value.WhichOneof("kind")
-    if kind == "list_value":
-        items = [v.string_value for v in value.list_value.values]
-    elif kind == "string_value":
-        items = value.string_value.split(",")
-    else:
-        return None
-    hint = frozenset(i.strip() for i in items if i.strip())
-    return hint or None
-
-
-def _code_details(request: pb.ProcessingRequest) -> str | None:
-    """Envoy's ``response.code_details`` among the message's attributes (the ext_proc
-    filter's ``response_attributes``); None: not sent."""
-    for attributes in request.attributes.values():
-        fields = attributes.fields
-        if overload_answer.CODE_DETAILS in fields:
-            return str(fields[overload_answer.CODE_DETAILS].string_value)
-    return None
-
-
-def _continue(phase: str | None) -> pb.ProcessingResponse:
-    """The do-nothing answer for any phase."""
-    if phase == "request_headers":
-        return pb.ProcessingResponse(request_headers=pb.HeadersResponse())
-    if phase == "request_body":
-        return pb.ProcessingResponse(request_body=pb.BodyResponse())
-    if phase == "response_headers":
-        return pb.ProcessingResponse(response_headers=pb.HeadersResponse())
-    if phase == "response_body":
-        return pb.ProcessingResponse(response_body=pb.BodyResponse())
-    if phase == "request_trailers":
-        return pb.ProcessingResponse(request_trailers=pb.TrailersResponse())
-    if phase == "response_trailers":
-        return pb.ProcessingResponse(response_trailers=pb.TrailersResponse())
-    return pb.ProcessingResponse()

@@ -112,6 +112,7 @@ profiles:
     output_buffer_tokens: {output_buffer}
     min_output_tokens: 16
     default_priority: standard
+    client_priority: {client_priority}
     pressure:
       weight_kv_cache: 0.40
       weight_queue: 0.25
@@ -142,7 +143,8 @@ routes:
   generate: {{profile: default, pool: default, schema: sglang_generate}}
 """
 
-# A request every state lets through with its verdict headers (critical is never shed).
+# A request every state lets through with its verdict headers (critical is never shed; the
+# harness's policy trusts the priority header, as a route whose mesh sets it would).
 PROBE = {"model": "dev-model", "messages": [{"role": "user", "content": "probe"}], "max_tokens": 1}
 PROBE_HEADERS = {"x-priority": "critical"}
 
@@ -153,11 +155,16 @@ def write_policy(
     profile_extra: str = "",
     passthrough_paths: Iterable[str] = (),
     policy_extra: str = "",
+    client_priority: str = "trust",
 ) -> Path:
     """The e2e policy; ``profile_extra`` (YAML, 4-space indented) joins the default profile,
     ``policy_extra`` (top-level YAML) the policy;
-    ``passthrough_paths`` become the policy's ``passthrough_paths``."""
+    ``passthrough_paths`` become the policy's ``passthrough_paths``. ``client_priority``: the
+    profile's; ``trust`` (the tests send ``x-priority: critical`` for requests that must not
+    be shed: the tests play the mesh that sets it), ``cap`` (ICE's default) where a test
+    plays an untrusted client (tests/e2e/test_client_priority.py)."""
     text = POLICY.format(
+        client_priority=client_priority,
         max_model_len=MAX_MODEL_LEN,
         output_buffer=OUTPUT_BUFFER,
         cap_high=CAP_HIGH,
@@ -477,18 +484,24 @@ def running_stack(
     listener: str = "ingress",
     ice_cluster: str = "ice",
     backend_cluster: str | tuple[str, ...] = "backend",
+    client_priority: str = "trust",
 ) -> Iterator[E2E]:
     """Backend, ICE (unless ``start_ice`` is false: its address stays dead) and Envoy;
     ``passthrough_paths`` go into the policy and, opened, into Envoy's config.
     ``envoy_template`` (a bootstrap shaped like a mesh's proxy, tests/e2e/meshes.py) with the
     names of its listener and of its ICE and backend clusters (several: Envoy Gateway makes
-    one per route rule): Envoy runs that instead."""
+    one per route rule): Envoy runs that instead. ``client_priority``: ``write_policy``'s."""
     paths = list(passthrough_paths)
     with Stack(workdir) as stack:
         backend_port = free_port()
         stack.start_backend(backend_port)
         policy = write_policy(
-            workdir / "policy.yaml", backend_port, profile_extra, paths, policy_extra
+            workdir / "policy.yaml",
+            backend_port,
+            profile_extra,
+            paths,
+            policy_extra,
+            client_priority=client_priority,
         )
         address = f"127.0.0.1:{free_ports(workers)}"
         addresses = worker_addresses(address, workers)

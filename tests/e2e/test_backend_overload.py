@@ -243,9 +243,10 @@ def test_envoys_own_503_is_not_rewritten(mapped: tuple[E2E, Path]) -> None:
 
 # --- a pool of two endpoints: the 503 is retried on the other -----------------------------
 
+# client_priority: trust: the requests' x-priority: critical must be believed (never shed).
 POOL_POLICY = """\
 profiles:
-  default: {{max_model_len: 8192, output_buffer_tokens: 512}}
+  default: {{max_model_len: 8192, output_buffer_tokens: 512, client_priority: trust}}
 pools:
   default:
     metrics_urls: [{urls}]

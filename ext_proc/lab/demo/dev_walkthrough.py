@@ -91,8 +91,12 @@ def _conversation() -> list[dict[str, str]]:
 def _demo_policy(workdir: Path) -> Path:
     from ext_proc.policy.load import default_policy_text
 
+    # client_priority: trust: the walkthrough's x-priority: critical is believed (the
+    # built-in policy caps a client's claim at the route's priority, standard)
     text = default_policy_text().replace(
-        "    fail_mode: open\n", "    fail_mode: open\n" + _TRUNCATION, 1
+        "    fail_mode: open\n",
+        "    fail_mode: open\n    client_priority: trust\n" + _TRUNCATION,
+        1,
     )
     path = workdir / "policy.yaml"
     path.write_text(text)
