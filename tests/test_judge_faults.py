@@ -23,8 +23,9 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from prometheus_client import REGISTRY
 
 from ext_proc.admit import pipeline as pipeline_module
+from ext_proc.admit.faults import JudgeFault, judging
 from ext_proc.admit.outcome import Respond
-from ext_proc.admit.pipeline import JudgeFault, Pipeline, RequestFacts, judging
+from ext_proc.admit.pipeline import Pipeline, RequestFacts
 from ext_proc.policy.load import parse_policy
 from ext_proc.schemas import ADAPTERS, BadRequest, rawjson
 from ext_proc.schemas.openai import OPENAI_CHAT

@@ -4,6 +4,7 @@
 - ``pipeline``: headers → body → verdict, for one policy (the core of the request's way);
 - ``verdict``: what a body phase concludes (decision, features, outcome, placement);
 - ``outcome``: a decision as what Envoy must do (continue with edits, or answer now);
+- ``faults``: ICE's own faults while judging a body, by stage (``JudgeFault``);
 - ``counting``: when a prompt is counted exactly (only when the verdict could depend on it);
 - ``headeronly``: the verdict from the headers (or the size) when the body cannot be read;
 - ``backlog``: the worker's body backlog, and when the header-only verdict is used;

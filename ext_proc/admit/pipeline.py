@@ -29,16 +29,16 @@ a body is its API's 400 or a ``JudgeFault`` naming the stage (the shell's ``_fau
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
 from ext_proc import telemetry
 from ext_proc.admit.carry import carried_counters, carried_prefix, carried_views
 from ext_proc.admit.counting import H_TOKENS, bounds, exact_count, same_verdict
+from ext_proc.admit.faults import judging
 from ext_proc.admit.headeronly import COARSE_LADDER, H_JUDGED, coarse_features
-from ext_proc.admit.headers import DEFAULT_MAX_BODY_BYTES, SPOOF_PREFIXES, HeaderRules, Refusal
+from ext_proc.admit.headers import DEFAULT_MAX_BODY_BYTES, SPOOF_PREFIXES, HeaderRules
 from ext_proc.admit.outcome import Continue, Respond, reject_outcome
 from ext_proc.admit.routing import Route, Router
 from ext_proc.admit.verdict import (
@@ -81,7 +81,6 @@ __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
     "SPOOF_PREFIXES",
     "BodyVerdict",
-    "JudgeFault",
     "Pipeline",
     "RequestFacts",
     "Route",
@@ -92,32 +91,6 @@ log = logging.getLogger("ice.pipeline")
 
 SnapshotLookup = Callable[[str], PoolSnapshot | None]
 _MESSAGES = frozenset({"messages"})  # walked element by element when a profile truncates
-
-
-class JudgeFault(Exception):
-    """ICE's own fault while judging a body: its stage (decode, features, count, judge,
-    plan), the error's type and message (plain strings: it pickles, from the helper too)."""
-
-    def __init__(self, stage: str, kind: str, message: str) -> None:
-        super().__init__(stage, kind, message)
-        self.stage, self.kind = stage, kind
-
-    def __str__(self) -> str:
-        return f"{self.kind} while judging ({self.stage}): {self.args[2]}"
-
-
-@contextmanager
-def judging(stage: str, client: bool = False) -> Iterator[None]:
-    """An exception inside is ICE's fault at ``stage`` (``JudgeFault``; an inner stage's
-    stays its own), but (``client``) those that say the body breaks its API: a 400."""
-    try:
-        yield
-    except JudgeFault:
-        raise
-    except Exception as e:
-        if client and isinstance(e, rawjson.InvalidJSON | BadRequest | RecursionError):
-            raise
-        raise JudgeFault(stage, type(e).__name__, str(e)[:300]) from e
 
 
 def _upstream(verdict: BodyVerdict) -> bool:
@@ -178,16 +151,18 @@ class Pipeline:
         if refusal.counted:
             telemetry.BAD_REQUESTS.labels(route=route.name, reason=refusal.code).inc()
         if not refusal.shadowed:
-            return replace(facts, answer=self._refusal_answer(route, refusal))
+            return replace(
+                facts,
+                answer=self._bad(
+                    route, refusal.adapter, refusal.status, refusal.code, refusal.message
+                ),
+            )
         # a shadow profile gives no answer at the headers: the request goes on, unjudged by
         # its body, saying what the answer would have been
         pressure = self.views.pressure(route.profile, self.lookup(route.pool))
         telemetry.count_decision(route.name, "reject", refusal.code, mode="shadow")
         headers_ = shadow_answer_headers(refusal.code, pressure)
         return replace(facts, skip_body=True, shadow_headers=headers_)
-
-    def _refusal_answer(self, route: Route, r: Refusal) -> Respond:
-        return self._bad(route, r.adapter, r.status, r.code, r.message)
 
     def _bad(
         self,

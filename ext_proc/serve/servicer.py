@@ -32,8 +32,9 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from ext_proc import telemetry
 from ext_proc.admit import overload_answer
 from ext_proc.admit.backlog import SMALL_BODY_BYTES, Backlog, Lane, Ticket
+from ext_proc.admit.faults import JudgeFault
 from ext_proc.admit.outcome import Continue, Outcome, priority_fields, reject_outcome
-from ext_proc.admit.pipeline import BodyVerdict, JudgeFault, Pipeline, RequestFacts, Route
+from ext_proc.admit.pipeline import BodyVerdict, Pipeline, RequestFacts, Route
 from ext_proc.admit.queue import AdmissionQueue, Waiter, queueable
 from ext_proc.admit.shared_ledger import admit_shared, share_hold
 from ext_proc.admit.stream import Stream

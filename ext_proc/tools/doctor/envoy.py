@@ -32,6 +32,10 @@ from ext_proc.tools.doctor.routing import route_to, select_vhost
 
 __all__ = ["envoy_checks", "inference_hcms", "view_checks"]
 
+# The generated clusters check ICE every 0.5 s: a host flagged at the first read that is back
+# two checks later was starting (Envoy's flag lags ICE by up to one check), not failing.
+RECHECK_S = 1.0
+
 
 def _serves_inference(hcm: HcmView, ex: X.Expected, host: str | None) -> bool:
     if ext_proc_filters(hcm):
@@ -146,11 +150,6 @@ def envoy_checks(
         time.sleep(RECHECK_S)
         hosts = _read_hosts(base, fetch, timeout_s, view, ex, host)
     return out + hosts
-
-
-# The generated clusters check ICE every 0.5 s: a host flagged at the first read that is back
-# two checks later was starting (Envoy's flag lags ICE by up to one check), not failing.
-RECHECK_S = 1.0
 
 
 def _read_hosts(

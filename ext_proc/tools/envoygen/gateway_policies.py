@@ -25,7 +25,7 @@ from typing import Any
 from envoy_data_plane.google.protobuf import Any as PbAny
 
 from ext_proc.tools.envoygen import pieces
-from ext_proc.tools.envoygen.emit import as_dict
+from ext_proc.tools.envoygen.emit import as_dict, k8s_duration
 from ext_proc.tools.envoygen.gateway_names import (
     CLUSTER_TYPE,
     EG_API,
@@ -79,12 +79,6 @@ def _processing_mode(mode: dict[str, Any]) -> dict[str, Any]:
     return {"request": {"body": BODY_MODES[mode["request_body_mode"]]}}
 
 
-def _go_duration(text: str) -> str:
-    """A protobuf JSON duration ("0.500s") as EG's Go duration ("500ms")."""
-    seconds = float(text.removesuffix("s"))
-    return f"{seconds:g}s" if seconds == int(seconds) else f"{round(seconds * 1000)}ms"
-
-
 def _ice_backend_settings(spec: MeshSpec) -> dict[str, Any]:
     """``pieces.ice_cluster``'s settings as EG's ClusterSettings."""
     cluster = as_dict(pieces.ice_cluster("ice", [f"{spec.ice.host}:{spec.ice.port}"], dns=True))
@@ -100,8 +94,8 @@ def _ice_backend_settings(spec: MeshSpec) -> dict[str, Any]:
         "healthCheck": {
             "active": {
                 "type": "GRPC",
-                "timeout": _go_duration(check["timeout"]),
-                "interval": _go_duration(check["interval"]),
+                "timeout": k8s_duration(check["timeout"]),
+                "interval": k8s_duration(check["interval"]),
                 "unhealthyThreshold": check["unhealthy_threshold"],
                 "healthyThreshold": check["healthy_threshold"],
                 "grpc": {},

@@ -40,7 +40,7 @@ from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v
 from envoy_data_plane.google.protobuf import Any as PbAny
 
 from ext_proc.tools.envoygen import pieces
-from ext_proc.tools.envoygen.emit import as_dict
+from ext_proc.tools.envoygen.emit import as_dict, k8s_duration
 from ext_proc.tools.envoygen.hcm_settings import access_log, too_large_reply
 from ext_proc.tools.envoygen.local import read_only_name
 from ext_proc.tools.envoygen.spec import MeshSpec
@@ -273,12 +273,6 @@ def _sidecar_objects(spec: MeshSpec) -> list[dict[str, Any]]:
     ]
 
 
-def _duration(text: str) -> str:
-    """A protobuf JSON duration ("5s", "0.500s") in Istio's words ("5s", "500ms")."""
-    seconds = float(text.removesuffix("s"))
-    return f"{seconds:g}s" if seconds == int(seconds) else f"{round(seconds * 1000)}ms"
-
-
 def ice_destination_rule(spec: MeshSpec) -> dict[str, Any]:
     """ICE's cluster belongs to istiod: its outlier detection comes from a DestinationRule,
     the same as the local cluster's (``pieces.ice_cluster``): the first refused or reset
@@ -295,8 +289,8 @@ def ice_destination_rule(spec: MeshSpec) -> dict[str, Any]:
                 "outlierDetection": {
                     "splitExternalLocalOriginErrors": od["split_external_local_origin_errors"],
                     "consecutiveLocalOriginFailures": od["consecutive_local_origin_failure"],
-                    "interval": _duration(od["interval"]),
-                    "baseEjectionTime": _duration(od["base_ejection_time"]),
+                    "interval": k8s_duration(od["interval"]),
+                    "baseEjectionTime": k8s_duration(od["base_ejection_time"]),
                     "maxEjectionPercent": od["max_ejection_percent"],
                 }
             },
