@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -51,9 +52,41 @@ class StackError(RuntimeError):
     """A process of the stack did not start."""
 
 
+_HANDED_OUT: set[int] = set()
+_PORTS_LOCK = threading.Lock()
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (where outgoing connections get their
+    local ports); 32768 where it cannot be read."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket() as s:
+    """A TCP port on 127.0.0.1 that is free right now, below the ephemeral range and never
+    handed out before in this process.
+
+    A port the kernel picks (``bind(0)``) comes from the ephemeral range, where any outgoing
+    connection may take it as its local port before the process that was told the port binds
+    it (Envoy then exits with 1): a long test run makes many such connections."""
+    low = max(1025, min(_ephemeral_low(), 65536) - 12288)
+    high = max(low + 1024, _ephemeral_low())
+    with _PORTS_LOCK:
+        for _ in range(200):
+            port = random.randrange(low, high)
+            if port in _HANDED_OUT:
+                continue
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            _HANDED_OUT.add(port)
+            return port
+    with socket.socket() as s:  # the range is taken: the kernel's pick
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
@@ -285,11 +318,15 @@ class Stack:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def log_tails(self, lines: int = 15, extra: dict[str, Path] | None = None) -> str:
-        """The last ``lines`` lines of each process's log (and of ``extra`` logs), for the
-        message of a failed check; an unreadable log is left out."""
+    def log_tails(
+        self, lines: int = 15, extra: dict[str, Path] | None = None, only: str | None = None
+    ) -> str:
+        """The last ``lines`` lines of each process's log (and of ``extra`` logs; of ``only``
+        that one's), for the message of a failed check; an unreadable log is left out."""
         out = []
         for name, path in [*self.logs.items(), *(extra or {}).items()]:
+            if only is not None and name != only:
+                continue
             with contextlib.suppress(OSError):
                 tail = path.read_text(errors="replace").splitlines()[-lines:]
                 out.append(f"--- {name} log ---\n" + "\n".join(tail))
@@ -379,7 +416,11 @@ class Stack:
         argv += ["-l", "warning", "--disable-hot-restart", "--file-flush-interval-msec", "500"]
         proc = self._spawn(name, argv)
         self._drain_to_log(name, proc)
-        _wait_http(f"http://127.0.0.1:{admin_port}/ready", 30, name, proc)
+        try:
+            _wait_http(f"http://127.0.0.1:{admin_port}/ready", 30, name, proc)
+        except StackError as e:  # say why: Envoy's own words (a port taken, a bad config)
+            time.sleep(0.2)  # the log pump's last lines
+            raise StackError(f"{e}\n{self.log_tails(20, only=name)}") from None
 
     def stop(self, name: str, sig: int = signal.SIGTERM, timeout_s: float = 15.0) -> int | None:
         proc = self.procs.pop(name, None)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -24,7 +23,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ext_proc.lab.stack import signals_deferred
+from ext_proc.lab.stack import free_port, signals_deferred
 from ext_proc.lab.vllm_local.common import (
     DEFAULT_MODEL_DIR,
     DEFAULT_SCRATCH,
@@ -219,10 +218,3 @@ def start_server(
         yield server
     finally:
         server.close()
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (another process may take it before it is used)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
