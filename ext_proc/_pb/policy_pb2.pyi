@@ -523,6 +523,9 @@ class Profile(_message.Message):
     QUEUE_FIELD_NUMBER: _builtins.int
     BACKEND_OVERLOAD_STATUS_FIELD_NUMBER: _builtins.int
     CLIENT_PRIORITY_FIELD_NUMBER: _builtins.int
+    ADMISSION_FIELD_NUMBER: _builtins.int
+    FORECAST_FIELD_NUMBER: _builtins.int
+    DEFAULT_OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
     max_model_len: _builtins.int
     """The model's context length in tokens. Unset: no context checks."""
     output_buffer_tokens: _builtins.int
@@ -599,6 +602,19 @@ class Profile(_message.Message):
     authenticated identity) or "ignore" (the route's priority is fixed). A route's
     client_priority overrides it.
     """
+    admission: _builtins.str
+    """How a passed request's KV blocks are held while it runs (docs/forecast.md):
+    "reserve" (default: its prompt and its whole output limit, from admission to the end of
+    its stream) or "forecast" (its prompt and the output it is predicted to generate,
+    growing at the endpoint's decode rate; a request is admitted when the forecast peak of
+    its endpoint's blocks, itself included, fits the usable blocks less a margin).
+    """
+    default_output_tokens: _builtins.int
+    """Output tokens per sequence the backend runs for a request that sends no output limit.
+    Unset: the API's own default as vLLM applies it (chat completions, batch chat,
+    Responses: max_model_len − prompt; completions and /inference/v1/generate: 16; SGLang's
+    /generate: 128). Set it when the server's generation config names a default.
+    """
     @_builtins.property
     def pressure(self) -> Global___Pressure: ...
     @_builtins.property
@@ -632,6 +648,10 @@ class Profile(_message.Message):
         the pool has room, instead of refusing them at once (absent or enabled: false: refuse).
         """
 
+    @_builtins.property
+    def forecast(self) -> Global___Forecast:
+        """The forecast's settings (used with admission: forecast)."""
+
     def __init__(
         self,
         *,
@@ -661,13 +681,18 @@ class Profile(_message.Message):
         queue: Global___Queue | None = ...,
         backend_overload_status: _builtins.int | None = ...,
         client_priority: _builtins.str = ...,
+        admission: _builtins.str = ...,
+        forecast: Global___Forecast | None = ...,
+        default_output_tokens: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_backend_overload_status", b"_backend_overload_status", "_max_embedding_inputs", b"_max_embedding_inputs", "_max_media_parts", b"_max_media_parts", "_max_model_len", b"_max_model_len", "_max_sequences", b"_max_sequences", "_min_output_tokens", b"_min_output_tokens", "_output_buffer_tokens", b"_output_buffer_tokens", "_retry_after_max_s", b"_retry_after_max_s", "_retry_after_min_s", b"_retry_after_min_s", "_retry_after_s", b"_retry_after_s", "_ttft_target_s", b"_ttft_target_s", "backend_overload_status", b"backend_overload_status", "kv_model", b"kv_model", "max_embedding_inputs", b"max_embedding_inputs", "max_media_parts", b"max_media_parts", "max_model_len", b"max_model_len", "max_sequences", b"max_sequences", "max_tokens_cap", b"max_tokens_cap", "media", b"media", "min_output_tokens", b"min_output_tokens", "output_buffer_tokens", b"output_buffer_tokens", "pressure", b"pressure", "queue", b"queue", "retry_after_max_s", b"retry_after_max_s", "retry_after_min_s", b"retry_after_min_s", "retry_after_s", b"retry_after_s", "shed", b"shed", "truncation", b"truncation", "ttft_target_s", b"ttft_target_s"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_backend_overload_status", b"_backend_overload_status", "_default_output_tokens", b"_default_output_tokens", "_max_embedding_inputs", b"_max_embedding_inputs", "_max_media_parts", b"_max_media_parts", "_max_model_len", b"_max_model_len", "_max_sequences", b"_max_sequences", "_min_output_tokens", b"_min_output_tokens", "_output_buffer_tokens", b"_output_buffer_tokens", "_retry_after_max_s", b"_retry_after_max_s", "_retry_after_min_s", b"_retry_after_min_s", "_retry_after_s", b"_retry_after_s", "_ttft_target_s", b"_ttft_target_s", "backend_overload_status", b"backend_overload_status", "default_output_tokens", b"default_output_tokens", "forecast", b"forecast", "kv_model", b"kv_model", "max_embedding_inputs", b"max_embedding_inputs", "max_media_parts", b"max_media_parts", "max_model_len", b"max_model_len", "max_sequences", b"max_sequences", "max_tokens_cap", b"max_tokens_cap", "media", b"media", "min_output_tokens", b"min_output_tokens", "output_buffer_tokens", b"output_buffer_tokens", "pressure", b"pressure", "queue", b"queue", "retry_after_max_s", b"retry_after_max_s", "retry_after_min_s", b"retry_after_min_s", "retry_after_s", b"retry_after_s", "shed", b"shed", "truncation", b"truncation", "ttft_target_s", b"ttft_target_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_backend_overload_status", b"_backend_overload_status", "_max_embedding_inputs", b"_max_embedding_inputs", "_max_media_parts", b"_max_media_parts", "_max_model_len", b"_max_model_len", "_max_sequences", b"_max_sequences", "_min_output_tokens", b"_min_output_tokens", "_output_buffer_tokens", b"_output_buffer_tokens", "_retry_after_max_s", b"_retry_after_max_s", "_retry_after_min_s", b"_retry_after_min_s", "_retry_after_s", b"_retry_after_s", "_ttft_target_s", b"_ttft_target_s", "backend_overload_status", b"backend_overload_status", "client_priority", b"client_priority", "compact_system_json", b"compact_system_json", "content_types", b"content_types", "default_priority", b"default_priority", "fail_mode", b"fail_mode", "kv_model", b"kv_model", "max_embedding_inputs", b"max_embedding_inputs", "max_media_parts", b"max_media_parts", "max_model_len", b"max_model_len", "max_sequences", b"max_sequences", "max_tokens_cap", b"max_tokens_cap", "media", b"media", "min_output_tokens", b"min_output_tokens", "mode", b"mode", "on_kv_shortfall", b"on_kv_shortfall", "output_buffer_tokens", b"output_buffer_tokens", "pressure", b"pressure", "queue", b"queue", "retry_after_max_s", b"retry_after_max_s", "retry_after_min_s", b"retry_after_min_s", "retry_after_s", b"retry_after_s", "shed", b"shed", "stored_context", b"stored_context", "truncation", b"truncation", "ttft_target_s", b"ttft_target_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_backend_overload_status", b"_backend_overload_status", "_default_output_tokens", b"_default_output_tokens", "_max_embedding_inputs", b"_max_embedding_inputs", "_max_media_parts", b"_max_media_parts", "_max_model_len", b"_max_model_len", "_max_sequences", b"_max_sequences", "_min_output_tokens", b"_min_output_tokens", "_output_buffer_tokens", b"_output_buffer_tokens", "_retry_after_max_s", b"_retry_after_max_s", "_retry_after_min_s", b"_retry_after_min_s", "_retry_after_s", b"_retry_after_s", "_ttft_target_s", b"_ttft_target_s", "admission", b"admission", "backend_overload_status", b"backend_overload_status", "client_priority", b"client_priority", "compact_system_json", b"compact_system_json", "content_types", b"content_types", "default_output_tokens", b"default_output_tokens", "default_priority", b"default_priority", "fail_mode", b"fail_mode", "forecast", b"forecast", "kv_model", b"kv_model", "max_embedding_inputs", b"max_embedding_inputs", "max_media_parts", b"max_media_parts", "max_model_len", b"max_model_len", "max_sequences", b"max_sequences", "max_tokens_cap", b"max_tokens_cap", "media", b"media", "min_output_tokens", b"min_output_tokens", "mode", b"mode", "on_kv_shortfall", b"on_kv_shortfall", "output_buffer_tokens", b"output_buffer_tokens", "pressure", b"pressure", "queue", b"queue", "retry_after_max_s", b"retry_after_max_s", "retry_after_min_s", b"retry_after_min_s", "retry_after_s", b"retry_after_s", "shed", b"shed", "stored_context", b"stored_context", "truncation", b"truncation", "ttft_target_s", b"ttft_target_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__backend_overload_status: _TypeAlias = _typing.Literal["backend_overload_status"]  # noqa: Y015
     _WhichOneofArgType__backend_overload_status: _TypeAlias = _typing.Literal["_backend_overload_status", b"_backend_overload_status"]  # noqa: Y015
+    _WhichOneofReturnType__default_output_tokens: _TypeAlias = _typing.Literal["default_output_tokens"]  # noqa: Y015
+    _WhichOneofArgType__default_output_tokens: _TypeAlias = _typing.Literal["_default_output_tokens", b"_default_output_tokens"]  # noqa: Y015
     _WhichOneofReturnType__max_embedding_inputs: _TypeAlias = _typing.Literal["max_embedding_inputs"]  # noqa: Y015
     _WhichOneofArgType__max_embedding_inputs: _TypeAlias = _typing.Literal["_max_embedding_inputs", b"_max_embedding_inputs"]  # noqa: Y015
     _WhichOneofReturnType__max_media_parts: _TypeAlias = _typing.Literal["max_media_parts"]  # noqa: Y015
@@ -691,6 +716,8 @@ class Profile(_message.Message):
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__backend_overload_status) -> _WhichOneofReturnType__backend_overload_status | None: ...
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__default_output_tokens) -> _WhichOneofReturnType__default_output_tokens | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_embedding_inputs) -> _WhichOneofReturnType__max_embedding_inputs | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_media_parts) -> _WhichOneofReturnType__max_media_parts | None: ...
@@ -712,6 +739,58 @@ class Profile(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__ttft_target_s) -> _WhichOneofReturnType__ttft_target_s | None: ...
 
 Global___Profile: _TypeAlias = Profile  # noqa: Y015
+
+@_typing.final
+class Forecast(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    QUANTILE_FIELD_NUMBER: _builtins.int
+    MARGIN_FIELD_NUMBER: _builtins.int
+    RECOVERY_S_FIELD_NUMBER: _builtins.int
+    MIN_OBSERVATIONS_FIELD_NUMBER: _builtins.int
+    quantile: _builtins.float
+    """The quantile of the pool's output-length distribution taken as a running request's
+    total output, given what it has generated (the risk knob: higher admits less). 0.5..1,
+    default 0.9.
+    """
+    margin: _builtins.float
+    """Share of an endpoint's usable blocks the forecast peak leaves free. 0..0.5, default 0.05."""
+    recovery_s: _builtins.float
+    """Seconds over which the caution a preemption raises decays by half. Default 20."""
+    min_observations: _builtins.int
+    """Finished requests the length distribution needs before it is trusted; with fewer, a
+    request is held at its output limit (as reserve). Default 20.
+    """
+    def __init__(
+        self,
+        *,
+        quantile: _builtins.float | None = ...,
+        margin: _builtins.float | None = ...,
+        recovery_s: _builtins.float | None = ...,
+        min_observations: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_margin", b"_margin", "_min_observations", b"_min_observations", "_quantile", b"_quantile", "_recovery_s", b"_recovery_s", "margin", b"margin", "min_observations", b"min_observations", "quantile", b"quantile", "recovery_s", b"recovery_s"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_margin", b"_margin", "_min_observations", b"_min_observations", "_quantile", b"_quantile", "_recovery_s", b"_recovery_s", "margin", b"margin", "min_observations", b"min_observations", "quantile", b"quantile", "recovery_s", b"recovery_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__margin: _TypeAlias = _typing.Literal["margin"]  # noqa: Y015
+    _WhichOneofArgType__margin: _TypeAlias = _typing.Literal["_margin", b"_margin"]  # noqa: Y015
+    _WhichOneofReturnType__min_observations: _TypeAlias = _typing.Literal["min_observations"]  # noqa: Y015
+    _WhichOneofArgType__min_observations: _TypeAlias = _typing.Literal["_min_observations", b"_min_observations"]  # noqa: Y015
+    _WhichOneofReturnType__quantile: _TypeAlias = _typing.Literal["quantile"]  # noqa: Y015
+    _WhichOneofArgType__quantile: _TypeAlias = _typing.Literal["_quantile", b"_quantile"]  # noqa: Y015
+    _WhichOneofReturnType__recovery_s: _TypeAlias = _typing.Literal["recovery_s"]  # noqa: Y015
+    _WhichOneofArgType__recovery_s: _TypeAlias = _typing.Literal["_recovery_s", b"_recovery_s"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__margin) -> _WhichOneofReturnType__margin | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__min_observations) -> _WhichOneofReturnType__min_observations | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__quantile) -> _WhichOneofReturnType__quantile | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__recovery_s) -> _WhichOneofReturnType__recovery_s | None: ...
+
+Global___Forecast: _TypeAlias = Forecast  # noqa: Y015
 
 @_typing.final
 class Queue(_message.Message):

@@ -59,6 +59,7 @@ from ext_proc.admit.outcome import Respond, reject_outcome
 from ext_proc.policy.decision import Downgrade, Pass, Reject, Truncated, verdict_headers
 from ext_proc.policy.kvfit import Shape
 from ext_proc.policy.model import Level, Profile
+from ext_proc.policy.output import backend_output
 from ext_proc.policy.pressure import Pressure
 from ext_proc.policy.scores import DrainInputs, retry_after_s
 from ext_proc.schemas import SchemaAdapter
@@ -122,8 +123,7 @@ def need_tokens(profile: Profile, verdict: BodyVerdict | None) -> int | None:
         return None
     f = verdict.features
     then = decision.then if isinstance(decision, Truncated) else decision
-    output = then.max_tokens if isinstance(then, Downgrade) else f.max_tokens
-    output = (output or profile.min_output_tokens) if f.generates else 0
+    output = then.max_tokens if isinstance(then, Downgrade) else backend_output(f, profile)
     return Shape.of(f, profile).tokens(output)
 
 

@@ -68,6 +68,7 @@ from ext_proc.policy.decision import (
 )
 from ext_proc.policy.evaluate import LADDER, LADDER_AFTER_TRUNCATION, Rule, Shape, evaluate
 from ext_proc.policy.model import Policy
+from ext_proc.policy.output import backend_output
 from ext_proc.schemas import (
     OPENAI_CHAT_FALLBACK,
     BadRequest,
@@ -412,8 +413,9 @@ class Pipeline:
         if f is None or not _upstream(verdict):
             return None
         then = d.then if isinstance(d, Truncated) else d
-        output = then.max_tokens if isinstance(then, Downgrade) else f.max_tokens
-        output = (output or route.profile.min_output_tokens) if f.generates else 0
+        output = (
+            then.max_tokens if isinstance(then, Downgrade) else backend_output(f, route.profile)
+        )
         shape = Shape.of(f, route.profile)
         placed = verdict.placement
         endpoint = placed.endpoint if placed is not None and placed.endpoint else ""

@@ -39,6 +39,7 @@ from ext_proc.placement.poolview import PoolViews
 from ext_proc.policy.decision import Reject
 from ext_proc.policy.evaluate import KvFit, Shape, safe_output_tokens
 from ext_proc.policy.model import Profile
+from ext_proc.policy.output import backend_output
 from ext_proc.policy.pressure import Pressure
 from ext_proc.schemas.base import RequestFeatures
 from ext_proc.signals.pool import EndpointPick
@@ -124,9 +125,9 @@ class Placer:
         affinity = self._affinity_for(snapshot)
         shape = Shape.of(features, profile)
         if features.generates:
-            wanted = features.max_tokens or profile.min_output_tokens
+            wanted = backend_output(features, profile)
             safe = safe_output_tokens(profile, features.input_tokens)
-            if safe is not None:
+            if safe is not None and features.max_tokens is not None:
                 wanted = max(1, min(wanted, safe))
         else:
             wanted = 0

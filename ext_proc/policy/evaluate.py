@@ -72,6 +72,7 @@ from dataclasses import dataclass
 from ext_proc.policy.decision import Decision, Downgrade, Pass, Reject, Truncate
 from ext_proc.policy.kvfit import KvFit, Shape
 from ext_proc.policy.model import Priority, Profile
+from ext_proc.policy.output import backend_output
 from ext_proc.policy.pressure import Pressure
 from ext_proc.policy.scores import DrainInputs, retry_after_s
 from ext_proc.schemas.base import RequestFeatures
@@ -248,10 +249,12 @@ def shed_on_kv_shortfall(case: Case) -> Decision | None:
         min_out = min(min_out, safe)
     need = kv.need(case.shape, min_out)
     if need <= kv.free_blocks:
-        if mode != "shed" or f.max_tokens is None:
+        if mode != "shed":
             return None
-        # the output the request can really get: never more than the context budget
-        wanted = f.max_tokens if safe is None else min(f.max_tokens, safe)
+        # the output the request can really get: never more than the context budget (a
+        # request without a limit: what the backend runs, policy/output.py)
+        asked = backend_output(f, case.profile)
+        wanted = asked if safe is None or f.max_tokens is None else min(asked, safe)
         need = kv.need(case.shape, wanted)
         if need <= kv.free_blocks:
             return None
@@ -276,8 +279,7 @@ def shed_by_priority(case: Case) -> Decision | None:
     if shed_level is None or p.level < shed_level:
         return None
     f = case.features
-    output = (f.max_tokens or case.profile.min_output_tokens) if f.generates else 0
-    retry = case.retry_after(case.shape.tokens(output))
+    retry = case.retry_after(case.shape.tokens(backend_output(f, case.profile)))
     return Reject(
         pressure=p,
         status=429,
@@ -298,12 +300,7 @@ def cap_output_tokens(case: Case) -> Decision | None:
     safe = safe_output_tokens(case.profile, f.input_tokens)
     cap = case.profile.max_tokens_cap.get(case.pressure.level) if case.pressure else None
     if f.max_tokens is None:
-        if cap is None:
-            return None
-        limit = cap if safe is None else min(cap, safe)
-        return Downgrade(
-            pressure=case.pressure, max_tokens=limit, original=None, reason="pressure_cap"
-        )
+        return _inject_limit(case, cap, safe)
     candidates = [
         (v, why) for v, why in ((safe, "context_budget"), (cap, "pressure_cap")) if v is not None
     ]
@@ -317,6 +314,25 @@ def cap_output_tokens(case: Case) -> Decision | None:
     if f.max_tokens <= limit:
         return None
     return Downgrade(pressure=case.pressure, max_tokens=limit, original=f.max_tokens, reason=reason)
+
+
+def _inject_limit(case: Case, cap: int | None, safe: int | None) -> Decision | None:
+    """A request without a limit runs what the backend gives it (``backend_output``): a
+    limit is injected when the level's cap, or (``on_kv_shortfall: downgrade``) what fits
+    the free blocks, is less. The context budget (``safe``) only bounds an injected cap: the
+    backend itself stops at the end of the context."""
+    runs = backend_output(case.features, case.profile)
+    limit, reason = runs, ""
+    if cap is not None and cap < limit:
+        limit, reason = (cap if safe is None else min(cap, safe)), "pressure_cap"
+    kv = case.kv
+    if kv is not None and case.profile.on_kv_shortfall == "downgrade":
+        fit = kv.output_fit(case.shape, limit)
+        if 0 < fit < limit:
+            limit, reason = fit, "kv_free_blocks"
+    if limit >= runs:
+        return None
+    return Downgrade(pressure=case.pressure, max_tokens=limit, original=None, reason=reason)
 
 
 def truncation_budget(case: Case) -> tuple[int, str] | None:

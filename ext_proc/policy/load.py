@@ -20,6 +20,7 @@ from google.protobuf import json_format
 
 from ext_proc._pb import policy_pb2
 from ext_proc.policy.errors import PolicyError
+from ext_proc.policy.load_forecast import admission_settings
 from ext_proc.policy.load_models import kv_model_spec, media_spec, tokenizer_specs
 from ext_proc.policy.load_pool import pool_spec, positive
 from ext_proc.policy.load_queue import queue_spec
@@ -158,6 +159,7 @@ def _profile(name: str, msg: policy_pb2.Profile, base_dir: Path) -> Profile:
     mode = _one_of(msg, d, where, "mode", ("enforce", "shadow"))
     overload_status = _backend_overload_status(msg, d, where)
     per_request = _per_request_caps(msg, d, where)
+    admission = admission_settings(msg, where)
     return Profile(
         name=name,
         max_model_len=limits.max_model_len,
@@ -188,6 +190,9 @@ def _profile(name: str, msg: policy_pb2.Profile, base_dir: Path) -> Profile:
         compact_system_json=msg.compact_system_json,
         queue=queue_spec(msg.queue, f"{where}.queue"),
         backend_overload_status=overload_status,
+        admission=admission.admission,
+        forecast=admission.forecast,
+        default_output_tokens=admission.default_output_tokens,
     )
 
 

@@ -18,9 +18,11 @@ from ext_proc.signals.pool import Pool
 __all__ = [
     "CLIENT_PRIORITIES",
     "PRIORITIES",
+    "Admission",
     "ClientPriority",
     "EmbeddingSpec",
     "FailMode",
+    "ForecastSpec",
     "KvModelSpec",
     "KvShortfall",
     "Level",
@@ -97,6 +99,19 @@ class PrefixTrackingSpec:
     max_tenants: int = 16
 
 
+Admission = Literal["reserve", "forecast"]
+
+
+@dataclass(frozen=True, slots=True)
+class ForecastSpec:
+    """The forecast's settings (``ext_proc.placement.forecast``; docs/forecast.md)."""
+
+    quantile: float = 0.9  # of the output-length distribution, given what was generated
+    margin: float = 0.05  # share of usable blocks the forecast peak leaves free
+    recovery_s: float = 20.0  # half-life of the caution a preemption raises
+    min_observations: int = 20  # finished requests before the distribution is trusted
+
+
 @dataclass(frozen=True, slots=True)
 class Profile:
     """What one class of routes allows. Token figures are in tokens; times in seconds."""
@@ -138,6 +153,13 @@ class Profile:
     # the status a backend's own overload 503 reaches the client with (503 or 429;
     # ext_proc.admit.overload_answer); 0: off, ICE never asks for the response headers
     backend_overload_status: int = 503
+    # how a passed request's blocks are held (ext_proc.placement.forecast): its whole limit
+    # for its whole life ("reserve") or its forecast trajectory ("forecast")
+    admission: Admission = "reserve"
+    forecast: ForecastSpec = field(default_factory=ForecastSpec)
+    # output per sequence the backend runs without a client limit (None: the API's default,
+    # ext_proc.policy.output)
+    default_output_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

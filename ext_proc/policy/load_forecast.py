@@ -1,0 +1,54 @@
+"""Policy loading for admission by forecast: a profile's ``admission``, ``forecast`` and
+``default_output_tokens`` (see load.py for the file as a whole). Every problem raises
+``PolicyError`` naming the field."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ext_proc._pb import policy_pb2
+from ext_proc.policy.errors import PolicyError
+from ext_proc.policy.model import Admission, ForecastSpec
+
+__all__ = ["AdmissionSettings", "admission_settings"]
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionSettings:
+    admission: Admission
+    forecast: ForecastSpec
+    default_output_tokens: int | None
+
+
+def _bounded(
+    msg: Any, name: str, default: float, lo: float, hi: float, where: str
+) -> float:
+    if not msg.HasField(name):
+        return default
+    value = float(getattr(msg, name))
+    if not lo <= value <= hi:
+        raise PolicyError(f"{where}.forecast.{name}: must be in {lo}..{hi}, got {value}")
+    return value
+
+
+def admission_settings(msg: policy_pb2.Profile, where: str) -> AdmissionSettings:
+    """The profile's admission mode, forecast settings and no-limit output default."""
+    mode = msg.admission or "reserve"
+    if mode not in ("reserve", "forecast"):
+        raise PolicyError(f"{where}.admission: must be reserve or forecast, got {mode!r}")
+    d, f = ForecastSpec(), msg.forecast
+    spec = ForecastSpec(
+        quantile=_bounded(f, "quantile", d.quantile, 0.5, 1.0, where),
+        margin=_bounded(f, "margin", d.margin, 0.0, 0.5, where),
+        recovery_s=_bounded(f, "recovery_s", d.recovery_s, 0.1, 3600.0, where),
+        min_observations=int(
+            _bounded(f, "min_observations", d.min_observations, 1, 1_000_000, where)
+        ),
+    )
+    default = None
+    if msg.HasField("default_output_tokens"):
+        default = int(msg.default_output_tokens)
+        if default < 1:
+            raise PolicyError(f"{where}.default_output_tokens: must be ≥ 1, got {default}")
+    return AdmissionSettings("forecast" if mode == "forecast" else "reserve", spec, default)
