@@ -21,9 +21,7 @@ class AdmissionSettings:
     default_output_tokens: int | None
 
 
-def _bounded(
-    msg: Any, name: str, default: float, lo: float, hi: float, where: str
-) -> float:
+def _bounded(msg: Any, name: str, default: float, lo: float, hi: float, where: str) -> float:
     if not msg.HasField(name):
         return default
     value = float(getattr(msg, name))
