@@ -21,6 +21,8 @@ __all__ = [
     "COARSE_VERDICTS",
     "DECISIONS",
     "ERRORS",
+    "FORECAST_CAUTION",
+    "FORECAST_PEAK",
     "INPUT_TOKENS",
     "JUDGE_ERRORS",
     "KV_USAGE",
@@ -150,6 +152,20 @@ SNAPSHOT_AGE = Gauge(
     "ice_pool_snapshot_timestamp_seconds",
     "Unix time of the pool's last successful scrape.",
     ["pool"],
+    multiprocess_mode="max",
+)
+FORECAST_PEAK = Gauge(
+    "ice_forecast_peak_blocks",
+    "admission: forecast: the forecast peak of an endpoint's KV blocks (this worker's "
+    "requests and the others' holds) at the last request judged against it.",
+    ["pool", "endpoint"],
+    multiprocess_mode="livesum",
+)
+FORECAST_CAUTION = Gauge(
+    "ice_forecast_caution",
+    "admission: forecast: how far an endpoint's predicted outputs are moved towards their "
+    "limits after a preemption (1 at the preemption, halving every recovery_s).",
+    ["pool", "endpoint"],
     multiprocess_mode="max",
 )
 PRESSURE = Gauge(

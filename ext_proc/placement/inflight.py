@@ -12,6 +12,7 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ext_proc.placement.forecast import Trajectory
 from ext_proc.policy.evaluate import KvFit
 
 __all__ = ["MAX_INFLIGHT", "Endpoint", "Entries", "Hold", "add_into", "scaled"]
@@ -76,6 +77,7 @@ class Hold:
     at_s: float = 0.0
     live: bool = True
     released: bool = False
+    trajectory: Trajectory | None = None  # its place in the forecast (ForecastBook)
 
 
 def add_into(out: dict[str, int], more: Mapping[str, int]) -> None:

@@ -132,7 +132,7 @@ class Placer:
         else:
             wanted = 0
         scored = [
-            Candidate(e.endpoint, fit.free_blocks, fit.need(shape, wanted), e.waiting)
+            Candidate(e.endpoint, fit.free_blocks, fit.charge(shape, wanted), e.waiting)
             for e, fit in candidates
         ]
         chosen = pick(scored, affinity.get(prefix), prefix)

@@ -63,6 +63,8 @@ from typing import TYPE_CHECKING
 
 from ext_proc.kv.geometry import KVGeometry, build_geometry
 from ext_proc.placement.endpoints import endpoint_of
+from ext_proc.placement.forecast import Trajectory
+from ext_proc.placement.forecast_book import ForecastBook
 from ext_proc.placement.inflight import Endpoint, Entries, Hold, add_into, scaled
 from ext_proc.placement.ledger_shm import LedgerHandle, endpoint_key
 from ext_proc.policy.evaluate import KvFit, Shape
@@ -75,6 +77,10 @@ if TYPE_CHECKING:
     from ext_proc.placement.ledger_redis import RedisLedger
 
 __all__ = ["PoolViews"]
+
+
+def _free(fit: KvFit) -> int:
+    return fit.free_blocks
 
 
 def _less(fit: KvFit, held: int) -> KvFit:
@@ -109,6 +115,7 @@ class PoolViews:
         # pool → endpoint ("" anywhere) → (time.monotonic() it was passed, KV blocks) of the
         # requests sent upstream
         self._inflight: dict[str, dict[str, Entries]] = {}
+        self.book = ForecastBook()  # admission: forecast (ext_proc.placement.forecast_book)
 
     def pressure(self, profile: Profile, snapshot: PoolSnapshot | None) -> Pressure | None:
         """The pool's pressure under the profile's model."""
@@ -198,6 +205,10 @@ class PoolViews:
         views = self.endpoints(profile, snapshot)
         if not views or snapshot is None:
             return None
+        if profile.admission == "forecast":
+            fits = self._forecasts(profile, snapshot, views)
+            named = [fit for v, fit in fits if v.endpoint == endpoint]
+            return named[0] if named else min((fit for _, fit in fits), key=_free)
         ledger = self.ledger(snapshot)
         if endpoint is not None:
             for v in views:
@@ -223,9 +234,20 @@ class PoolViews:
             return []
         awake = [v for v in views if not v.asleep]
         fresh = [v for v in awake if not v.stale] or awake
+        if profile.admission == "forecast":
+            return self._forecasts(profile, snapshot, tuple(fresh))
         ledger = self.ledger(snapshot)
         anywhere = ledger.get("", 0)
         return [(v, _less(v.fit, anywhere + ledger.get(v.endpoint, 0))) for v in fresh]
+
+    def _forecasts(
+        self, profile: Profile, snapshot: PoolSnapshot, views: tuple[Endpoint, ...]
+    ) -> list[tuple[Endpoint, KvFit]]:
+        """Each of ``views`` with the fit its forecast gives (``ForecastBook.fits``)."""
+        own = self.live.get(snapshot.pool, {})
+        backends = dict(zip(self.addresses(snapshot), snapshot.backends, strict=True))
+        unseen, everyone = self._unseen(snapshot), self._live_of(snapshot)
+        return self.book.fits(profile, snapshot.pool, views, backends, unseen, everyone, own)
 
     def ledger(self, snapshot: PoolSnapshot) -> dict[str, int]:
         """KV blocks to take off the free blocks of ``snapshot``'s endpoints: those of the
@@ -303,6 +325,8 @@ class PoolViews:
         if hold.released:
             return
         hold.released = True
+        if hold.trajectory is not None:
+            self.book.remove(hold.pool, hold.endpoint, hold.trajectory)
         if not hold.live:
             return
         pool = self.live.setdefault(hold.pool, {})
@@ -368,20 +392,29 @@ class PoolViews:
         entries = pool.get(endpoint)
         if entries is None:
             entries = pool[endpoint] = Entries()
-        at, blocks = time.monotonic(), views[0].fit.need(shape, output)
+        at, fit = time.monotonic(), views[0].fit
+        floor = min(shape.floor, output)
+        trajectory = Trajectory(at, fit.need(shape, 0), shape.sequences, output, floor)
+        if profile.admission == "forecast":  # held at its predicted total (ForecastBook)
+            look = self.book.outlook(profile, name, snapshot.backends[0], fit.block_size)
+            blocks = fit.need(shape, look.total(0, output, floor))
+        else:
+            blocks = trajectory.whole = fit.need(shape, output)
+        self.book.add(name, endpoint, trajectory)
         entries.add(at, blocks)
         key = endpoint_key(name, endpoint) if self.shared is not None else 0
         if self.shared is not None:
             self.shared.publish(key, at, blocks)
         if blocks <= 0:
+            self.book.remove(name, endpoint, trajectory)
             return None
         if name in self.until_seen:
-            return Hold(name, endpoint, blocks, at, live=False)
+            return Hold(name, endpoint, blocks, at, live=False, trajectory=trajectory)
         live = self.live.setdefault(name, {})
         total = live[endpoint] = live.get(endpoint, 0) + blocks
         if self.shared is not None:
             self.shared.publish_live(key, total, at)
-        return Hold(name, endpoint, blocks, at)
+        return Hold(name, endpoint, blocks, at, trajectory=trajectory)
 
     def _blocks_fn(self, profile: Profile, block_size: int) -> Callable[[int, int, int], int]:
         """Blocks a request of (input, output) tokens needs with ``cached`` prompt tokens

@@ -247,7 +247,7 @@ def shed_on_kv_shortfall(case: Case) -> Decision | None:
     safe = safe_output_tokens(case.profile, f.input_tokens)
     if safe is not None:
         min_out = min(min_out, safe)
-    need = kv.need(case.shape, min_out)
+    need = kv.charge(case.shape, min_out)
     if need <= kv.free_blocks:
         if mode != "shed":
             return None
@@ -255,7 +255,7 @@ def shed_on_kv_shortfall(case: Case) -> Decision | None:
         # request without a limit: what the backend runs, policy/output.py)
         asked = backend_output(f, case.profile)
         wanted = asked if safe is None or f.max_tokens is None else min(asked, safe)
-        need = kv.need(case.shape, wanted)
+        need = kv.charge(case.shape, wanted)
         if need <= kv.free_blocks:
             return None
     retry = case.retry_after(need * kv.block_size)

@@ -37,6 +37,7 @@ class Shape:
     samples: int = 1
     window: int = 0
     reads_cache: bool = True
+    floor: int = 0  # output tokens per sequence it must generate (min_tokens, ignore_eos)
 
     @classmethod
     def single(cls, input_tokens: int) -> Shape:
@@ -47,7 +48,7 @@ class Shape:
     def of(cls, features: RequestFeatures, profile: Profile) -> Shape:
         window = (profile.max_model_len or 0) if features.stored_context else 0
         groups, samples = features.prompt_groups(), features.samples
-        return cls(groups, samples, window, features.reads_prefix_cache)
+        return cls(groups, samples, window, features.reads_prefix_cache, features.min_output)
 
     @property
     def sequences(self) -> int:
@@ -73,6 +74,16 @@ class KvFit:
     blocks: Callable[[int, int], int]
     sibling: Callable[[int, int], int] | None = None
     cold: Callable[[int, int], int] | None = None
+    # admission: forecast: the blocks a request of (shape, output limit) adds to its
+    # endpoint's forecast peak (ext_proc.placement.forecast); None: its need, held whole
+    forecast: Callable[[Shape, int], int] | None = None
+
+    def charge(self, shape: Shape, output: int) -> int:
+        """What admitting the request costs against ``free_blocks``: its whole need, or
+        (forecast) what it adds to the forecast peak."""
+        if self.forecast is not None:
+            return self.forecast(shape, output)
+        return self.need(shape, output)
 
     def need(self, shape: Shape, output: int) -> int:
         """KV blocks of the whole request with ``output`` tokens per sequence."""
@@ -92,14 +103,14 @@ class KvFit:
     def output_fit(self, shape: Shape, wanted: int) -> int:
         """The largest output ≤ ``wanted`` whose blocks fit ``free_blocks`` (0: none does)."""
         fits = self.free_blocks
-        if self.need(shape, wanted) <= fits:
+        if self.charge(shape, wanted) <= fits:
             return wanted
-        if self.need(shape, 1) > fits:
+        if self.charge(shape, 1) > fits:
             return 0
-        lo, hi = 1, wanted  # need() is monotone in output: binary search
+        lo, hi = 1, wanted  # charge() is monotone in output: binary search
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if self.need(shape, mid) <= fits:
+            if self.charge(shape, mid) <= fits:
                 lo = mid
             else:
                 hi = mid - 1

@@ -88,6 +88,9 @@ class RequestFeatures:
     inputs: int = 0  # embeddings: the inputs of the request
     # exact counts: "pieces" (turns counted apart, cached) or "whole" (ext_proc.tokencount)
     count_mode: str = ""
+    # output tokens per sequence the request must generate: vLLM's min_tokens, or its whole
+    # limit with ignore_eos (the forecast's floor)
+    min_output: int = 0
 
     @property
     def prompts(self) -> tuple[int, ...]:

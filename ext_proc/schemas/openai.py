@@ -15,6 +15,7 @@ Errors use OpenAI's error object: ``{"error": {"message", "type", "param", "code
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from ext_proc.media import MediaCost
@@ -72,6 +73,8 @@ CHAT_KEYS = frozenset(
         "prompt_logprobs",
         "echo",
         "top_logprobs",
+        "min_tokens",
+        "ignore_eos",
     )
 )
 MESSAGE_KEYS = frozenset(
@@ -92,8 +95,21 @@ COMPLETION_KEYS = frozenset(
         "prompt_logprobs",
         "echo",
         "logprobs",
+        "min_tokens",
+        "ignore_eos",
     )
 )
+
+
+def min_output_of(body: Mapping[str, Any], limit: int | None) -> int:
+    """Output tokens per sequence vLLM must generate: ``min_tokens`` (its sampling
+    extension; anything but a positive integer counts as 0: vLLM answers those itself), or,
+    with ``ignore_eos: true``, the whole limit when one is set."""
+    got = body.get("min_tokens")
+    floor = got if isinstance(got, int) and not isinstance(got, bool) and got > 0 else 0
+    if body.get("ignore_eos") is True and limit is not None:
+        floor = max(floor, limit)
+    return floor if limit is None else min(floor, limit)
 
 
 def openai_error_body(status: int, code: str, message: str, param: str | None) -> bytes:
@@ -251,6 +267,7 @@ class _OpenAIChat:
             reads_prefix_cache=reads_prefix_cache(body, "top_logprobs", 0),
             media_parts=tally.media_parts,
             media_tokens=tally.media_tokens,
+            min_output=min_output_of(body, limit),
         )
 
     def error_body(self, status: int, code: str, message: str, param: str | None) -> bytes:
@@ -296,6 +313,7 @@ class _OpenAIChatBatch:
             reads_prefix_cache=reads_prefix_cache(body, "top_logprobs", 0),
             media_parts=parts,
             media_tokens=media_tokens,
+            min_output=min_output_of(body, limit),
         )
 
     def error_body(self, status: int, code: str, message: str, param: str | None) -> bytes:
@@ -339,17 +357,19 @@ class _OpenAICompletions:
                 code="unsupported_field",
             )
         prompts = prompt_list_tokens(body.get("prompt"), "prompt")
+        limit = optional_token_limit(body, "max_tokens")
         return RequestFeatures(
             schema=self.name,
             model=_model(body),
             input_tokens=max(prompts),
-            max_tokens=optional_token_limit(body, "max_tokens"),
+            max_tokens=limit,
             max_tokens_field="max_tokens" if body.get("max_tokens") is not None else None,
             stream=_stream(body),
             message_count=len(prompts),
             prompt_tokens=tuple(prompts) if len(prompts) > 1 else (),
             samples=samples_of(body, "n", "best_of"),
             reads_prefix_cache=reads_prefix_cache(body, "logprobs", None),
+            min_output=min_output_of(body, 16 if limit is None else limit),
         )
 
     def error_body(self, status: int, code: str, message: str, param: str | None) -> bytes:

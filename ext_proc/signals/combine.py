@@ -191,6 +191,7 @@ def engine_from_samples(
         admission_rejections=total("admission_rejections"),
         ttft_s=series.histogram("ttft_s"),
         queue_time_s=series.histogram("queue_time_s"),
+        output_lengths=series.histogram("output_lengths"),
         cache_hit_rate=series.mean("cache_hit_rate", None),
     )
 

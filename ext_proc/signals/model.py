@@ -70,6 +70,7 @@ class EngineScrape:
     # histograms, cumulative
     ttft_s: Histogram | None = None
     queue_time_s: Histogram | None = None
+    output_lengths: Histogram | None = None  # output tokens of each finished request
     # ratios some engines publish directly (SGLang's cache_hit_rate)
     cache_hit_rate: float | None = None
 

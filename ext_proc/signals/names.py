@@ -64,6 +64,7 @@ HOW: Final[dict[str, How]] = {
     "sleep_state": "sleep_state",
     "ttft_s": "histogram",
     "queue_time_s": "histogram",
+    "output_lengths": "histogram",
     "cache_hit_rate": "mean",
 }
 
@@ -94,6 +95,8 @@ ENGINE_NAMES: Final[dict[str, dict[str, tuple[str, ...]]]] = {
         "sleep_state": ("vllm:engine_sleep_state",),
         "ttft_s": ("vllm:time_to_first_token_seconds",),
         "queue_time_s": ("vllm:request_queue_time_seconds",),
+        # output tokens of each finished request (the forecast's length distribution)
+        "output_lengths": ("vllm:request_generation_tokens",),
     },
     # SGLang (python/sglang/srt/metrics/collector.py). Its token counters are counted when a
     # request finishes, not when its prefill runs: prefix-cache "queries" are all prompt

@@ -81,6 +81,8 @@ def backend_signals(
         cache_hit_rate=scrape.cache_hit_rate,
         prefix_caching=scrape.prefix_caching,
         sleep_state=scrape.sleep_state,
+        output_lengths=scrape.output_lengths,
+        preemptions=scrape.preemptions,
         age_s=age_s,
     )
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ext_proc.signals.model import Derived, GpuScrape
+from ext_proc.signals.model import Derived, GpuScrape, Histogram
 
 __all__ = ["BackendSignals", "PoolSnapshot"]
 
@@ -35,6 +35,10 @@ class BackendSignals:
     prefix_caching: bool | None = None
     # vllm:engine_sleep_state: awake, paused, weights_offloaded, discard_all (None: not said)
     sleep_state: str | None = None
+    # cumulative since the server started: output tokens of each finished request, and
+    # preemptions (the forecast: ext_proc.placement.forecast)
+    output_lengths: Histogram | None = None
+    preemptions: float | None = None
     age_s: float = 0.0  # age of the scrape these values come from, when the view was built
     stale: bool = False  # the values are older than the pool's stale_after_s
 

@@ -1,0 +1,144 @@
+"""This worker's forecast of every endpoint's KV blocks (``admission: forecast``): the
+trajectories of the requests it passed, the caution preemptions raise, and the ``KvFit``
+a request is judged against (``ext_proc.placement.forecast`` has the formulas).
+
+- **Decode rate** r of an endpoint: its ``generation_tokens_per_s`` over the pool's window
+  ÷ its ``num_requests_running`` (tokens per second per running sequence); None when the
+  view lacks either or nothing runs.
+- **Caution** c of an endpoint: 1 when its ``vllm:num_preemptions_total`` rose since the
+  last view this worker read, then halving every ``forecast.recovery_s`` seconds:
+  c(t) = c₀ × 2^(−(t − t₀) / recovery_s). Predicted outputs move towards their limits by c
+  (``ext_proc.policy.outlen``): after a preemption ICE admits as ``reserve`` would, and
+  returns to the forecast as the endpoint stays calm.
+- **The fit** of an endpoint e with usable U, free F (the view), unseen ledger blocks A
+  (requests passed since the view, ``PoolViews``), the other workers' live holds O_e:
+      budget = floor(U × (1 − margin)) − max(0, (U − F) − b_now − O_e)
+      free   = max(0, budget − peak)            (``KvFit.free_blocks``)
+      charge(shape, limit) = max(peak_with − peak, start + max(0, free − (F − A)))
+  where b_now and peak are this worker's trajectories at e (those Envoy places, endpoint
+  "", count 1/n on each of the n endpoints) with O_e held flat, peak_with the peak with
+  the new request (its prompt blocks now, its predicted total ahead, its sequences), and
+  start = ``KvFit.need(shape, 1)``, the blocks it takes the moment it starts: so a request
+  is admitted only when the forecast peak fits the budget *and* it fits the free blocks now.
+
+Invariant: a trajectory is added by ``PoolViews.hold`` and removed by ``release`` /
+``unhold``, once; the clock is ``time.monotonic()``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+
+from ext_proc import telemetry
+from ext_proc.placement.forecast import Outlook, Peaks, Trajectory
+from ext_proc.placement.inflight import Endpoint
+from ext_proc.policy.kvfit import KvFit, Shape
+from ext_proc.policy.model import Profile
+from ext_proc.signals.snapshot import BackendSignals
+
+__all__ = ["ForecastBook"]
+
+
+class ForecastBook:
+    """Trajectories by pool and endpoint ("": placed by Envoy), and cautions by backend."""
+
+    def __init__(self) -> None:
+        self.items: dict[str, dict[str, dict[int, Trajectory]]] = {}
+        # (pool, backend url) → (caution at t0, t0, preemptions counter last read)
+        self._caution: dict[tuple[str, str], tuple[float, float, float]] = {}
+
+    def add(self, pool: str, endpoint: str, t: Trajectory) -> None:
+        self.items.setdefault(pool, {}).setdefault(endpoint, {})[id(t)] = t
+
+    def remove(self, pool: str, endpoint: str, t: Trajectory) -> None:
+        self.items.get(pool, {}).get(endpoint, {}).pop(id(t), None)
+
+    def caution(self, pool: str, b: BackendSignals, recovery_s: float, now_s: float) -> float:
+        """The endpoint's caution now (see the module docstring); reads its counter."""
+        key = (pool, b.url)
+        c0, t0, seen = self._caution.get(key, (0.0, now_s, -1.0))
+        if b.preemptions is not None:
+            if seen >= 0 and b.preemptions > seen:
+                c0, t0 = 1.0, now_s
+            seen = b.preemptions
+        self._caution[key] = (c0, t0, seen)
+        return c0 * math.pow(2.0, -max(0.0, now_s - t0) / recovery_s) if c0 else 0.0
+
+    def outlook(self, profile: Profile, pool: str, b: BackendSignals, bs: int) -> Outlook:
+        now = time.monotonic()
+        rate = None
+        d = b.derived
+        if d is not None and d.generation_tokens_per_s and b.num_requests_running:
+            rate = d.generation_tokens_per_s / b.num_requests_running
+        spec = profile.forecast
+        c = self.caution(pool, b, spec.recovery_s, now)
+        return Outlook(rate, b.output_lengths, c, bs, spec)
+
+    def fits(
+        self,
+        profile: Profile,
+        pool: str,
+        views: tuple[Endpoint, ...],
+        backends: Mapping[str, BackendSignals],
+        unseen: Mapping[str, int],
+        everyone: Mapping[str, int],
+        own: Mapping[str, int],
+    ) -> list[tuple[Endpoint, KvFit]]:
+        """Each of ``views`` with its forecast fit: ``unseen`` the ledger's entries newer
+        than the view (A, by endpoint, "" anywhere), ``everyone`` the live holds of every
+        worker and replica, ``own`` this worker's (O_e = everyone − own, "" spread evenly)."""
+        spread = -(-max(0, everyone.get("", 0) - own.get("", 0)) // len(views))
+        out = []
+        for v in views:
+            others = max(0, everyone.get(v.endpoint, 0) - own.get(v.endpoint, 0)) + spread
+            seen = unseen.get("", 0) + unseen.get(v.endpoint, 0)
+            b = backends[v.endpoint]
+            out.append((v, self.fit(profile, pool, v.endpoint, len(views), b, v.fit, seen, others)))
+        return out
+
+    def fit(
+        self,
+        profile: Profile,
+        pool: str,
+        endpoint: str,
+        endpoints: int,
+        backend: BackendSignals,
+        base: KvFit,
+        unseen: int,
+        others: int,
+    ) -> KvFit:
+        """The ``KvFit`` a request placed at ``endpoint`` (one of ``endpoints``) is judged
+        against (the module docstring); ``base``: the view's fit, ``unseen``: A, ``others``:
+        O_e."""
+        now = time.monotonic()
+        look = self.outlook(profile, pool, backend, base.block_size)
+        mine = self.items.get(pool, {})
+        states: list[tuple[int, int, int]] = []
+        for t in mine.get(endpoint, {}).values():
+            blocks, left = look.state(t, now)
+            states.append((blocks, left, t.seqs))
+        share = 1.0 / max(1, endpoints)
+        for t in mine.get("", {}).values():
+            blocks, left = look.state(t, now)
+            states.append((math.ceil(blocks * share), left, math.ceil(t.seqs * share)))
+        peaks = Peaks(states, base.block_size, fixed=others)
+        u, f = base.usable_blocks, base.free_blocks
+        other = max(0, (u - f) - peaks.now_blocks)
+        budget = math.floor(u * (1.0 - profile.forecast.margin)) - other
+        free = max(0, budget - peaks.peak)
+        free_now = max(0, f - unseen)
+        gap = max(0, free - free_now)
+        telemetry.FORECAST_PEAK.labels(pool=pool, endpoint=endpoint).set(peaks.peak)
+        telemetry.FORECAST_CAUTION.labels(pool=pool, endpoint=endpoint).set(look.caution)
+
+        def charge(shape: Shape, limit: int) -> int:
+            start = base.need(shape, 1) if limit > 0 else base.need(shape, 0)
+            total = look.total(0, limit, min(shape.floor, limit))
+            prompt = base.need(shape, 0)
+            added = peaks.with_new(prompt, total, shape.sequences) - peaks.peak
+            return max(added, start + gap)
+
+        return replace(base, free_blocks=free, forecast=charge)

@@ -1,0 +1,83 @@
+"""How long a request's output will be, from what the pool really generates (pure).
+
+The distribution is the backend's ``vllm:request_generation_tokens`` histogram (output
+tokens of every finished request, every client's, cumulative since the server started;
+``BackendSignals.output_lengths``), read as Prometheus reads a histogram: the cumulative
+count at each bucket's upper bound, linear inside a bucket, the first bucket starting at 0.
+
+``remaining_total(h, q, generated, limit, floor)``: the total output (tokens per sequence)
+a running request that has already generated ``generated`` tokens is expected to reach, at
+the quantile ``q`` of the lengths *longer than what it has generated*:
+
+    F(x)     the count of observations ≤ x (interpolated)
+    N        the count of all observations
+    target   = F(g) + q × (N − F(g))
+    T        = the x with F(x) = target (interpolated in its bucket)
+    total    = min(limit, max(floor, g, ceil(T)))
+
+so a request that has outlived most of its peers is expected to run longer (the
+conditional quantile rises with g). ``limit`` is the request's own output limit (what the
+backend will never exceed), ``floor`` what it must generate (``min_tokens``; the limit
+itself with ``ignore_eos``). With fewer than ``min_observations`` observations, with
+every observation at or below g (the history says nothing about this request), or when T
+falls in the +Inf bucket, the total is the limit: ICE then holds the request as
+``admission: reserve`` would. ``caution`` c ∈ [0, 1] (raised by preemptions,
+``ext_proc.placement.forecast``) moves the total towards the limit:
+total' = total + c × (limit − total), rounded up.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ext_proc.signals.model import Histogram
+
+__all__ = ["cdf_at", "remaining_total"]
+
+
+def cdf_at(h: Histogram, x: float) -> float:
+    """F(x): observations ≤ x, linear inside a bucket (the first starts at 0)."""
+    lower, below = 0.0, 0.0
+    for bound, count in zip(h.bounds, h.counts, strict=True):
+        if x <= bound:
+            if math.isinf(bound) or bound <= lower:
+                return below
+            return below + (count - below) * max(0.0, x - lower) / (bound - lower)
+        lower, below = bound, count
+    return below
+
+
+def _inverse(h: Histogram, target: float) -> float | None:
+    """The x with F(x) = target; None when it lies in the +Inf bucket."""
+    lower, below = 0.0, 0.0
+    for bound, count in zip(h.bounds, h.counts, strict=True):
+        if count >= target and count > below:
+            if math.isinf(bound):
+                return None
+            return lower + (bound - lower) * (target - below) / (count - below)
+        lower, below = bound, count
+    return None
+
+
+def remaining_total(
+    h: Histogram | None,
+    q: float,
+    generated: int,
+    limit: int,
+    floor: int = 0,
+    min_observations: int = 20,
+    caution: float = 0.0,
+) -> int:
+    """The total output (tokens per sequence) a running request is expected to reach (see
+    the module docstring)."""
+    total = limit
+    if h is not None and h.counts and h.counts[-1] >= min_observations:
+        n = h.counts[-1]
+        f_g = cdf_at(h, generated)
+        if n - f_g > 0:
+            x = _inverse(h, f_g + q * (n - f_g))
+            if x is not None:
+                total = min(limit, max(floor, generated, math.ceil(x - 1e-9)))
+    if caution > 0.0 and total < limit:
+        total = min(limit, math.ceil(total + min(1.0, caution) * (limit - total) - 1e-9))
+    return max(0, total)

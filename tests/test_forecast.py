@@ -1,0 +1,248 @@
+"""Admission by forecast (``ext_proc.policy.outlen``, ``ext_proc.placement.forecast``,
+``ext_proc.placement.forecast_book``): output lengths from the pool's histogram given what a
+request generated, the Past-Future peak of an endpoint's blocks, and the fit a request is
+judged against, each against hand-computed values."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ext_proc.admit.pipeline import Pipeline, RequestFacts
+from ext_proc.placement.forecast import Outlook, Peaks, Trajectory, peak_of
+from ext_proc.placement.forecast_book import ForecastBook
+from ext_proc.placement.inflight import Hold
+from ext_proc.policy.kvfit import KvFit, Shape
+from ext_proc.policy.load import parse_policy
+from ext_proc.policy.model import ForecastSpec, Profile
+from ext_proc.policy.outlen import cdf_at, remaining_total
+from ext_proc.schemas import OPENAI_CHAT
+from ext_proc.signals.model import Derived, Histogram
+from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
+
+INF = math.inf
+# 100 finished requests: 20 of ≤ 10 tokens, 40 of 10–100, 40 of 100–1000
+LENGTHS = Histogram(bounds=(10, 100, 1000, INF), counts=(20, 60, 100, 100), count=100, sum=0)
+
+
+# --- output lengths -------------------------------------------------------------------------
+
+
+def test_the_cdf_is_linear_inside_a_bucket() -> None:
+    assert cdf_at(LENGTHS, 55) == 20 + 40 * 45 / 90  # 40
+    assert cdf_at(LENGTHS, 5) == 10
+    assert cdf_at(LENGTHS, 5000) == 100
+
+
+def test_the_total_is_the_quantile_of_the_lengths() -> None:
+    # q 0.5: target 50 in (10, 100]: 10 + 90 × 30 / 40 = 77.5 → 78
+    assert remaining_total(LENGTHS, 0.5, 0, 5000) == 78
+    # q 0.9: target 90 in (100, 1000]: 100 + 900 × 30 / 40 = 775
+    assert remaining_total(LENGTHS, 0.9, 0, 5000) == 775
+
+
+def test_the_total_rises_with_what_the_request_has_generated() -> None:
+    # F(200) = 60 + 40 × 100 / 900 = 64.44; target = 64.44 + 0.9 × 35.56 = 96.44
+    # → 100 + 900 × 36.44 / 40 = 920.0
+    assert remaining_total(LENGTHS, 0.9, 200, 5000) == 920
+
+
+def test_the_total_never_passes_the_limit_nor_falls_below_the_floor() -> None:
+    assert remaining_total(LENGTHS, 0.9, 0, 300) == 300
+    assert remaining_total(LENGTHS, 0.5, 0, 5000, floor=400) == 400
+
+
+def test_without_enough_history_the_request_is_held_at_its_limit() -> None:
+    assert remaining_total(LENGTHS, 0.9, 0, 5000, min_observations=101) == 5000
+    assert remaining_total(None, 0.9, 0, 5000) == 5000
+    # every observation ≤ 1000: a request past them all says nothing: its limit
+    assert remaining_total(LENGTHS, 0.9, 1500, 5000) == 5000
+
+
+def test_the_plus_inf_bucket_means_the_limit() -> None:
+    tail = Histogram(bounds=(10, INF), counts=(50, 100), count=100, sum=0)
+    assert remaining_total(tail, 0.9, 0, 4096) == 4096
+
+
+def test_caution_moves_the_total_towards_the_limit() -> None:
+    # 775 + 0.5 × (5000 − 775) = 2887.5 → 2888
+    assert remaining_total(LENGTHS, 0.9, 0, 5000, caution=0.5) == 2888
+    assert remaining_total(LENGTHS, 0.9, 0, 5000, caution=1.0) == 5000
+
+
+# --- the peak -------------------------------------------------------------------------------
+
+
+def test_the_peak_of_two_requests() -> None:
+    # A: 2 blocks, 100 tokens ahead; B: 3 blocks, 10 ahead; blocks of 16.
+    # Just before A ends: 2 + ceil(100/16) = 9 (B gone); just before B ends: 5 + 2 × 1 = 7
+    assert peak_of([(2, 100, 1), (3, 10, 1)], 16) == 9
+
+
+def test_the_peak_with_a_new_request() -> None:
+    peaks = Peaks([(2, 100, 1), (3, 10, 1)], 16)
+    # C: 1 block, 50 ahead: A, C, B: 9 | 3 + 2 × 4 = 11 | 6 + 3 × 1 = 9
+    assert peaks.with_new(1, 50, 1) == 11
+    # a request held whole (0 ahead) adds its blocks to the last point: 6 + 2 = 8 < 9
+    assert peaks.with_new(1, 0, 1) == 9
+    assert Peaks([(2, 100, 1)], 16, fixed=5).peak == 9 + 5
+
+
+def brute_peak(states: list[tuple[int, int, int]], bs: int) -> int:
+    """Step the decode: at t, the requests with left ≥ t still hold b + seqs × ceil(t/bs)."""
+    horizon = max((left for _, left, _ in states), default=0)
+    best = 0
+    for t in range(horizon + 1):
+        held = sum(b + s * -(-t // bs) for b, left, s in states if left >= t)
+        best = max(best, held)
+    return best
+
+
+STATES = st.lists(
+    st.tuples(st.integers(0, 40), st.integers(0, 300), st.integers(1, 4)), max_size=12
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(STATES, st.sampled_from([1, 16, 128]))
+def test_the_peak_is_the_highest_point_of_the_stepped_decode(
+    states: list[tuple[int, int, int]], bs: int
+) -> None:
+    assert peak_of(states, bs) == brute_peak(states, bs)
+
+
+@settings(max_examples=200, deadline=None)
+@given(STATES, st.tuples(st.integers(0, 40), st.integers(0, 300), st.integers(1, 4)))
+def test_the_peak_with_a_new_request_is_the_peak_of_all(
+    states: list[tuple[int, int, int]], new: tuple[int, int, int]
+) -> None:
+    assert Peaks(states, 16).with_new(*new) == peak_of([*states, new], 16)
+
+
+# --- a trajectory -----------------------------------------------------------------------------
+
+
+def test_a_trajectory_grows_at_the_decode_rate() -> None:
+    look = Outlook(rate=10.0, lengths=LENGTHS, caution=0.0, block_size=16, spec=ForecastSpec())
+    t = Trajectory(start_s=100.0, prompt_blocks=4, seqs=2, limit=5000)
+    # 25 s at 10 tok/s: g = 250; b = 4 + 2 × ceil(250/16) = 36;
+    # total: F(250) = 60 + 40 × 150/900 = 66.67, target 96.67 → 100 + 900 × 36.67/40 = 925
+    assert look.state(t, 125.0) == (36, 925 - 250)
+    whole = Trajectory(start_s=100.0, prompt_blocks=4, seqs=2, limit=5000, whole=30)
+    assert look.state(whole, 125.0) == (30, 0)
+
+
+# --- the fit --------------------------------------------------------------------------------
+
+
+def blocks16(i: int, o: int) -> int:
+    return -(-(i + o) // 16)
+
+
+def backend(usage: float, preemptions: float = 0.0) -> BackendSignals:
+    return BackendSignals(
+        url="u",
+        kv_cache_usage=usage,
+        num_requests_running=2,
+        num_gpu_blocks=101,
+        block_size=16,
+        output_lengths=LENGTHS,
+        preemptions=preemptions,
+        derived=Derived(window_s=10.0, generation_tokens_per_s=0.0),
+    )
+
+
+def test_the_fit_is_the_budget_less_the_forecast_peak() -> None:
+    profile = Profile(name="p", admission="forecast", forecast=ForecastSpec(margin=0.1))
+    book = ForecastBook()
+    now = time.monotonic()
+    # two running requests of this worker: 3 blocks of prompt, limit 5000 (total 775)
+    for _ in range(2):
+        book.add("pool", "e", Trajectory(now, 3, 1, 5000))
+    base = KvFit(free_blocks=80, usable_blocks=100, block_size=16, blocks=blocks16)
+    fit = book.fit(profile, "pool", "e", 1, backend(0.2), base, unseen=0, others=0)
+    # used 20, ICE's now 6: other = 14; budget = floor(100 × 0.9) − 14 = 76;
+    # peak = 6 + 2 × ceil(775/16) = 6 + 98 = 104 → free = max(0, 76 − 104) = 0
+    assert fit.free_blocks == 0
+    # one request: peak 3 + 49 = 52, other = 17, budget 73, free 21
+    book2 = ForecastBook()
+    book2.add("pool", "e", Trajectory(now, 3, 1, 5000))
+    fit2 = book2.fit(profile, "pool", "e", 1, backend(0.2), base, unseen=0, others=0)
+    assert fit2.free_blocks == 21
+    # a new 57-token prompt with limit 100 (total 100: the limit binds): 4 blocks now,
+    # 100 ahead: sorted old (775), new (100): 52 | 3 + 4 + 2 × 7 = 21 → peak stays 52, +0;
+    # but it takes ceil(58/16) = 4 blocks the moment it starts: charge = max(0, 4 + 0)
+    assert fit2.charge(Shape.single(57), 100) == 4
+    # with only 2 blocks free now (F − A = 80 − 78), the start does not fit now:
+    # charge = 4 + (21 − 2) = 23 > 21
+    tight = book2.fit(profile, "pool", "e", 1, backend(0.2), base, unseen=78, others=0)
+    assert tight.charge(Shape.single(57), 100) == 23
+    # limit 5000 (total 775): 3 + 4 + 2 × 49 = 105 → charge 105 − 52 = 53 > 21 free
+    assert fit2.charge(Shape.single(57), 5000) == 53
+    assert fit2.output_fit(Shape.single(57), 5000) < 5000
+
+
+def test_a_preemption_raises_caution_that_halves_every_recovery() -> None:
+    book = ForecastBook()
+    b = backend(0.2, preemptions=3)
+    assert book.caution("pool", b, 20.0, 100.0) == 0.0  # first read: a baseline
+    assert book.caution("pool", backend(0.2, preemptions=5), 20.0, 110.0) == 1.0
+    assert book.caution("pool", backend(0.2, preemptions=5), 20.0, 130.0) == 0.5
+    assert book.caution("pool", backend(0.2, preemptions=5), 20.0, 150.0) == 0.25
+
+
+# --- through the pipeline: forecast admits what reserve cannot --------------------------------
+
+BODY = json.dumps({"messages": [{"role": "user", "content": "x" * 200}], "max_tokens": 1000})
+
+
+def judge(pipeline: Pipeline) -> tuple[str, Hold | None]:
+    route = pipeline.router.resolve([])
+    facts = RequestFacts(adapter=OPENAI_CHAT, priority="standard")
+    verdict = pipeline.on_body(route, facts, BODY.encode())
+    assert verdict is not None and verdict.decision is not None
+    return f"{verdict.decision.decision}:{verdict.decision.reason}", pipeline.record(route, verdict)
+
+
+def admitted(admission: str, lengths: Histogram | None) -> int:
+    policy = parse_policy(
+        f"profiles: {{default: {{on_kv_shortfall: shed, admission: {admission}, "
+        "forecast: {margin: 0.0}}}\n"
+    )
+    b = BackendSignals(
+        url="u",
+        kv_cache_usage=0.0,
+        num_requests_waiting=0,
+        num_gpu_blocks=401,
+        block_size=16,
+        output_lengths=lengths,
+    )
+    snap = PoolSnapshot("default", (b,), time.monotonic() - 1.0)
+    pipeline = Pipeline(policy, lambda _: snap)
+    passed = 0
+    for _ in range(40):
+        got, _hold = judge(pipeline)
+        if got != "pass:ok":
+            assert got == "reject:kv_exhausted", got
+            break
+        passed += 1
+    return passed
+
+
+SHORT = Histogram(bounds=(10, 100, 1000, INF), counts=(50, 100, 100, 100), count=100, sum=0)
+
+
+def test_forecast_admits_what_reserve_holds_back_when_outputs_are_short() -> None:
+    # 400 usable blocks; each request: 57 prompt tokens + 1000 limit = 67 blocks held whole:
+    # reserve admits floor(400 / 67) = 5. Outputs: q 0.9 of SHORT = 10 + 90 × 40/50 = 82:
+    # forecast holds 57 + 82 = 139 tokens = 9 blocks each: 400 / 9 → 44 ≥ 40 asked
+    assert admitted("reserve", SHORT) == 5
+    assert admitted("forecast", SHORT) == 40
+
+
+def test_forecast_without_a_history_admits_as_reserve() -> None:
+    assert admitted("forecast", None) == admitted("reserve", None) == 5
