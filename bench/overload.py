@@ -168,6 +168,7 @@ if str(REPO) not in sys.path:  # run as a script: import ext_proc from the check
 
 from ext_proc.lab.overload import (  # noqa: E402
     DEFAULT_MODES,
+    LIMITS,
     MAX_TOKENS,
     MIX,
     MODES,
@@ -190,6 +191,7 @@ from ext_proc.lab.overload import (  # noqa: E402
     RunResult,
     SweepError,
     VllmGroup,
+    admission_policy,
     alone,
     estimate_s,
     group_arms,
@@ -237,10 +239,36 @@ def plan_of(args: argparse.Namespace) -> list[Planned]:
         given = [flag for flag, value in sized.items() if value is not None]
         if given:
             raise ValueError(f"{', '.join(given)}: not with --workload mixed (its sizes are drawn)")
-        return plan_mixed(args.requests, args.spacing_ms, args.mix, args.tenants, seed=args.seed)
+        return plan_mixed(
+            args.requests,
+            args.spacing_ms,
+            args.mix,
+            args.tenants,
+            seed=args.seed,
+            spec=MixedSpec(long_share=args.long_share),
+            limits=args.limits,
+        )
+    if args.limits != "exact" or args.long_share != MixedSpec().long_share:
+        raise ValueError("--limits, --long-share: only with --workload mixed")
     prompt_words, max_tokens = burst_size(args)
     return plan_burst(
         args.requests, prompt_words, max_tokens, args.spacing_ms, args.mix, args.tenants
+    )
+
+
+def history_of(args: argparse.Namespace) -> list[Planned]:
+    """``--history``'s plan: the mixed workload's sizes from another seed, unhurried."""
+    if args.history <= 0:
+        return []
+    if args.workload != "mixed":
+        raise ValueError("--history: only with --workload mixed")
+    return plan_mixed(
+        args.history,
+        400.0,
+        "critical=1",
+        seed=args.seed + 1000,
+        spec=MixedSpec(long_share=args.long_share),
+        limits=args.limits,
     )
 
 
@@ -271,7 +299,13 @@ def header(params: dict[str, Any], burst: Sequence[Planned], groups: Sequence[Vl
     """The report's header: the workload and its parameters, the plan's sizes, the arms and
     the vLLM each group runs (its valve flags)."""
     if params["workload"] == "mixed":
-        what = f"mixed (seed {params['seed']}): {MixedSpec().text()}"
+        spec = MixedSpec(long_share=params["mixed"]["long_share"])
+        limits = (
+            "; limits as clients send them: max_tokens 1024 or none, half each"
+            if params.get("limits") == "client"
+            else ""
+        )
+        what = f"mixed (seed {params['seed']}): {spec.text()}{limits}"
     else:
         what = (
             f"burst: ~{params['prompt_filler_tokens']} prompt words + "
@@ -339,6 +373,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--max-tokens", type=int, default=None, help=f"burst: output tokens (default {MAX_TOKENS})"
     )
     ap.add_argument("--seed", type=int, default=1, help="mixed: the plan's seed")
+    ap.add_argument(
+        "--limits",
+        choices=LIMITS,
+        default="exact",
+        help="mixed: exact (max_tokens = the drawn length) or client (1024 or none, half each)",
+    )
+    ap.add_argument("--long-share", type=float, default=MixedSpec().long_share, help="mixed")
+    ap.add_argument(
+        "--history",
+        type=int,
+        default=0,
+        help="mixed: first send N requests of the workload (seed + 1000, 400 ms apart) "
+        "straight to each vLLM, so its output-length histogram holds a past",
+    )
+    ap.add_argument(
+        "--admission",
+        choices=("policy", "reserve", "forecast"),
+        default="policy",
+        help="ICE's admission in every profile (policy: as --policy says)",
+    )
     ap.add_argument("--spacing-ms", type=float, default=SPACING_MS, help="between starts")
     ap.add_argument("--mix", default=MIX, help="priority weights, e.g. standard=3,sheddable=2")
     ap.add_argument("--rounds", type=int, default=3)
@@ -409,13 +463,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         "workload": args.workload,
         "requests": args.requests,
         **(
-            {"seed": args.seed, "mixed": MixedSpec().as_dict()}
+            {
+                "seed": args.seed,
+                "mixed": MixedSpec(long_share=args.long_share).as_dict(),
+                "limits": args.limits,
+            }
             if args.workload == "mixed"
             else dict(zip(("prompt_filler_tokens", "max_tokens"), burst_size(args), strict=True))
         ),
         "spacing_ms": args.spacing_ms,
         "mix": args.mix,
         "policy": str(args.policy),
+        "admission": args.admission,
+        "history": args.history,
         "modes": [a.name for a in arms],
         "rounds": args.rounds,
         "ice_workers": args.ice_workers,
@@ -443,6 +503,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     with contextlib.ExitStack() as es:
         workdir = args.workdir or Path(es.enter_context(tempfile.TemporaryDirectory()))
+        policy = args.policy
+        if args.admission != "policy":
+            workdir.mkdir(parents=True, exist_ok=True)
+            policy = admission_policy(
+                policy,
+                workdir / "policy-admission.yaml",
+                args.admission,
+                read_floors=args.limits != "client",
+            )
         try:
             done = sweep(
                 workdir,
@@ -455,12 +524,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 vllm_args=args.vllm_arg,
                 queue=queue,
                 start=overload_setup,
-                policy=args.policy,
+                policy=policy,
                 vllm_nice=args.vllm_nice,
                 ice_workers=args.ice_workers,
                 queue_wait_ms=args.queue_wait_ms,
                 queue_length=args.queue_length,
                 tenant_header=TENANT_HEADER,
+                history=history_of(args),
             )
         except QueuePolicyError as e:
             print(f"[overload] {e}", file=sys.stderr)

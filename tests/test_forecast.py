@@ -9,6 +9,7 @@ import json
 import math
 import time
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,6 +17,7 @@ from ext_proc.admit.pipeline import Pipeline, RequestFacts
 from ext_proc.placement.forecast import Outlook, Peaks, Trajectory, peak_of
 from ext_proc.placement.forecast_book import ForecastBook
 from ext_proc.placement.inflight import Hold
+from ext_proc.policy.errors import PolicyError
 from ext_proc.policy.kvfit import KvFit, Shape
 from ext_proc.policy.load import parse_policy
 from ext_proc.policy.model import ForecastSpec, Profile
@@ -246,3 +248,29 @@ def test_forecast_admits_what_reserve_holds_back_when_outputs_are_short() -> Non
 
 def test_forecast_without_a_history_admits_as_reserve() -> None:
     assert admitted("forecast", None) == admitted("reserve", None) == 5
+
+
+# --- the policy -----------------------------------------------------------------------------
+
+
+def test_the_policy_reads_admission_and_forecast_settings() -> None:
+    policy = parse_policy(
+        "profiles: {default: {admission: forecast, default_output_tokens: 512, "
+        "forecast: {quantile: 0.8, margin: 0.1, recovery_s: 5, min_observations: 3, "
+        "read_floors: false}}}\n"
+    )
+    p = policy.profiles["default"]
+    assert p.admission == "forecast" and p.default_output_tokens == 512
+    assert p.forecast == ForecastSpec(0.8, 0.1, 5.0, 3, read_floors=False)
+    assert parse_policy("profiles: {default: {}}\n").profiles["default"].admission == "reserve"
+
+
+def test_bad_admission_settings_are_refused_by_name() -> None:
+    for text, name in (
+        ("admission: guess", "admission"),
+        ("forecast: {quantile: 0.2}", "forecast.quantile"),
+        ("forecast: {margin: 0.9}", "forecast.margin"),
+        ("default_output_tokens: 0", "default_output_tokens"),
+    ):
+        with pytest.raises(PolicyError, match=name):
+            parse_policy(f"profiles: {{default: {{{text}}}}}\n")

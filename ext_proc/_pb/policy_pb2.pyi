@@ -748,6 +748,7 @@ class Forecast(_message.Message):
     MARGIN_FIELD_NUMBER: _builtins.int
     RECOVERY_S_FIELD_NUMBER: _builtins.int
     MIN_OBSERVATIONS_FIELD_NUMBER: _builtins.int
+    READ_FLOORS_FIELD_NUMBER: _builtins.int
     quantile: _builtins.float
     """The quantile of the pool's output-length distribution taken as a running request's
     total output, given what it has generated (the risk knob: higher admits less). 0.5..1,
@@ -761,6 +762,11 @@ class Forecast(_message.Message):
     """Finished requests the length distribution needs before it is trusted; with fewer, a
     request is held at its output limit (as reserve). Default 20.
     """
+    read_floors: _builtins.bool
+    """Whether a request's own floor (min_tokens; its limit with ignore_eos) bounds its
+    predicted output from below. Default true; the client-like bench turns it off, since it
+    sets min_tokens to make vLLM generate the length it drew.
+    """
     def __init__(
         self,
         *,
@@ -768,10 +774,11 @@ class Forecast(_message.Message):
         margin: _builtins.float | None = ...,
         recovery_s: _builtins.float | None = ...,
         min_observations: _builtins.int | None = ...,
+        read_floors: _builtins.bool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_margin", b"_margin", "_min_observations", b"_min_observations", "_quantile", b"_quantile", "_recovery_s", b"_recovery_s", "margin", b"margin", "min_observations", b"min_observations", "quantile", b"quantile", "recovery_s", b"recovery_s"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_margin", b"_margin", "_min_observations", b"_min_observations", "_quantile", b"_quantile", "_read_floors", b"_read_floors", "_recovery_s", b"_recovery_s", "margin", b"margin", "min_observations", b"min_observations", "quantile", b"quantile", "read_floors", b"read_floors", "recovery_s", b"recovery_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_margin", b"_margin", "_min_observations", b"_min_observations", "_quantile", b"_quantile", "_recovery_s", b"_recovery_s", "margin", b"margin", "min_observations", b"min_observations", "quantile", b"quantile", "recovery_s", b"recovery_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_margin", b"_margin", "_min_observations", b"_min_observations", "_quantile", b"_quantile", "_read_floors", b"_read_floors", "_recovery_s", b"_recovery_s", "margin", b"margin", "min_observations", b"min_observations", "quantile", b"quantile", "read_floors", b"read_floors", "recovery_s", b"recovery_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__margin: _TypeAlias = _typing.Literal["margin"]  # noqa: Y015
     _WhichOneofArgType__margin: _TypeAlias = _typing.Literal["_margin", b"_margin"]  # noqa: Y015
@@ -779,6 +786,8 @@ class Forecast(_message.Message):
     _WhichOneofArgType__min_observations: _TypeAlias = _typing.Literal["_min_observations", b"_min_observations"]  # noqa: Y015
     _WhichOneofReturnType__quantile: _TypeAlias = _typing.Literal["quantile"]  # noqa: Y015
     _WhichOneofArgType__quantile: _TypeAlias = _typing.Literal["_quantile", b"_quantile"]  # noqa: Y015
+    _WhichOneofReturnType__read_floors: _TypeAlias = _typing.Literal["read_floors"]  # noqa: Y015
+    _WhichOneofArgType__read_floors: _TypeAlias = _typing.Literal["_read_floors", b"_read_floors"]  # noqa: Y015
     _WhichOneofReturnType__recovery_s: _TypeAlias = _typing.Literal["recovery_s"]  # noqa: Y015
     _WhichOneofArgType__recovery_s: _TypeAlias = _typing.Literal["_recovery_s", b"_recovery_s"]  # noqa: Y015
     @_typing.overload
@@ -787,6 +796,8 @@ class Forecast(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__min_observations) -> _WhichOneofReturnType__min_observations | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__quantile) -> _WhichOneofReturnType__quantile | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__read_floors) -> _WhichOneofReturnType__read_floors | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__recovery_s) -> _WhichOneofReturnType__recovery_s | None: ...
 

@@ -136,7 +136,8 @@ class ForecastBook:
 
         def charge(shape: Shape, limit: int) -> int:
             start = base.need(shape, 1) if limit > 0 else base.need(shape, 0)
-            total = look.total(0, limit, min(shape.floor, limit))
+            floor = min(shape.floor, limit) if profile.forecast.read_floors else 0
+            total = look.total(0, limit, floor)
             prompt = base.need(shape, 0)
             added = peaks.with_new(prompt, total, shape.sequences) - peaks.peak
             return max(added, start + gap)

@@ -393,7 +393,7 @@ class PoolViews:
         if entries is None:
             entries = pool[endpoint] = Entries()
         at, fit = time.monotonic(), views[0].fit
-        floor = min(shape.floor, output)
+        floor = min(shape.floor, output) if profile.forecast.read_floors else 0
         trajectory = Trajectory(at, fit.need(shape, 0), shape.sequences, output, floor)
         if profile.admission == "forecast":  # held at its predicted total (ForecastBook)
             look = self.book.outlook(profile, name, snapshot.backends[0], fit.block_size)

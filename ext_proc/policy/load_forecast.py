@@ -43,6 +43,7 @@ def admission_settings(msg: policy_pb2.Profile, where: str) -> AdmissionSettings
         min_observations=int(
             _bounded(f, "min_observations", d.min_observations, 1, 1_000_000, where)
         ),
+        read_floors=f.read_floors if f.HasField("read_floors") else d.read_floors,
     )
     default = None
     if msg.HasField("default_output_tokens"):

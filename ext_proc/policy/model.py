@@ -110,6 +110,7 @@ class ForecastSpec:
     margin: float = 0.05  # share of usable blocks the forecast peak leaves free
     recovery_s: float = 20.0  # half-life of the caution a preemption raises
     min_observations: int = 20  # finished requests before the distribution is trusted
+    read_floors: bool = True  # min_tokens / ignore_eos bound the prediction from below
 
 
 @dataclass(frozen=True, slots=True)

@@ -140,6 +140,7 @@ from ext_proc.lab.overload.setup import (
     QUEUE_WAIT_MS,
     QueuePolicyError,
     Setup,
+    admission_policy,
     compare,
     overload_setup,
     queue_policy,
@@ -165,6 +166,8 @@ from ext_proc.lab.overload.sweep import (
     sweep,
 )
 from ext_proc.lab.overload.workload import (
+    CLIENT_LIMIT,
+    LIMITS,
     WORKLOADS,
     LogNormal,
     MixedSpec,
@@ -175,8 +178,10 @@ from ext_proc.lab.overload.workload import (
 
 __all__ = [
     "CHAT",
+    "CLIENT_LIMIT",
     "DEFAULT_MODES",
     "KIND_COLS",
+    "LIMITS",
     "MAX_TENANTS",
     "MAX_TOKENS",
     "MIX",
@@ -209,6 +214,7 @@ __all__ = [
     "SweepError",
     "Valve",
     "VllmGroup",
+    "admission_policy",
     "admission_rejections",
     "alone",
     "arm_name",

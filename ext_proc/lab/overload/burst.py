@@ -89,6 +89,11 @@ class Planned:
     # The request's size class in its workload: "short" or "long" (``workload.plan_mixed``);
     # "" in the burst, where every request has the same size.
     kind: str = ""
+    # Client-like limits (``workload.plan_mixed(limits="client")``): the request sends
+    # ``sent_limit`` (None: no limit at all) and generates ``max_tokens`` anyway, stopped there
+    # by ``min_tokens`` and a strong bias towards the end-of-sequence token.
+    client_like: bool = False
+    sent_limit: int | None = None
 
 
 def parse_mix(spec: str) -> dict[str, int]:
@@ -163,13 +168,26 @@ def alone(burst: Sequence[Planned], tenant: str) -> list[Planned]:
     return out
 
 
+# The tiny model's end-of-sequence token (its config.json's eos_token_id).
+TINY_EOS_ID = 1
+
+
 def request_body(p: Planned, model: str, seed: int) -> dict[str, Any]:
-    return {
+    """The chat request of ``p``: exactly ``max_tokens`` output tokens, either as its limit
+    (``ignore_eos``) or, client-like, under the limit it sends (``sent_limit``, or none):
+    ``min_tokens`` k = max_tokens − 1 and a +100 bias on the end-of-sequence token make vLLM
+    stop at exactly k + 1 tokens (verified on the tiny model: ../shared/FACTS.md)."""
+    body: dict[str, Any] = {
         "model": model,
         "messages": [{"role": "user", "content": vl.filler_text(p.prompt_tokens, seed)}],
-        "max_tokens": p.max_tokens,
-        "ignore_eos": True,
         "temperature": 0.0,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if not p.client_like:
+        return {**body, "max_tokens": p.max_tokens, "ignore_eos": True}
+    body["min_tokens"] = max(0, p.max_tokens - 1)
+    body["logit_bias"] = {str(TINY_EOS_ID): 100}
+    if p.sent_limit is not None:
+        body["max_tokens"] = p.sent_limit
+    return body

@@ -75,6 +75,7 @@ __all__ = [
     "QUEUE_WAIT_MS",
     "QueuePolicyError",
     "Setup",
+    "admission_policy",
     "compare",
     "overload_setup",
     "queue_policy",
@@ -104,6 +105,20 @@ def render_policy(template: Path, out: Path, vllm_port: int, model_dir: Path) ->
     for spec in (policy.get("tokenizers") or {}).values():
         if "model_dir" in spec:
             spec["model_dir"] = str(model_dir)
+    out.write_text(yaml.safe_dump(policy, sort_keys=False))
+    return out
+
+
+def admission_policy(template: Path, out: Path, admission: str, read_floors: bool = True) -> Path:
+    """``template`` with ``admission`` (reserve or forecast) in every profile and, for the
+    forecast, ``read_floors`` (off for client-like limits: their ``min_tokens`` is the
+    bench's way to make vLLM generate the drawn length, not something a client says);
+    written to ``out``. The tokenizers' relative paths are ``render_policy``'s to fix."""
+    policy: dict[str, Any] = yaml.safe_load(template.read_text())
+    for profile in (policy.get("profiles") or {}).values():
+        profile["admission"] = admission
+        if admission == "forecast":
+            profile["forecast"] = {**(profile.get("forecast") or {}), "read_floors": read_floors}
     out.write_text(yaml.safe_dump(policy, sort_keys=False))
     return out
 
@@ -238,6 +253,7 @@ def overload_setup(
     queue_length: int = QUEUE_LENGTH,
     tenant_header: str = TENANT_HEADER,
     valve: Valve | None = None,
+    history: Sequence[Planned] = (),
 ) -> Iterator[Setup]:
     """Start vLLM (tiny model, 24 blocks), ICE with ``policy`` and Envoy; stop all on exit.
 
@@ -331,6 +347,8 @@ def overload_setup(
         )
         if warm:
             warm_up(setup)
+        if history:
+            prime(setup, history)
         yield setup
 
 
@@ -353,6 +371,26 @@ def warm_up(setup: Setup) -> None:
         )
         with urllib.request.urlopen(req, timeout=60) as resp:
             resp.read()
+    wait_idle(setup.metrics_url)
+
+
+def prime(setup: Setup, history: Sequence[Planned]) -> None:
+    """Send ``history`` straight to vLLM (results dropped) and wait until it is idle: a
+    server that has been serving such traffic, so its ``vllm:request_generation_tokens``
+    holds the lengths the forecast reads (a fresh server has none, and the forecast then
+    holds every request at its limit until ``forecast.min_observations`` finish)."""
+    asyncio.run(
+        run_burst(
+            mode="direct",
+            round_no=0,
+            target=setup.vllm_url,
+            metrics_url=setup.metrics_url,
+            burst=history,
+            model=setup.model,
+            seed=987_654,
+            variant="history",
+        )
+    )
     wait_idle(setup.metrics_url)
 
 

@@ -15,7 +15,11 @@ generator:
   the context (it still may under pressure: ``max_tokens_cap``); a long prompt of 1200 words
   gets at most 688 tokens;
 - priorities from ``mix`` and tenants from ``tenants``, interleaved by weight as in the burst
-  (``burst.interleave``), independent of the sizes; starts ``spacing_ms`` apart.
+  (``burst.interleave``), independent of the sizes; starts ``spacing_ms`` apart;
+- ``limits="client"``: the same sizes, but each request sends ``max_tokens`` 1024 or no
+  limit (half each, from a second generator seeded by ``seed``), as real clients do, and
+  still generates its drawn length (``burst.request_body``: ``min_tokens`` and an
+  end-of-sequence bias).
 
 ``describe`` / ``plan_text``: a plan's counts and size quantiles, as data and as the line of
 the report's header. ``LogNormal`` is a
@@ -33,13 +37,15 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ext_proc.lab.overload.burst import Planned, interleave, parse_mix, parse_tenants
 
 __all__ = [
+    "CLIENT_LIMIT",
     "KINDS",
+    "LIMITS",
     "WORKLOADS",
     "LogNormal",
     "MixedSpec",
@@ -49,6 +55,11 @@ __all__ = [
 ]
 
 WORKLOADS = ("burst", "mixed")
+# How a mixed request states its output: "exact" (max_tokens = its drawn length, ignore_eos:
+# the gate sees the truth) or "client" (as clients do: max_tokens CLIENT_LIMIT or none, half
+# each, drawn from the seed; the drawn length is still what vLLM generates: burst.request_body)
+LIMITS = ("exact", "client")
+CLIENT_LIMIT = 1024
 KINDS = ("short", "long")  # the mixed workload's size classes (Planned.kind)
 
 
@@ -111,9 +122,12 @@ def plan_mixed(
     *,
     seed: int = 1,
     spec: MixedSpec | None = None,
+    limits: str = "exact",
 ) -> list[Planned]:
-    """The mixed workload (see the module's docstring); ValueError for a bad share or a
-    prompt range that leaves no room for the minimum output."""
+    """The mixed workload (see the module's docstring); ValueError for a bad share, a prompt
+    range that leaves no room for the minimum output, or ``limits`` not in ``LIMITS``."""
+    if limits not in LIMITS:
+        raise ValueError(f"limits {limits!r}: want one of {LIMITS}")
     spec = spec or MixedSpec()
     if not 0.0 <= spec.long_share <= 1.0:
         raise ValueError(f"long_share {spec.long_share} is not within [0, 1]")
@@ -122,6 +136,7 @@ def plan_mixed(
         if not 1 <= lo <= hi or spec.fit(hi) < out.min_tokens:
             raise ValueError(f"prompt range {lo}–{hi} leaves no room for {out.min_tokens} tokens")
     rng = random.Random(seed)
+    limit_rng = random.Random(seed * 7919 + 1)  # the sizes stay those of limits="exact"
     n_long = round(spec.long_share * requests)
     long_at = set(rng.sample(range(requests), n_long))
     priorities = interleave(parse_mix(mix), requests)
@@ -136,7 +151,11 @@ def plan_mixed(
         prompt = rng.randint(lo, hi)
         max_tokens = min(out.draw(rng), spec.fit(prompt))
         at_s = i * spacing_ms / 1000.0
-        plan.append(Planned(i, at_s, priorities[i], prompt, max_tokens, names[i], kind))
+        planned = Planned(i, at_s, priorities[i], prompt, max_tokens, names[i], kind)
+        if limits == "client":
+            sent = CLIENT_LIMIT if limit_rng.random() < 0.5 else None
+            planned = replace(planned, client_like=True, sent_limit=sent)
+        plan.append(planned)
     return plan
 
 
