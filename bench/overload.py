@@ -380,6 +380,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="mixed: exact (max_tokens = the drawn length) or client (1024 or none, half each)",
     )
     ap.add_argument("--long-share", type=float, default=MixedSpec().long_share, help="mixed")
+    ap.add_argument("--quantile", type=float, default=None, help="with --admission forecast")
+    ap.add_argument("--margin", type=float, default=None, help="with --admission forecast")
     ap.add_argument(
         "--history",
         type=int,
@@ -476,6 +478,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "policy": str(args.policy),
         "admission": args.admission,
         "history": args.history,
+        "forecast": {"quantile": args.quantile, "margin": args.margin},
         "modes": [a.name for a in arms],
         "rounds": args.rounds,
         "ice_workers": args.ice_workers,
@@ -511,6 +514,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 workdir / "policy-admission.yaml",
                 args.admission,
                 read_floors=args.limits != "client",
+                forecast={
+                    k: v
+                    for k, v in (("quantile", args.quantile), ("margin", args.margin))
+                    if v is not None
+                },
             )
         try:
             done = sweep(

@@ -129,7 +129,8 @@ def test_the_peak_with_a_new_request_is_the_peak_of_all(
 
 
 def test_a_trajectory_grows_at_the_decode_rate() -> None:
-    look = Outlook(rate=10.0, lengths=LENGTHS, caution=0.0, block_size=16, spec=ForecastSpec())
+    spec = ForecastSpec(quantile=0.9)
+    look = Outlook(rate=10.0, lengths=LENGTHS, caution=0.0, block_size=16, spec=spec)
     t = Trajectory(start_s=100.0, prompt_blocks=4, seqs=2, limit=5000)
     # 25 s at 10 tok/s: g = 250; b = 4 + 2 × ceil(250/16) = 36;
     # total: F(250) = 60 + 40 × 150/900 = 66.67, target 96.67 → 100 + 900 × 36.67/40 = 925
@@ -159,7 +160,9 @@ def backend(usage: float, preemptions: float = 0.0) -> BackendSignals:
 
 
 def test_the_fit_is_the_budget_less_the_forecast_peak() -> None:
-    profile = Profile(name="p", admission="forecast", forecast=ForecastSpec(margin=0.1))
+    profile = Profile(
+        name="p", admission="forecast", forecast=ForecastSpec(quantile=0.9, margin=0.1)
+    )
     book = ForecastBook()
     now = time.monotonic()
     # two running requests of this worker: 3 blocks of prompt, limit 5000 (total 775)
@@ -197,6 +200,15 @@ def test_a_preemption_raises_caution_that_halves_every_recovery() -> None:
     assert book.caution("pool", backend(0.2, preemptions=5), 20.0, 150.0) == 0.25
 
 
+def test_preemptions_while_none_of_ices_requests_run_are_not_its_cue() -> None:
+    book = ForecastBook()
+    assert book.caution("pool", backend(0.2, preemptions=3), 20.0, 100.0) == 0.0
+    # other traffic preempted while this worker had nothing there: a new baseline
+    assert book.caution("pool", backend(0.2, preemptions=9), 20.0, 110.0, busy=False) == 0.0
+    assert book.caution("pool", backend(0.2, preemptions=9), 20.0, 111.0) == 0.0
+    assert book.caution("pool", backend(0.2, preemptions=10), 20.0, 112.0) == 1.0
+
+
 # --- through the pipeline: forecast admits what reserve cannot --------------------------------
 
 BODY = json.dumps({"messages": [{"role": "user", "content": "x" * 200}], "max_tokens": 1000})
@@ -213,7 +225,7 @@ def judge(pipeline: Pipeline) -> tuple[str, Hold | None]:
 def admitted(admission: str, lengths: Histogram | None) -> int:
     policy = parse_policy(
         f"profiles: {{default: {{on_kv_shortfall: shed, admission: {admission}, "
-        "forecast: {margin: 0.0}}}\n"
+        "forecast: {margin: 0.0, quantile: 0.9}}}\n"
     )
     b = BackendSignals(
         url="u",
@@ -268,7 +280,7 @@ def test_the_policy_reads_admission_and_forecast_settings() -> None:
 def test_bad_admission_settings_are_refused_by_name() -> None:
     for text, name in (
         ("admission: guess", "admission"),
-        ("forecast: {quantile: 0.2}", "forecast.quantile"),
+        ("forecast: {quantile: 0.05}", "forecast.quantile"),
         ("forecast: {margin: 0.9}", "forecast.margin"),
         ("default_output_tokens: 0", "default_output_tokens"),
     ):

@@ -751,13 +751,13 @@ class Forecast(_message.Message):
     READ_FLOORS_FIELD_NUMBER: _builtins.int
     quantile: _builtins.float
     """The quantile of the pool's output-length distribution taken as a running request's
-    total output, given what it has generated (the risk knob: higher admits less). 0.5..1,
-    default 0.9.
+    total output, given what it has generated (the risk knob: higher admits less). 0.1..1,
+    default 0.5 (docs/forecast.md: how it was chosen).
     """
     margin: _builtins.float
     """Share of an endpoint's usable blocks the forecast peak leaves free. 0..0.5, default 0.05."""
     recovery_s: _builtins.float
-    """Seconds over which the caution a preemption raises decays by half. Default 20."""
+    """Seconds over which the caution a preemption raises decays by half. Default 10."""
     min_observations: _builtins.int
     """Finished requests the length distribution needs before it is trusted; with fewer, a
     request is held at its output limit (as reserve). Default 20.

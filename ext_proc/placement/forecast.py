@@ -4,11 +4,11 @@ Each request ICE passed to an endpoint is a ``Trajectory``: its prompt blocks at
 (all its sequences, prefix sharing counted: ``KvFit.need(shape, 0)``), its sequences, its
 output limit and floor, and when it was passed. At time t it has generated
 
-    g(t) = min(limit, r × (t − start))        tokens per sequence
+    g(t) = min(limit, floor(r × max(0, t − start − d)))        tokens per sequence
 
-where r is the endpoint's decode rate per running sequence (``vllm:generation_tokens_total``
-per second over the pool's window ÷ ``vllm:num_requests_running``; unknown: 0, so nothing
-is assumed generated and every request keeps its whole predicted output ahead). It holds
+where r is the endpoint's decode rate per running sequence and d the delay to its first
+token (``ForecastBook.outlook``; r unknown: 0, so nothing is assumed generated and every
+request keeps its whole predicted output ahead). It holds
 
     b(t) = prompt_blocks + seqs × ceil(g(t) / block_size)           blocks
 
@@ -73,6 +73,7 @@ class Outlook:
     caution: float
     block_size: int
     spec: ForecastSpec
+    delay_s: float = 0.0  # until the first output token (the window's TTFT p50)
 
     def total(self, generated: int, limit: int, floor: int) -> int:
         return remaining_total(
@@ -90,7 +91,7 @@ class Outlook:
         if t.whole is not None:
             return t.whole, 0
         rate = self.rate or 0.0
-        g = min(t.limit, int(rate * max(0.0, now_s - t.start_s)))
+        g = min(t.limit, int(rate * max(0.0, now_s - t.start_s - self.delay_s)))
         left = max(0, self.total(g, t.limit, t.floor) - g)
         return t.prompt_blocks + t.seqs * -(-g // self.block_size), left
 

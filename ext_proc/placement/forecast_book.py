@@ -2,11 +2,14 @@
 trajectories of the requests it passed, the caution preemptions raise, and the ``KvFit``
 a request is judged against (``ext_proc.placement.forecast`` has the formulas).
 
-- **Decode rate** r of an endpoint: its ``generation_tokens_per_s`` over the pool's window
-  ÷ its ``num_requests_running`` (tokens per second per running sequence); None when the
-  view lacks either or nothing runs.
+- **Decode rate** r of an endpoint: 1 ÷ the mean of its ``vllm:inter_token_latency_seconds``
+  since it started (tokens per second per running sequence: the histogram's sum ÷ count;
+  a rate over the window ÷ the running gauge mixes a window with an instant and swung
+  from 110 to 340 tok/s within a second on the bench); None when the page lacks it. The
+  first token comes d = the window's TTFT p50 after the start (0 unknown).
 - **Caution** c of an endpoint: 1 when its ``vllm:num_preemptions_total`` rose since the
-  last view this worker read, then halving every ``forecast.recovery_s`` seconds:
+  last view this worker read while requests it passed to the pool were running, then
+  halving every ``forecast.recovery_s`` seconds:
   c(t) = c₀ × 2^(−(t − t₀) / recovery_s). Predicted outputs move towards their limits by c
   (``ext_proc.policy.outlen``): after a preemption ICE admits as ``reserve`` would, and
   returns to the forecast as the endpoint stays calm.
@@ -27,6 +30,7 @@ Invariant: a trajectory is added by ``PoolViews.hold`` and removed by ``release`
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Mapping
@@ -41,6 +45,9 @@ from ext_proc.signals.snapshot import BackendSignals
 
 __all__ = ["ForecastBook"]
 
+log = logging.getLogger("ice.forecast")
+REUSE_S = 0.005
+
 
 class ForecastBook:
     """Trajectories by pool and endpoint ("": placed by Envoy), and cautions by backend."""
@@ -49,19 +56,29 @@ class ForecastBook:
         self.items: dict[str, dict[str, dict[int, Trajectory]]] = {}
         # (pool, backend url) → (caution at t0, t0, preemptions counter last read)
         self._caution: dict[tuple[str, str], tuple[float, float, float]] = {}
+        self._version = 0  # changes with every add and remove
+        # (pool, endpoint) → (inputs, time, fit): the judgements of one request (the
+        # estimate's two bounds, the shared ledger's check) within REUSE_S share one fit
+        self._last: dict[tuple[str, str], tuple[tuple[object, ...], float, KvFit]] = {}
 
     def add(self, pool: str, endpoint: str, t: Trajectory) -> None:
         self.items.setdefault(pool, {}).setdefault(endpoint, {})[id(t)] = t
+        self._version += 1
 
     def remove(self, pool: str, endpoint: str, t: Trajectory) -> None:
-        self.items.get(pool, {}).get(endpoint, {}).pop(id(t), None)
+        if self.items.get(pool, {}).get(endpoint, {}).pop(id(t), None) is not None:
+            self._version += 1
 
-    def caution(self, pool: str, b: BackendSignals, recovery_s: float, now_s: float) -> float:
-        """The endpoint's caution now (see the module docstring); reads its counter."""
+    def caution(
+        self, pool: str, b: BackendSignals, recovery_s: float, now_s: float, busy: bool = True
+    ) -> float:
+        """The endpoint's caution now (see the module docstring); reads its counter. A rise
+        while ``busy`` is false (this worker has no request running there: the preemptions
+        are other traffic's, before ICE's requests arrived) is taken as the new baseline."""
         key = (pool, b.url)
         c0, t0, seen = self._caution.get(key, (0.0, now_s, -1.0))
         if b.preemptions is not None:
-            if seen >= 0 and b.preemptions > seen:
+            if seen >= 0 and b.preemptions > seen and busy:
                 c0, t0 = 1.0, now_s
             seen = b.preemptions
         self._caution[key] = (c0, t0, seen)
@@ -69,13 +86,13 @@ class ForecastBook:
 
     def outlook(self, profile: Profile, pool: str, b: BackendSignals, bs: int) -> Outlook:
         now = time.monotonic()
-        rate = None
+        rate = 1.0 / b.itl_mean_s if b.itl_mean_s else None
         d = b.derived
-        if d is not None and d.generation_tokens_per_s and b.num_requests_running:
-            rate = d.generation_tokens_per_s / b.num_requests_running
+        delay = d.ttft_p50_s if d is not None and d.ttft_p50_s is not None else 0.0
         spec = profile.forecast
-        c = self.caution(pool, b, spec.recovery_s, now)
-        return Outlook(rate, b.output_lengths, c, bs, spec)
+        busy = any(self.items.get(pool, {}).values())
+        c = self.caution(pool, b, spec.recovery_s, now, busy)
+        return Outlook(rate, b.output_lengths, c, bs, spec, delay)
 
     def fits(
         self,
@@ -114,6 +131,10 @@ class ForecastBook:
         against (the module docstring); ``base``: the view's fit, ``unseen``: A, ``others``:
         O_e."""
         now = time.monotonic()
+        inputs = (id(profile), id(base), unseen, others, endpoints, self._version)
+        last = self._last.get((pool, endpoint))
+        if last is not None and last[0] == inputs and now - last[1] < REUSE_S:
+            return last[2]
         look = self.outlook(profile, pool, backend, base.block_size)
         mine = self.items.get(pool, {})
         states: list[tuple[int, int, int]] = []
@@ -131,6 +152,25 @@ class ForecastBook:
         free = max(0, budget - peaks.peak)
         free_now = max(0, f - unseen)
         gap = max(0, free - free_now)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "forecast %s/%s: usable %d free %d unseen %d others %d now %d other %d "
+                "budget %d peak %d → free %d (caution %.2f, rate %s, %d running)",
+                pool,
+                endpoint,
+                u,
+                f,
+                unseen,
+                others,
+                peaks.now_blocks,
+                other,
+                budget,
+                peaks.peak,
+                free,
+                look.caution,
+                look.rate,
+                len(states),
+            )
         telemetry.FORECAST_PEAK.labels(pool=pool, endpoint=endpoint).set(peaks.peak)
         telemetry.FORECAST_CAUTION.labels(pool=pool, endpoint=endpoint).set(look.caution)
 
@@ -142,4 +182,6 @@ class ForecastBook:
             added = peaks.with_new(prompt, total, shape.sequences) - peaks.peak
             return max(added, start + gap)
 
-        return replace(base, free_blocks=free, forecast=charge)
+        fit = replace(base, free_blocks=free, forecast=charge)
+        self._last[(pool, endpoint)] = (inputs, now, fit)
+        return fit

@@ -37,7 +37,7 @@ def admission_settings(msg: policy_pb2.Profile, where: str) -> AdmissionSettings
         raise PolicyError(f"{where}.admission: must be reserve or forecast, got {mode!r}")
     d, f = ForecastSpec(), msg.forecast
     spec = ForecastSpec(
-        quantile=_bounded(f, "quantile", d.quantile, 0.5, 1.0, where),
+        quantile=_bounded(f, "quantile", d.quantile, 0.1, 1.0, where),
         margin=_bounded(f, "margin", d.margin, 0.0, 0.5, where),
         recovery_s=_bounded(f, "recovery_s", d.recovery_s, 0.1, 3600.0, where),
         min_observations=int(

@@ -106,9 +106,9 @@ Admission = Literal["reserve", "forecast"]
 class ForecastSpec:
     """The forecast's settings (``ext_proc.placement.forecast``; docs/forecast.md)."""
 
-    quantile: float = 0.9  # of the output-length distribution, given what was generated
+    quantile: float = 0.5  # of the output-length distribution, given what was generated
     margin: float = 0.05  # share of usable blocks the forecast peak leaves free
-    recovery_s: float = 20.0  # half-life of the caution a preemption raises
+    recovery_s: float = 10.0  # half-life of the caution a preemption raises
     min_observations: int = 20  # finished requests before the distribution is trusted
     read_floors: bool = True  # min_tokens / ignore_eos bound the prediction from below
 

@@ -192,6 +192,7 @@ def engine_from_samples(
         ttft_s=series.histogram("ttft_s"),
         queue_time_s=series.histogram("queue_time_s"),
         output_lengths=series.histogram("output_lengths"),
+        itl_s=series.histogram("itl_s"),
         cache_hit_rate=series.mean("cache_hit_rate", None),
     )
 

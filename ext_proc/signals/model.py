@@ -71,6 +71,7 @@ class EngineScrape:
     ttft_s: Histogram | None = None
     queue_time_s: Histogram | None = None
     output_lengths: Histogram | None = None  # output tokens of each finished request
+    itl_s: Histogram | None = None  # seconds between two output tokens of a request
     # ratios some engines publish directly (SGLang's cache_hit_rate)
     cache_hit_rate: float | None = None
 

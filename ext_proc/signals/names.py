@@ -65,6 +65,7 @@ HOW: Final[dict[str, How]] = {
     "ttft_s": "histogram",
     "queue_time_s": "histogram",
     "output_lengths": "histogram",
+    "itl_s": "histogram",
     "cache_hit_rate": "mean",
 }
 
@@ -97,6 +98,8 @@ ENGINE_NAMES: Final[dict[str, dict[str, tuple[str, ...]]]] = {
         "queue_time_s": ("vllm:request_queue_time_seconds",),
         # output tokens of each finished request (the forecast's length distribution)
         "output_lengths": ("vllm:request_generation_tokens",),
+        # seconds between two output tokens of a running request (the forecast's decode rate)
+        "itl_s": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
     },
     # SGLang (python/sglang/srt/metrics/collector.py). Its token counters are counted when a
     # request finishes, not when its prefill runs: prefix-cache "queries" are all prompt

@@ -82,6 +82,11 @@ def backend_signals(
         prefix_caching=scrape.prefix_caching,
         sleep_state=scrape.sleep_state,
         output_lengths=scrape.output_lengths,
+        itl_mean_s=(
+            scrape.itl_s.sum / scrape.itl_s.count
+            if scrape.itl_s is not None and scrape.itl_s.count > 0 and scrape.itl_s.sum > 0
+            else None
+        ),
         preemptions=scrape.preemptions,
         age_s=age_s,
     )

@@ -39,6 +39,9 @@ class BackendSignals:
     # preemptions (the forecast: ext_proc.placement.forecast)
     output_lengths: Histogram | None = None
     preemptions: float | None = None
+    # mean seconds between two output tokens of a running request, since the server started
+    # (vllm:inter_token_latency_seconds' sum ÷ count): the forecast's decode rate is 1 / it
+    itl_mean_s: float | None = None
     age_s: float = 0.0  # age of the scrape these values come from, when the view was built
     stale: bool = False  # the values are older than the pool's stale_after_s
 

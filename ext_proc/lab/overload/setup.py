@@ -109,7 +109,13 @@ def render_policy(template: Path, out: Path, vllm_port: int, model_dir: Path) ->
     return out
 
 
-def admission_policy(template: Path, out: Path, admission: str, read_floors: bool = True) -> Path:
+def admission_policy(
+    template: Path,
+    out: Path,
+    admission: str,
+    read_floors: bool = True,
+    forecast: Mapping[str, float] | None = None,
+) -> Path:
     """``template`` with ``admission`` (reserve or forecast) in every profile and, for the
     forecast, ``read_floors`` (off for client-like limits: their ``min_tokens`` is the
     bench's way to make vLLM generate the drawn length, not something a client says);
@@ -118,7 +124,11 @@ def admission_policy(template: Path, out: Path, admission: str, read_floors: boo
     for profile in (policy.get("profiles") or {}).values():
         profile["admission"] = admission
         if admission == "forecast":
-            profile["forecast"] = {**(profile.get("forecast") or {}), "read_floors": read_floors}
+            profile["forecast"] = {
+                **(profile.get("forecast") or {}),
+                **(forecast or {}),
+                "read_floors": read_floors,
+            }
     out.write_text(yaml.safe_dump(policy, sort_keys=False))
     return out
 
