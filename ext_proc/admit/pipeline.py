@@ -193,7 +193,7 @@ class Pipeline:
         bytes, judged without its body: pass, or a 429 in the API's format; ``x-ice-judged:
         headers``. ``facts.adapter`` must be set."""
         adapter = facts.adapter or OPENAI_CHAT_FALLBACK
-        features = coarse_features(adapter, nbytes, route.profile.max_model_len)
+        features = coarse_features(adapter, nbytes, route.profile)
         decision, placement = self.judge(route, facts, features, COARSE_LADDER)
         if route.profile.mode == "shadow":
             would = (decision.decision, decision.reason)
@@ -313,7 +313,8 @@ class Pipeline:
     ) -> tuple[RequestFeatures, tuple[Decision, Placement]] | None:
         """``exact_count: needed``: the verdict at the estimate's upper bound when both
         bounds give the same one (``ext_proc.admit.counting``); None: count exactly."""
-        lo, hi = bounds(features, len(body.raw))
+        counter = self.counters.counter_for(features.model)  # one: the caller's `counted`
+        lo, hi = bounds(features, len(body.raw), counter.bounds.factors)
         low, _ = self.judge(route, facts, lo, LADDER, body.prefix)
         high = self.judge(route, facts, hi, LADDER, body.prefix)
         return (hi, high) if same_verdict(low, high[0]) else None
@@ -335,9 +336,13 @@ class Pipeline:
             pressure = views.pressure(route.profile, snapshot)
             return asleep_answer(route.profile, pressure), Placement()
         mode = self._pick.get(route.pool, "none")
+        # no live view: the last one's blocks, less what ICE itself holds (PoolViews.ledger_view)
+        seen = views.judged_view(route.profile, route.pool, snapshot)
         kv, placement = self.placer.place(
-            mode, route.profile, snapshot, features, facts.endpoint, prefix, facts.subset
+            mode, route.profile, seen, features, facts.endpoint, prefix, facts.subset
         )
+        if seen is not snapshot and kv is not None:
+            placement = replace(placement, ledger_only=True)
         decision = evaluate(
             features,
             views.pressure(route.profile, snapshot),
@@ -419,4 +424,5 @@ class Pipeline:
         shape = Shape.of(f, route.profile)
         placed = verdict.placement
         endpoint = placed.endpoint if placed is not None and placed.endpoint else ""
-        return self.views.hold(route.profile, self.lookup(route.pool), shape, output, endpoint)
+        seen = self.views.judged_view(route.profile, route.pool, self.lookup(route.pool))
+        return self.views.hold(route.profile, seen, shape, output, endpoint)

@@ -32,7 +32,7 @@ made from; the affinity table forgets endpoints that leave the pool.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ext_proc.placement.endpoints import DESTINATION_HEADER, Affinity, Candidate, pick
 from ext_proc.placement.poolview import PoolViews
@@ -48,6 +48,9 @@ from ext_proc.signals.snapshot import PoolSnapshot
 __all__ = ["ASLEEP", "H_ENDPOINT", "Placement", "Placer", "asleep_answer"]
 
 H_ENDPOINT = "x-ice-endpoint"
+# "ledger": the request was judged with no live view of the pool (it expired), against the
+# last view's blocks less what ICE itself holds (PoolViews.ledger_view)
+H_VIEW = "x-ice-view"
 ASLEEP = "backend_asleep"  # the reason of the 503 when every endpoint sleeps
 
 
@@ -75,10 +78,14 @@ class Placement:
     picked: bool = False  # ICE chose the endpoint: Envoy must be told
     unknown: bool = False  # header mode: the named endpoint is not one of the pool's
     prefix: str | None = None  # the request's prefix key (affinity)
+    # judged without a live view: the last view's blocks less ICE's own holds (x-ice-view)
+    ledger_only: bool = False
 
     def headers(self) -> list[tuple[str, str]]:
         """Headers that name the placement (on the backend request and the client reply);
         with ``picked``, also the endpoint-picker protocol's header."""
+        if self.ledger_only:
+            return [(H_VIEW, "ledger"), *replace(self, ledger_only=False).headers()]
         if self.unknown:
             return [(H_ENDPOINT, "unknown")]
         if self.endpoint is None:

@@ -57,17 +57,18 @@ nothing here does I/O.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ext_proc.kv.geometry import KVGeometry, build_geometry
+from ext_proc.kv.geometry import KVGeometry
 from ext_proc.placement.endpoints import endpoint_of
 from ext_proc.placement.forecast import Trajectory
 from ext_proc.placement.forecast_book import ForecastBook
 from ext_proc.placement.inflight import Endpoint, Entries, Hold, add_into, scaled
 from ext_proc.placement.ledger_shm import LedgerHandle, endpoint_key
 from ext_proc.policy.evaluate import KvFit, Shape
+from ext_proc.policy.kvfit import blocks_fn
 from ext_proc.policy.model import PressureModel, Profile
 from ext_proc.policy.pressure import Pressure, pressure_of
 from ext_proc.policy.scores import DrainInputs, drain_inputs, pool_cache_efficiency
@@ -116,6 +117,8 @@ class PoolViews:
         # requests sent upstream
         self._inflight: dict[str, dict[str, Entries]] = {}
         self.book = ForecastBook()  # admission: forecast (ext_proc.placement.forecast_book)
+        self._last_fresh: dict[str, PoolSnapshot] = {}  # pool → the last view judged with
+        self._made: dict[str, PoolSnapshot] = {}  # pool → ledger_view's last
 
     def pressure(self, profile: Profile, snapshot: PoolSnapshot | None) -> Pressure | None:
         """The pool's pressure under the profile's model."""
@@ -164,7 +167,7 @@ class PoolViews:
         bs = snapshot.block_size
         if bs is not None:
             reuse = self.efficiency(snapshot) or 0.0
-            blocks = self._blocks_fn(profile, bs)
+            blocks = blocks_fn(profile, bs, self._geometries)
 
             def first(i: int, o: int) -> int:
                 return blocks(i, o, int(i * reuse))
@@ -188,7 +191,34 @@ class PoolViews:
                 views.append(Endpoint(address, fit, b.num_requests_waiting, b.stale, b.asleep))
         result = tuple(views)
         self._kv[key] = (snapshot, result)
+        if result and snapshot is not self._made.get(snapshot.pool):  # not ledger_view's
+            self._last_fresh[snapshot.pool] = snapshot
         return result
+
+    def judged_view(
+        self, profile: Profile, pool: str, snapshot: PoolSnapshot | None
+    ) -> PoolSnapshot | None:
+        """The view a request is judged against: ``snapshot`` when it shows KV blocks, else
+        (expired, or its pages say nothing) ``ledger_view`` when there is one."""
+        if snapshot is not None and self.endpoints(profile, snapshot):
+            return snapshot
+        return self.ledger_view(pool) or snapshot
+
+    def ledger_view(self, pool: str) -> PoolSnapshot | None:
+        """With no live view of ``pool`` (it expired): the last view judged with, every
+        backend's blocks free and taken now, so that what bounds admission is ICE's own
+        ledger: reserve's room U − L, the forecast's peak of its own trajectories (the
+        work around ICE the last view showed is not assumed); None before any view."""
+        last = self._last_fresh.get(pool)
+        if last is None:
+            return None
+        backends = tuple(
+            replace(b, kv_cache_usage=0.0, num_requests_waiting=None, stale=True)
+            for b in last.backends
+        )
+        made = replace(last, backends=backends, taken_at_s=time.monotonic(), stale=True)
+        self._made[pool] = made
+        return made
 
     def addresses(self, snapshot: PoolSnapshot) -> list[str]:
         """The serving address of every backend in ``snapshot``."""
@@ -415,26 +445,3 @@ class PoolViews:
         if self.shared is not None:
             self.shared.publish_live(key, total, at)
         return Hold(name, endpoint, blocks, at, trajectory=trajectory)
-
-    def _blocks_fn(self, profile: Profile, block_size: int) -> Callable[[int, int, int], int]:
-        """Blocks a request of (input, output) tokens needs with ``cached`` prompt tokens
-        already in the prefix cache (see the module docstring)."""
-        spec = profile.kv_model
-        if spec is None:
-
-            def full_attention(i: int, o: int, cached: int) -> int:
-                hit = min(cached, i - 1) if i > 1 else 0
-                return -(-(i + o) // block_size) - hit // block_size
-
-            return full_attention
-        key = (profile.name, block_size)
-        geometry = self._geometries.get(key)
-        if geometry is None:
-            geometry = self._geometries[key] = build_geometry(
-                spec.shape,
-                tp=spec.tp,
-                kv_dtype=spec.kv_dtype,
-                block_size=block_size,
-                max_num_batched_tokens=spec.max_num_batched_tokens,
-            )
-        return geometry.request_blocks

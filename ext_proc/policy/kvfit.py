@@ -21,10 +21,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ext_proc.kv.geometry import KVGeometry, build_geometry
 from ext_proc.policy.model import Profile
 from ext_proc.schemas.base import RequestFeatures
 
-__all__ = ["KvFit", "Shape"]
+__all__ = ["KvFit", "Shape", "blocks_fn"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,3 +116,31 @@ class KvFit:
             else:
                 hi = mid - 1
         return lo
+
+
+def blocks_fn(
+    profile: Profile, block_size: int, geometries: dict[tuple[str, int], KVGeometry]
+) -> Callable[[int, int, int], int]:
+    """Blocks a request of (input, output) tokens needs with ``cached`` prompt tokens already
+    in the prefix cache: ceil((i + o) / block_size) less the cache hit's whole blocks (at most
+    i − 1 tokens) on a full-attention model, else the profile's ``kv_model`` geometry
+    (``ext_proc.kv``; built once per (profile, block size) into ``geometries``)."""
+    spec = profile.kv_model
+    if spec is None:
+
+        def full_attention(i: int, o: int, cached: int) -> int:
+            hit = min(cached, i - 1) if i > 1 else 0
+            return -(-(i + o) // block_size) - hit // block_size
+
+        return full_attention
+    key = (profile.name, block_size)
+    geometry = geometries.get(key)
+    if geometry is None:
+        geometry = geometries[key] = build_geometry(
+            spec.shape,
+            tp=spec.tp,
+            kv_dtype=spec.kv_dtype,
+            block_size=block_size,
+            max_num_batched_tokens=spec.max_num_batched_tokens,
+        )
+    return geometry.request_blocks
