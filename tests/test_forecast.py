@@ -24,6 +24,8 @@ from ext_proc.policy.model import ForecastSpec, Profile
 from ext_proc.policy.outlen import cdf_at, remaining_total
 from ext_proc.schemas import OPENAI_CHAT
 from ext_proc.signals.model import Derived, Histogram
+from ext_proc.signals.parse import parse_engine
+from ext_proc.signals.poolbuild import backend_signals
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
 
 INF = math.inf
@@ -286,3 +288,39 @@ def test_bad_admission_settings_are_refused_by_name() -> None:
     ):
         with pytest.raises(PolicyError, match=name):
             parse_policy(f"profiles: {{default: {{{text}}}}}\n")
+
+
+# --- the forecast's inputs from a vLLM page ---------------------------------------------------
+
+PAGE = """\
+# HELP vllm:request_generation_tokens Number of generation tokens processed.
+# TYPE vllm:request_generation_tokens histogram
+vllm:request_generation_tokens_bucket{le="10.0",model_name="m"} 20.0
+vllm:request_generation_tokens_bucket{le="100.0",model_name="m"} 60.0
+vllm:request_generation_tokens_bucket{le="1000.0",model_name="m"} 100.0
+vllm:request_generation_tokens_bucket{le="+Inf",model_name="m"} 100.0
+vllm:request_generation_tokens_count{model_name="m"} 100.0
+vllm:request_generation_tokens_sum{model_name="m"} 9000.0
+# HELP vllm:inter_token_latency_seconds Histogram of inter-token latency in seconds.
+# TYPE vllm:inter_token_latency_seconds histogram
+vllm:inter_token_latency_seconds_bucket{le="0.01",model_name="m"} 300.0
+vllm:inter_token_latency_seconds_bucket{le="+Inf",model_name="m"} 400.0
+vllm:inter_token_latency_seconds_count{model_name="m"} 400.0
+vllm:inter_token_latency_seconds_sum{model_name="m"} 8.0
+# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.
+# TYPE vllm:num_preemptions_total counter
+vllm:num_preemptions_total{model_name="m"} 3.0
+"""
+
+
+@pytest.mark.parametrize("reference", [False, True])
+def test_the_forecast_reads_lengths_decode_rate_and_preemptions_from_vllms_page(
+    reference: bool,
+) -> None:
+    scrape = parse_engine("vllm", "u", PAGE, 1.0, reference=reference)
+    b = backend_signals(scrape, None)
+    assert b.output_lengths is not None and b.output_lengths.counts == (20, 60, 100, 100)
+    assert b.itl_mean_s == 8.0 / 400  # 20 ms: 50 tokens/s per sequence
+    assert b.preemptions == 3.0
+    look = ForecastBook().outlook(Profile(name="p"), "pool", b, 16)
+    assert look.rate == pytest.approx(50.0)

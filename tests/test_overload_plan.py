@@ -26,6 +26,7 @@ from ext_proc.lab.overload import (
     plan_burst,
     queue_policy,
 )
+from ext_proc.lab.overload import policies as policies_mod
 from ext_proc.lab.overload import setup as setup_mod
 
 REPO = Path(__file__).resolve().parent.parent
@@ -110,7 +111,7 @@ def test_a_queue_policy_that_does_not_load_fails_before_anything_starts(tmp_path
     # 0 ms is out of range once ICE knows `queue`; an unknown key before: either way refused
     bad = queue_policy(_minimal_template(tmp_path), tmp_path / "bad.yaml", 0, 7, "x-tenant")
     with pytest.raises(QueuePolicyError, match="queue mode"):
-        setup_mod._check_queue_policy(bad)
+        policies_mod.check_queue_policy(bad)
 
 
 @pytest.mark.skipif(
@@ -121,7 +122,7 @@ def test_the_queue_policy_loads_with_the_queue_on(tmp_path: Path) -> None:
     from ext_proc.policy.load import load_policy
 
     path = queue_policy(_minimal_template(tmp_path), tmp_path / "q.yaml", 30000, 64, "x-tenant")
-    setup_mod._check_queue_policy(path)
+    policies_mod.check_queue_policy(path)
     spec = load_policy(path).profiles["tiny"].queue
     assert spec is not None
     assert (spec.max_queue_wait_ms, spec.max_queue_length, spec.tenant_header) == (

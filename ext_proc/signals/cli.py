@@ -103,11 +103,11 @@ def _bytes(value: float | None) -> str:
     return "-" if value is None else f"{value / 2**30:.2f} GiB"
 
 
-def _hist(h: Histogram | None) -> str:
+def _hist(h: Histogram | None, unit: str = "s") -> str:
     if h is None:
         return "-"
     p50, p95 = histogram_quantile(0.5, h), histogram_quantile(0.95, h)
-    return f"{_num(h.count)} observations, p50 {_num(p50, 's')}, p95 {_num(p95, 's')}"
+    return f"{_num(h.count)} observations, p50 {_num(p50, unit)}, p95 {_num(p95, unit)}"
 
 
 def _sleep(state: str | None) -> str:
@@ -143,6 +143,9 @@ def _engine_table(s: EngineScrape) -> list[tuple[str, str]]:
         ("admission_rejections (total)", _num(s.admission_rejections)),
         ("ttft_s (since start)", _hist(s.ttft_s)),
         ("queue_time_s (since start)", _hist(s.queue_time_s)),
+        # the forecast's inputs (docs/forecast.md): output lengths and the decode rate
+        ("output_lengths (since start)", _hist(s.output_lengths, "tokens")),
+        ("itl_s (since start)", _hist(s.itl_s)),
     ]
 
 

@@ -90,6 +90,25 @@ async def sample_metrics(
             await asyncio.wait_for(stop.wait(), every_s)
 
 
+async def sample_peak(
+    session: aiohttp.ClientSession,
+    url: str,
+    every_s: float,
+    stop: asyncio.Event,
+    out: list[float],
+) -> None:
+    """ICE's ``ice_forecast_peak_blocks`` (its largest endpoint) every ``every_s`` into
+    ``out`` (admission: forecast; nothing when the gauge is absent)."""
+    while not stop.is_set():
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+            page = await fetch(session, url)
+            values = vl.metric_values(page, "ice_forecast_peak_blocks")
+            if values:
+                out.append(max(values))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), every_s)
+
+
 ADMISSION_REJECTIONS = "vllm:admission_rejections_total"
 
 

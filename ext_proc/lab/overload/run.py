@@ -52,6 +52,7 @@ from ext_proc.lab.overload.metrics import (
     metric_sum,
     rejection_delta,
     sample_metrics,
+    sample_peak,
 )
 from ext_proc.lab.overload.shots import (
     Shot,
@@ -157,6 +158,8 @@ class RunResult:
     valve: str = ""  # the vLLM's admission valve (arms.Valve.name: "reqs=4"); "": none
     # vllm:admission_rejections_total over the run, by vLLM's reason label
     admission_rejections: dict[str, int] = field(default_factory=dict)
+    # admission: forecast: the largest ice_forecast_peak_blocks sampled (None: not sampled)
+    forecast_peak_max: float | None = None
 
     @property
     def arm(self) -> str:
@@ -237,6 +240,7 @@ class RunResult:
             "waiting_max": self.waiting_max,
             "running_max": self.running_max,
             "kv_usage_max": round(self.kv_usage_max, 3),
+            "forecast_peak_max": self.forecast_peak_max,
             "vllm_requests": self.vllm_requests,
             "unjudged": self.ext_proc.get("failure_mode_allowed", 0),
             "ice_body_p50_s": bucket_quantile(self.ice_body_buckets, 0.5),
@@ -281,6 +285,12 @@ async def run_burst(
         sampler = asyncio.create_task(
             sample_metrics(probe, metrics_url, t0, sample_s, stop, base, samples)
         )
+        peaks: list[float] = []
+        watchers = [sampler]
+        if ice_metrics_url:
+            watchers.append(
+                asyncio.create_task(sample_peak(probe, ice_metrics_url, sample_s, stop, peaks))
+            )
         bodies = [request_body(p, model, seed + p.index) for p in burst]
         try:
             shots = await asyncio.gather(
@@ -292,7 +302,7 @@ async def run_burst(
             wall = time.monotonic() - t0
         finally:  # also on Ctrl-C: the sampler ends before its session closes
             stop.set()
-            await asyncio.gather(sampler, return_exceptions=True)
+            await asyncio.gather(*watchers, return_exceptions=True)
         after = await fetch(probe, metrics_url)
         ice1 = ice_body_buckets(await fetch(probe, ice_metrics_url)) if ice_metrics_url else {}
     stats1 = ext_proc_stats(admin_port)
@@ -313,6 +323,7 @@ async def run_burst(
         waiting_max=max((s.waiting for s in samples), default=0),
         running_max=max((s.running for s in samples), default=0),
         kv_usage_max=max((s.kv_usage for s in samples), default=0.0),
+        forecast_peak_max=max(peaks, default=None),
         ext_proc={k: stats1.get(k, 0) - stats0.get(k, 0) for k in stats1},
         shots=list(shots),
         samples=samples,

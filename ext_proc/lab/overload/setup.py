@@ -41,9 +41,6 @@ import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import yaml
 
 from ext_proc.lab import vllm_local as vl
 from ext_proc.lab.overload.arms import Valve, valve_in_args
@@ -59,6 +56,16 @@ from ext_proc.lab.overload.burst import (
     Planned,
 )
 from ext_proc.lab.overload.metrics import wait_idle
+from ext_proc.lab.overload.policies import (
+    MAX_TENANTS,
+    QUEUE_LENGTH,
+    QUEUE_WAIT_MS,
+    QueuePolicyError,
+    admission_policy,
+    check_queue_policy,
+    queue_policy,
+    render_policy,
+)
 from ext_proc.lab.overload.results import one_line
 from ext_proc.lab.overload.run import RunResult, run_burst
 from ext_proc.lab.stack import (
@@ -83,95 +90,8 @@ __all__ = [
     "warm_up",
 ]
 
-# The queue mode's defaults (the bench's --queue-wait-ms / --queue-length): long enough that a
-# burst of the tiny model drains through the queue rather than time out (ICE's own default
-# wait is 3000 ms).
-QUEUE_WAIT_MS = 30_000
-QUEUE_LENGTH = 64
-MAX_TENANTS = 16
 # Each mode's share of a run's prompt seed (fresh text per mode, round and control).
 _SEED = {"direct": 0, "ice": 50_000, "queue": 25_000}
-
-
-class QueuePolicyError(RuntimeError):
-    """The queue mode's policy does not load (an ICE without the profile key ``queue``?)."""
-
-
-def render_policy(template: Path, out: Path, vllm_port: int, model_dir: Path) -> Path:
-    """``template`` with its pools scraping ``vllm_port`` and its tokenizers at ``model_dir``."""
-    policy: dict[str, Any] = yaml.safe_load(template.read_text())
-    for pool in policy.get("pools", {}).values():
-        pool["metrics_urls"] = [f"http://127.0.0.1:{vllm_port}/metrics"]
-    for spec in (policy.get("tokenizers") or {}).values():
-        if "model_dir" in spec:
-            spec["model_dir"] = str(model_dir)
-    out.write_text(yaml.safe_dump(policy, sort_keys=False))
-    return out
-
-
-def admission_policy(
-    template: Path,
-    out: Path,
-    admission: str,
-    read_floors: bool = True,
-    forecast: Mapping[str, float] | None = None,
-) -> Path:
-    """``template`` with ``admission`` (reserve or forecast) in every profile and, for the
-    forecast, ``read_floors`` (off for client-like limits: their ``min_tokens`` is the
-    bench's way to make vLLM generate the drawn length, not something a client says);
-    written to ``out``. The tokenizers' relative paths are ``render_policy``'s to fix."""
-    policy: dict[str, Any] = yaml.safe_load(template.read_text())
-    for profile in (policy.get("profiles") or {}).values():
-        profile["admission"] = admission
-        if admission == "forecast":
-            profile["forecast"] = {
-                **(profile.get("forecast") or {}),
-                **(forecast or {}),
-                "read_floors": read_floors,
-            }
-    out.write_text(yaml.safe_dump(policy, sort_keys=False))
-    return out
-
-
-def queue_policy(
-    template: Path,
-    out: Path,
-    wait_ms: int = QUEUE_WAIT_MS,
-    length: int = QUEUE_LENGTH,
-    tenant_header: str = TENANT_HEADER,
-    *,
-    max_tenants: int = MAX_TENANTS,
-) -> Path:
-    """``template`` with ``queue:`` (on; ``wait_ms``, ``length``, ``tenant_header``,
-    ``max_tenants``) in every profile, replacing any it had; written to ``out``. Relative
-    paths stay relative to the policy's folder: give it a rendered policy (absolute paths) or
-    an ``out`` beside ``template``."""
-    policy: dict[str, Any] = yaml.safe_load(template.read_text())
-    for profile in (policy.get("profiles") or {}).values():
-        profile["queue"] = {
-            "enabled": True,
-            "max_queue_wait_ms": wait_ms,
-            "max_queue_length": length,
-            "tenant_header": tenant_header,
-            "max_tenants": max_tenants,
-        }
-    out.write_text(yaml.safe_dump(policy, sort_keys=False))
-    return out
-
-
-def _check_queue_policy(path: Path) -> None:
-    from ext_proc.policy.errors import PolicyError
-    from ext_proc.policy.load import load_policy
-
-    try:
-        policy = load_policy(path)
-    except PolicyError as e:
-        raise QueuePolicyError(
-            f"queue mode: ICE cannot load {path} (does this ICE know the profile key `queue`?): {e}"
-        ) from e
-    off = [n for n, p in policy.profiles.items() if getattr(p, "queue", None) is None]
-    if off:
-        raise QueuePolicyError(f"queue mode: {path} loads with the queue off in {off}")
 
 
 def _free_runs(counts: Sequence[int]) -> list[int]:
@@ -291,7 +211,7 @@ def overload_setup(
         queued = queue_policy(
             rendered, workdir / "policy-queue.yaml", queue_wait_ms, queue_length, tenant_header
         )
-        _check_queue_policy(queued)
+        check_queue_policy(queued)
     with (
         vl.start_server(cfg, log_path=workdir / "vllm.log") as server,
         Stack(workdir) as stack,
