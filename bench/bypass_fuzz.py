@@ -66,7 +66,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ext_proc.admit.outcome import Continue
-from ext_proc.admit.pipeline import BodyVerdict, Pipeline
+from ext_proc.admit.pipeline import BodyVerdict, Pipeline, RequestFacts
 from ext_proc.admit.routing import Route
 from ext_proc.policy.decision import Downgrade, Pass, Reject, Truncated
 from ext_proc.policy.load import parse_policy
@@ -1043,7 +1043,7 @@ class Bypass:
     """A body that goes on asking for more than ICE allowed."""
 
     # sequences | output_limit | media_parts | unjudged | reject_goes_on | invalid_rewrite |
-    # rewrite_changed
+    # rewrite_changed | coarse_passes_a_shed | coarse_passes_a_cut
     kind: str
     endpoint: str
     how: str
@@ -1184,9 +1184,7 @@ class Judge:
             k -= w
         return self.weights[-1][0]
 
-    def judge(self, scenario: str, case: Case) -> BodyVerdict | None:
-        """ICE's verdict on ``case`` (an answer to the headers is a verdict without
-        features)."""
+    def _read_headers(self, scenario: str, case: Case) -> tuple[Pipeline, Route, RequestFacts]:
         pipeline = self.pipelines[scenario]
         path, route_name = ENDPOINTS[case.endpoint]
         key = (scenario, route_name)
@@ -1203,10 +1201,43 @@ class Judge:
         ]
         if case.priority:
             headers.append(("x-priority", case.priority.encode()))
-        facts = pipeline.on_headers(route, headers, end_of_stream=False)
+        return pipeline, route, pipeline.on_headers(route, headers, end_of_stream=False)
+
+    def judge(self, scenario: str, case: Case) -> BodyVerdict | None:
+        """ICE's verdict on ``case`` (an answer to the headers is a verdict without
+        features)."""
+        pipeline, route, facts = self._read_headers(scenario, case)
         if facts.answer is not None:
             return BodyVerdict(None, None, facts.answer, bad="headers")
-        return pipeline.on_body(route, facts, body)
+        return pipeline.on_body(route, facts, case.text.encode("utf-8"))
+
+    def coarse(self, scenario: str, case: Case) -> BodyVerdict | None:
+        """ICE's verdict on ``case`` judged from its size, as a busy worker judges it
+        (``Pipeline.on_size``: its ``content-length``, or a chunked body's size)."""
+        pipeline, route, facts = self._read_headers(scenario, case)
+        if facts.answer is not None:
+            return None
+        return pipeline.on_size(route, facts, len(case.text.encode("utf-8")))
+
+
+def check_coarse(endpoint: str, full: BodyVerdict | None, coarse: BodyVerdict) -> list[Bypass]:
+    """A coarse pass where the full verdict would not send the body on untouched: it sheds
+    it (429), or cuts its output for memory (a downgrade for the level's cap or the free
+    blocks; ``context_budget``, the backend's own context limit, is not a memory cut). The
+    full verdict's 400s are out of the coarse verdict's reach (``ext_proc.admit.headeronly``)."""
+    if not isinstance(coarse.outcome, Continue) or full is None or full.features is None:
+        return []
+    d = full.decision
+    if isinstance(d, Truncated):
+        d = d.then
+    if isinstance(d, Reject) and d.status == 429:
+        kind = "coarse_passes_a_shed"
+    elif isinstance(d, Downgrade) and d.reason != "context_budget":
+        kind = "coarse_passes_a_cut"
+    else:
+        return []
+    what = _describe(full)
+    return [Bypass(kind, endpoint, "", what, _describe(coarse), what, "", "")]
 
 
 @dataclass(slots=True)
@@ -1220,6 +1251,7 @@ class Report:
     # the tags of the bodies ICE let go on (the ones the checker read)
     forwarded_tags: dict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
     scenarios: Counter[str] = field(default_factory=Counter)
+    coarse: Counter[str] = field(default_factory=Counter)  # the same bodies judged by size
     bypasses: list[Bypass] = field(default_factory=list)
     bypass_bodies: int = 0
     elapsed_s: float = 0.0
@@ -1258,6 +1290,11 @@ def run(bodies: int, seed: int, fx: Fixtures | None = None) -> Report:
         if verdict is not None and isinstance(verdict.outcome, Continue):
             report.forwarded_tags[case.endpoint].update(case.tags)
         found = check(case.endpoint, case.text.encode("utf-8"), verdict)
+        if verdict is not None and verdict.features is not None:  # judged: and from its size?
+            coarse = judge.coarse(scenario, case)
+            if coarse is not None:
+                report.coarse[_outcome_name(coarse)] += 1
+                found += check_coarse(case.endpoint, verdict, coarse)
         if found:
             report.bypass_bodies += 1
             report.bypasses.extend(found)
@@ -1276,6 +1313,8 @@ def _print(report: Report, show: int) -> None:
         print(row + "".join(f"{o[c]:>12}" for c in cols))
     print(f"{'total':<16}{report.bodies:>8}" + "".join(f"{totals[c]:>12}" for c in cols))
     print("scenarios: " + ", ".join(f"{k}={v}" for k, v in sorted(report.scenarios.items())))
+    coarse = ", ".join(f"{k}={v}" for k, v in sorted(report.coarse.items()))
+    print(f"judged from their size too (the coarse verdict): {coarse}")
     hard = ("dup_limit", "dup_n", "dup_nested", "null_limit", "n>1", "media", "prompt_list")
     print("hard cases per endpoint, generated (went on):")
     print(f"  {'':<16}" + "".join(f"{h:>13}" for h in hard))

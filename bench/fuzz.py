@@ -7,7 +7,11 @@ wrong types, huge numbers (1e30, 10^30), NaN / Infinity literals, nesting 20,000
 BOM, invalid UTF-8, cut-off JSON, repeated keys, six content types, bodies over the 8 MiB
 limit (declared and sent), chunked bodies, odd paths and methods, and odd types and sizes
 (long texts and lists, deep nesting, a 4,301-digit integer) at every field ICE reads on every
-judged endpoint (``odd_field``) — and send each through the
+judged endpoint (``odd_field``), images and audio whose headers take many steps to walk
+(``media_walk``: PNGs padded with empty chunks, JPEGs with empty segments, GIFs with
+one-byte sub-blocks, WebPs with empty chunks, WAVs whose data size says 0), over 20,000
+``[`` inside a string with ``n: 16, max_tokens: 1e6`` (``brackets_string``) and chunked
+bodies asking as much (``chunked_big_ask``) — and send each through the
 stack (one ICE worker, ``envoy/envoy.yaml``, the dev backend). Every request carries
 ``x-fuzz-id``; the dev backend records what reached it. Reported by outcome: passed
 (the backend's 200 with the body byte for byte as sent), mutated (ICE rewrote it: the body
@@ -15,8 +19,9 @@ the backend got is JSON and differs from the sent one only in the output-limit f
 4xx by status and ``x-ice-reason`` (Envoy's own: ``envoy``), 5xx by who sent it, requests
 over 5 s, ICE's crashes (its process gone or restarted) and ICE's own faults while judging
 (``ice_judge_errors_total``: a fault fails open on the fuzz policy, so it is read from
-ICE's metrics). Targets: 0 crashes, 0 hangs, 0 altered passed bodies, 0 5xx from ICE, 0
-judge faults.
+ICE's metrics) and unjudged requests (a POST to a judged path answered 2xx without
+``x-ice-decision``: Envoy let it through). Targets: 0 crashes, 0 hangs, 0 altered passed
+bodies, 0 5xx from ICE, 0 judge faults, 0 unjudged.
 
 ``run`` is what ``tests/e2e/test_fuzz.py`` calls with 2,000 bodies on the e2e stack.
 """
@@ -28,10 +33,12 @@ import base64
 import http.client
 import json
 import random
+import struct
 import sys
 import tempfile
 import time
 import urllib.request
+import zlib
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -57,6 +64,11 @@ CONTENT_TYPES = (
     "application/vnd.api+json",
 )
 PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/messages")
+# every path a POST is judged on (the shipped configs' judged routes)
+JUDGED = frozenset(
+    {*PATHS, "/v1/responses", "/v1/embeddings", "/v1/chat/completions/batch", "/invocations",
+     "/inference/v1/generate", "/generate"}
+)  # fmt: skip
 
 
 @dataclass
@@ -187,19 +199,69 @@ def _odd_field(rng: random.Random) -> tuple[str, str]:
     return path, json.dumps(doc).replace('"__HUGE__"', HUGE_INT)
 
 
+def _png(chunks: int) -> bytes:
+    def chunk(tag: bytes, data: bytes) -> bytes:
+        crc = zlib.crc32(tag + data)
+        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", crc)
+
+    ihdr = chunk(b"IHDR", struct.pack(">IIBBBBB", 2, 2, 8, 2, 0, 0, 0))
+    sig = b"\x89PNG\r\n\x1a\n"
+    return sig + ihdr + chunk(b"tEXt", b"") * chunks + chunk(b"IDAT", b"") + chunk(b"IEND", b"")
+
+
+def _jpeg(segments: int) -> bytes:
+    sof = b"\xff\xc0\x00\x11\x08\x00\x02\x00\x02\x03\x01\x11\x00\x02\x11\x01\x03\x11\x01"
+    sos = b"\xff\xda\x00\x08\x01\x01\x00\x00\x3f\x00"
+    return b"\xff\xd8" + b"\xff\xfe\x00\x02" * segments + sof + sos + b"\xff\xd9"
+
+
+def _gif(blocks: int) -> bytes:
+    head = b"GIF89a" + struct.pack("<HHBBB", 2, 2, 0, 0, 0)
+    frame = b"," + struct.pack("<HHHHB", 0, 0, 2, 2, 0) + b"\x02\x00;"
+    return head + b"\x21\xfe" + b"\x01a" * blocks + b"\x00" + frame
+
+
+def _webp(chunks: int) -> bytes:
+    vp8x = b"VP8X" + struct.pack("<I", 10) + b"\0" * 4 + (1).to_bytes(3, "little") * 2
+    body = b"WEBP" + vp8x + (b"JUNK" + struct.pack("<I", 0)) * chunks
+    return b"RIFF" + struct.pack("<I", len(body)) + body
+
+
+def _wav(samples: int) -> bytes:
+    fmt = b"fmt " + struct.pack("<IHHIIHH", 16, 1, 1, 16000, 32000, 2, 16)
+    return b"RIFF\0\0\0\0WAVE" + fmt + b"data\0\0\0\0" + b"\0" * samples
+
+
+def _media_walk(rng: random.Random) -> dict[str, Any]:
+    """``media_walk``: one image or audio part whose header takes many steps to walk."""
+    steps = rng.choice([0, 10, 1_000, 5_000, 20_000])
+    kind = rng.choice(["png", "jpeg", "gif", "webp", "wav"])
+    if kind == "wav":
+        data = base64.b64encode(_wav(steps * 10)).decode()
+        part: dict[str, Any] = {"type": "input_audio", "input_audio": {"data": data}}
+        part["input_audio"]["format"] = "wav"
+    else:
+        raw = {"png": _png, "jpeg": _jpeg, "gif": _gif, "webp": _webp}[kind](steps)
+        url = f"data:image/{kind};base64,{base64.b64encode(raw).decode()}"
+        part = {"type": "image_url", "image_url": {"url": url}}
+    content = [{"type": "text", "text": "what is it?"}, part] * rng.choice([1, 1, 4])
+    return {"model": "dev-model", "messages": [{"role": "user", "content": content}]}
+
+
 def mutations(count: int, seed: int) -> Iterator[Case]:
     """``count`` seeded cases (see the module docstring for the families)."""
     rng = random.Random(seed)
     families = (
         "valid", "wrong_type", "huge_number", "nan", "deep", "bom", "bad_utf8", "cut",
         "repeated_key", "content_type", "oversized", "chunked", "odd_path", "odd_method",
-        "odd_field",
+        "odd_field", "media_walk", "brackets_string", "chunked_big_ask",
     )  # fmt: skip
     for i in range(count):
         family = families[i % len(families)]
         path = rng.choice(PATHS)
         doc = _base(rng, path)
-        method, ctype, chunked = "POST", "application/json", False
+        method, chunked = "POST", False
+        ctype: str | None = "application/json"
         text = json.dumps(doc, ensure_ascii=rng.random() < 0.5)
         if family == "wrong_type":
             key = rng.choice([*doc.keys(), "n", "stream", "messages"])
@@ -246,6 +308,14 @@ def mutations(count: int, seed: int) -> Iterator[Case]:
             method = rng.choice(["GET", "PUT", "DELETE", "PATCH", "OPTIONS"])
         elif family == "odd_field":
             path, text = _odd_field(rng)
+        elif family == "media_walk":
+            path, text = "/v1/chat/completions", json.dumps(_media_walk(rng))
+        elif family in ("brackets_string", "chunked_big_ask"):
+            doc.update({"n": 16, "max_tokens": 10**6})
+            if family == "brackets_string":
+                doc["metadata"] = {"note": "[" * rng.choice([20_001, 30_000]) + "x"}
+            chunked = family == "chunked_big_ask"
+            text = json.dumps(doc)
         body = text.encode("utf-8", "surrogatepass")
         if family == "bad_utf8":
             cut = rng.randint(0, len(body))
@@ -325,6 +395,7 @@ class Report:
     altered: list[int] = field(default_factory=list)
     slow: list[int] = field(default_factory=list)
     ice_5xx: list[int] = field(default_factory=list)
+    unjudged: list[int] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
     judge_errors: float = 0.0  # ICE's faults while judging (``ice_judge_errors_total``)
@@ -349,6 +420,9 @@ def classify(s: Sent, got: bytes | None, report: Report) -> None:
             "x-ice-reason", "envoy" if "x-ice-decision" not in s.headers else "?"
         )
         outcome = f"{s.status}:{reason}"
+    elif c.method == "POST" and c.path in JUDGED and "x-ice-decision" not in s.headers:
+        outcome = "2xx:unjudged"  # Envoy let it through without a verdict
+        report.unjudged.append(c.id)
     elif got is None:
         outcome = "2xx:not_at_backend"  # e.g. a read-only path answered by another route
     elif got == c.body or (c.chunked and got == c.body):
@@ -411,7 +485,8 @@ def print_report(r: Report, crashes: int) -> None:
     print(
         f"{r.sent:,} requests in {r.seconds:.0f} s; ICE crashes {crashes}; over "
         f"{SLOW_S:.0f} s: {len(r.slow)}; altered: {len(r.altered)}; 5xx from ICE: "
-        f"{len(r.ice_5xx)}; ICE's faults while judging: {r.judge_errors:.0f}"
+        f"{len(r.ice_5xx)}; ICE's faults while judging: {r.judge_errors:.0f}; unjudged: "
+        f"{len(r.unjudged)}"
     )
     for outcome, n in r.outcomes.most_common():
         print(f"  {outcome:<40} {n:>8,}")
@@ -459,11 +534,19 @@ def main(argv: list[str] | None = None) -> int:
                 "altered": report.altered,
                 "slow": report.slow,
                 "ice_5xx": report.ice_5xx,
+                "unjudged": report.unjudged,
                 "errors": report.errors,
                 "judge_errors": report.judge_errors,
             }
             Path(args.json).write_text(json.dumps(row, indent=1))
-        bad = crashes or report.altered or report.ice_5xx or report.slow or report.judge_errors
+        bad = (
+            crashes
+            or report.altered
+            or report.ice_5xx
+            or report.slow
+            or report.judge_errors
+            or report.unjudged
+        )
         return 1 if bad else 0
 
 

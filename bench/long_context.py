@@ -1,6 +1,8 @@
 """What a long context costs ICE: cold and as a next turn, estimated and exact, through real Envoy.
 
     .venv/bin/python bench/long_context.py [--sizes 20000,190000,760000] [--repeat 3] [--json F]
+    .venv/bin/python bench/long_context.py --families [--sizes 190000] [--repeat 5]
+    .venv/bin/python bench/long_context.py --family sp-bpe-llama3 --sizes 190000 [--modes ...]
 
 One stack per counting mode (real Envoy from ``envoy/bench.yaml``, ICE with one worker, the
 fast upstream with a low-pressure pool large enough to pass everything; ``max_model_len``
@@ -25,14 +27,27 @@ carry ``x-ice-decision`` (a verdict lost to Envoy's timeout would not); ``x-ice-
 ``x-ice-judged`` are reported. Then, in-process on the ~190k conversation: tokens per second
 of ``encode`` (whole, with offsets), ``encode_batch_fast`` (whole), pieces cold and pieces
 cached.
+
+``--families``: in-process, no Envoy, for every tokenizer family the tests train
+(``tests/token_families.py``: SentencePiece-style BPE and Unigram with byte fallback under
+``[INST]``, Llama-3 and Gemma templates, ByteLevel, BERT-style, the tiny model, and the tiny
+model with ChatML's markers as plain text): a ~190k-token conversation is counted once (the
+turn before), then a next turn (the history plus two new turns, new each repetition) is
+judged both ways on its body: the estimate (``json.loads`` + the chat adapter's features)
+and exact (the same + ``ExactCounter.count_chat``, the history's pieces from the cache).
+Printed per family: the split, tokens, the medians and exact ÷ estimate (the target ≤ 2×),
+and the cost of counting the text whole. ``--family NAME``: the stack runs above with that
+family's tokenizer and template.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import http.client
 import json
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -248,7 +263,9 @@ def counting_paths(counter: ExactCounter, messages: list[dict[str, str]]) -> dic
     out["encode_batch_fast"] = rate(lambda: tok.encode_batch_fast([text], add_special_tokens=False))
     pieces = counter._pieces
     if pieces.mode == "pieces":
-        out["pieces cold"] = rate(lambda: pieces._count_pieces(text, cache=False))
+        out["pieces cold"] = rate(
+            lambda: pieces._count_pieces(text, cache=False, split=pieces.split)
+        )
         pieces.count(text)
         out["pieces cached"] = rate(lambda: pieces.count(text))
     return out
@@ -260,18 +277,121 @@ def _timed(fn: Any) -> float:
     return time.perf_counter() - started
 
 
+def family_specs() -> dict[str, TokenizerSpec]:
+    """The test families (trained now, into a temporary folder) as model folders."""
+    sys.path.insert(0, str(REPO / "tests"))
+    import token_families
+
+    root = Path(tempfile.mkdtemp(prefix="ice-families-"))
+    atexit.register(shutil.rmtree, root, True)  # the stacks' ICE reads the folders until then
+    return {f.name: TokenizerSpec.from_model_dir(f.folder) for f in token_families.build(root)}
+
+
+def alternating(counter: ExactCounter, tokens: int, seed: int = 7) -> list[dict[str, str]]:
+    """``conversation``'s turns without the system prompt, user and assistant alternating,
+    user first and last (what every family's template takes)."""
+    rng = random.Random(seed)
+    words = [
+        "memory",
+        "cache",
+        "block",
+        "token",
+        "prefix",
+        "request",
+        "server",
+        "queue",
+        "model",
+        "gateway",
+    ]
+    messages: list[dict[str, str]] = []
+    while True:
+        for _ in range(21 if not messages else 20):
+            content = " ".join(rng.choice(words) for _ in range(250))
+            role = "user" if len(messages) % 2 == 0 else "assistant"
+            messages.append({"role": role, "content": content})
+        if counter.count_chat(messages) >= tokens:
+            return messages
+
+
+def next_turn_costs(counter: ExactCounter, tokens: int, repeat: int) -> dict[str, Any]:
+    """Median seconds of judging a next turn by the estimate and exactly (see ``--families``)."""
+    from ext_proc.schemas import BY_NAME
+
+    adapter = BY_NAME["openai.chat"]
+    history = alternating(counter, tokens)
+    counted = counter.count_chat(history)  # the turn before fills the cache
+    estimate_s, exact_s = [], []
+    for rep in range(repeat):
+        turn = [
+            *history,
+            {"role": "assistant", "content": f"Step {rep} done."},
+            {"role": "user", "content": f"Now do step {rep + 1}."},
+        ]
+        body = body_of(turn)
+        started = time.perf_counter()
+        adapter.features(json.loads(body))
+        estimate_s.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        values = json.loads(body)
+        adapter.features(values)
+        counter.count_chat(values["messages"])
+        exact_s.append(time.perf_counter() - started)
+    text = counter.render_chat(history)
+    whole = min(_timed(lambda: counter._pieces.count_whole(text)) for _ in range(2))
+    est, exact = statistics.median(estimate_s), statistics.median(exact_s)
+    return {
+        "split": counter.split,
+        "tokens": counted,
+        "bytes": len(body_of(history)),
+        "estimate_ms": est * 1e3,
+        "exact_next_ms": exact * 1e3,
+        "ratio": exact / est,
+        "whole_count_ms": whole * 1e3,
+    }
+
+
+def run_families(sizes: list[int], repeat: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, spec in family_specs().items():
+        counter = ExactCounter.load(spec)
+        for size in sizes:
+            row = next_turn_costs(counter, size, repeat)
+            out[f"{name} {size}"] = row
+            print(
+                f"{name:>20} {row['tokens']:>8,} tok {row['bytes'] / 1e6:5.2f} MB  "
+                f"estimate {row['estimate_ms']:6.1f} ms  exact next {row['exact_next_ms']:6.1f} ms"
+                f"  ×{row['ratio']:4.2f}  (whole {row['whole_count_ms']:6.1f} ms)  {row['split']}",
+                flush=True,
+            )
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--sizes", default="20000,190000,760000")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--json")
+    ap.add_argument("--families", action="store_true", help="in-process, every test family")
+    ap.add_argument("--family", help="through Envoy with this test family's tokenizer")
     args = ap.parse_args(argv)
+    if args.families:
+        sizes = [
+            int(x)
+            for x in (args.sizes if args.sizes != "20000,190000,760000" else "190000").split(",")
+        ]
+        rows = run_families(sizes, args.repeat)
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1))
+        return 0
     name, spec = tokenizer_spec()
+    make = conversation
+    if args.family:  # turns alternating, no system prompt: what every family's template takes
+        name, spec, make = args.family, family_specs()[args.family], alternating
     counter = ExactCounter.load(spec)
-    print(f"tokenizer: {name}; counting by {counter.count_mode}")
+    print(f"tokenizer: {name}; counting by {counter.count_mode}, split {counter.split}")
     sizes = [int(x) for x in args.sizes.split(",") if x]
-    convs = {s: conversation(counter, s) for s in sizes}
+    convs = {s: make(counter, s) for s in sizes}
     for s, m in convs.items():
         print(
             f"  ~{s:,}: {counter.count_chat(m):,} tokens, {len(body_of(m)):,} bytes, {len(m)} turns"

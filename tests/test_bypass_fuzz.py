@@ -180,8 +180,8 @@ def chat(parts: Any, **top: Any) -> str:
 PASS = Pass(None)
 
 
-def down(limit: int) -> Downgrade:
-    return Downgrade(None, limit, None, "pressure_cap")
+def down(limit: int, reason: str = "pressure_cap") -> Downgrade:
+    return Downgrade(None, limit, None, reason)
 
 
 # (id, endpoint, body text, features, decision, forwarded body or None, the kinds found)
@@ -338,3 +338,32 @@ def test_raw_json_keeps_repeated_and_escaped_keys() -> None:
     assert text == '{"max_t\\u006fkens":1,"max_tokens":2}'
     assert json.loads(text) == {"max_tokens": 2}
     assert json.loads(text, object_pairs_hook=fuzz.first_copy_wins) == {"max_tokens": 1}
+
+
+def test_the_coarse_verdict_is_checked_against_the_full_one(report: Any) -> None:
+    # every judged body is also judged from its size; both kinds of answer are reached
+    assert report.coarse["passed"] > 0 and report.coarse["rejected"] > 0
+
+
+@pytest.mark.parametrize(
+    ("full", "kind"),
+    [
+        (BodyVerdict(down(1024, "pressure_cap"), features(), Continue([], b"{}")), "cut"),
+        (BodyVerdict(down(50, "kv_free_blocks"), features(), Continue([], b"{}")), "cut"),
+        (
+            BodyVerdict(Reject(None, 429, "kv_exhausted", "m"), features(), Continue([], None)),
+            "shed",
+        ),
+        (BodyVerdict(down(7000, "context_budget"), features(), Continue([], b"{}")), ""),
+        (BodyVerdict(Pass(None), features(), Continue([], None)), ""),
+    ],
+    ids=["cap", "kv-fit", "shed", "context-only", "pass"],
+)
+def test_a_coarse_pass_where_the_full_verdict_cuts_or_sheds_is_caught(full: Any, kind: str) -> None:
+    coarse = BodyVerdict(Pass(None), features(), Continue([], None))
+    found = {b.kind for b in fuzz.check_coarse("chat", full, coarse)}
+    assert found == ({f"coarse_passes_a_{kind}"} if kind else set())
+    refused = BodyVerdict(
+        Reject(None, 429, "memory_pressure", "m"), features(), Respond(429, [], b"{}")
+    )
+    assert fuzz.check_coarse("chat", full, refused) == []

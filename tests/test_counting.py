@@ -8,11 +8,13 @@ else the tokenizer counts (``exact``).
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from test_exact_tokens_pipeline import pipeline as exact_pipeline  # type: ignore[import-not-found]
 
 from ext_proc.admit.counting import bounds, same_verdict
+from ext_proc.admit.headeronly import coarse_tokens
 from ext_proc.admit.pipeline import Pipeline, RequestFacts
 from ext_proc.policy.decision import Downgrade, Pass, Reject
 from ext_proc.schemas import BY_NAME, RequestFeatures
@@ -36,6 +38,12 @@ def test_bounds_scale_the_text_and_keep_the_media() -> None:
     assert (lo.prompt_tokens, hi.prompt_tokens) == ((450, 51), (1800, 202))
 
 
+def test_bounds_use_the_tokenizers_measured_factors() -> None:
+    # text = 800: lo = ⌈800 × 0.25⌉ + 201 = 401, hi = ⌈800 × 7.51⌉ + 201 = 6,008 + 201
+    lo, hi = bounds(features(1001, media=201), nbytes=100_000, factors=(0.25, 7.51))
+    assert (lo.input_tokens, hi.input_tokens) == (401, 6209)
+
+
 def test_the_upper_bound_never_passes_the_bodys_byte_bound() -> None:
     # 300 bytes: at most 300 + 256 tokens, whatever the estimate says
     _, hi = bounds(features(400), nbytes=300)
@@ -55,10 +63,17 @@ def pipeline(max_model_len: int, exact_count: str = "needed") -> Pipeline:
     return exact_pipeline(max_model_len, exact_count)
 
 
+def request_of(content: str, max_tokens: int = 8) -> dict[str, object]:
+    return {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+    }
+
+
 def judge(p: Pipeline, content: str, max_tokens: int = 8) -> tuple[object, dict[str, str]]:
     route = p.router.resolve(())
-    body = {"model": "tiny", "messages": [{"role": "user", "content": content}]}
-    body["max_tokens"] = max_tokens  # type: ignore[assignment]
+    body = request_of(content, max_tokens)
     verdict = p.on_body(
         route, RequestFacts(adapter=BY_NAME["openai.chat"]), json.dumps(body).encode()
     )
@@ -73,8 +88,12 @@ def test_far_from_every_limit_the_estimate_decides_at_its_upper_bound() -> None:
     f = verdict.features  # type: ignore[attr-defined]
     assert f.input_tokens_source == "estimate"
     # the estimate: ⌈2,000 ASCII characters / 4⌉ + 4 for the message + 3 for the reply
-    # primer = 507; judged and held at hi = 2 × 507
-    assert f.input_tokens == 1014
+    # primer = 507; judged and held at hi = ⌈507 × the tiny tokenizer's measured high⌉ (7.51:
+    # it spends 3 tokens on an arrow the estimate prices at ½), capped by the byte bound
+    high = p.counters.counter_for("tiny").bounds.high
+    nbytes = len(json.dumps(request_of("word " * 400)).encode())
+    assert high == 7.51
+    assert f.input_tokens == min(math.ceil(507 * high), coarse_tokens(nbytes, None)) == 2337
     assert isinstance(verdict.decision, Pass)  # type: ignore[attr-defined]
 
 
@@ -113,8 +132,10 @@ def test_text_the_tokenizer_cannot_count_is_judged_at_the_estimates_upper_bound(
     assert verdict is not None and verdict.features is not None
     f = verdict.features
     assert f.input_tokens_source == "fallback"
-    # the estimate: ⌈2,000 ASCII / 4⌉ + 1 narrow character's ⌈1/2⌉ + 4 + 3 = 508; × 2
-    assert f.input_tokens == 1016
+    # the estimate: ⌈2,000 ASCII / 4⌉ + 1 narrow character's ⌈1/2⌉ + 4 + 3 = 508; × the
+    # measured high (7.51), capped by the body's byte bound
+    high = p.counters.counter_for("tiny").bounds.high
+    assert f.input_tokens == min(math.ceil(508 * high), coarse_tokens(len(body), None))
     assert dict(verdict.outcome.headers)["x-ice-tokens"] == "estimate"
 
 

@@ -71,3 +71,36 @@ def test_offloaded_verdict_counts_the_workers_inflight_blocks() -> None:
     assert local is not None and local.decision is not None
     assert local.decision.reason == "kv_exhausted", local.decision
     assert remote == local
+
+
+def test_brackets_inside_strings_do_not_make_a_body_heavy() -> None:
+    from ext_proc.serve.helper import containers_outside_strings
+
+    offload = Offload(None, 8 * 1024 * 1024, heavy_containers=1_000)
+    # 25,000 "[" in a string (the issue's body): 3 containers outside it
+    quoted = json.dumps({"metadata": {"x": "[" * 25_000}, "n": 16}).encode()
+    assert containers_outside_strings(quoted, 1_000) == 2
+    assert not offload.is_heavy(quoted)
+    # escaped quotes and backslashes inside the string do not end it early
+    tricky = json.dumps({"x": '\\"[' * 5_000 + '"{' * 5_000}).encode()
+    assert containers_outside_strings(tricky, 1_000) == 1
+    # a string dense in escapes is heavy for its decode: over 32 × 1,000 backslashes
+    assert offload.is_heavy(json.dumps({"x": '"' * 32_001}).encode())
+    assert not offload.is_heavy(json.dumps({"x": '"' * 31_999}).encode())
+    # real containers count: 1,001 objects are heavy, 999 are not
+    assert offload.is_heavy(json.dumps([{}] * 1_001).encode())
+    assert not offload.is_heavy(json.dumps([{}] * 998).encode())
+
+
+def test_a_body_of_many_or_large_media_payloads_is_heavy_and_a_long_text_is_not() -> None:
+    offload = Offload(None, 8 * 1024 * 1024)
+    part = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    # each data URL counts twice (data: and base64): 16 parts = 32 marks, 17 = 34 > 32
+    few = json.dumps({"messages": [{"role": "user", "content": [part] * 16}]}).encode()
+    many = json.dumps({"messages": [{"role": "user", "content": [part] * 17}]}).encode()
+    assert not offload.is_heavy(few) and offload.is_heavy(many)
+    # one large data URL goes too (its decode and edit are long); a long text does not
+    long = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 2_000_000}}
+    assert offload.is_heavy(json.dumps({"messages": [{"content": [long]}]}).encode())
+    text = {"role": "user", "content": "A" * 2_000_000}
+    assert not offload.is_heavy(json.dumps({"messages": [text]}).encode())

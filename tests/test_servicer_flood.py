@@ -112,13 +112,63 @@ def test_an_admitted_body_is_judged_in_full_and_releases_its_promise() -> None:
     assert backlog.idle
 
 
-def test_a_chunked_body_is_promised_the_body_limit() -> None:
+def test_a_chunked_body_is_promised_nothing_at_its_headers_and_admitted_by_its_size() -> None:
     backlog = Backlog(max_inflight_bytes=64 * MIB)
     s = servicer(backlog)
     seen: list[int] = []
-    stream(s, [headers_msg(), body_msg(CHAT)], between=lambda: seen.append(backlog.inflight_bytes))
-    assert seen == [s.pipeline.max_body_bytes]
+    out = stream(
+        s, [headers_msg(), body_msg(CHAT)], between=lambda: seen.append(backlog.inflight_bytes)
+    )
+    assert seen == [0]  # not the 8 MiB body limit: its size is not known yet
+    headers = set_headers(out[1].request_body.response.header_mutation)
+    assert headers["x-ice-decision"] == "pass" and "x-ice-judged" not in headers
     assert backlog.idle
+
+
+def test_a_chunked_body_beside_a_slow_upload_is_judged_in_full() -> None:
+    backlog = Backlog(max_inflight_bytes=16 * MIB)
+    slow = backlog.admit(8 * MIB, "inline")  # a slow upload's promise: 8 MiB of 16
+    before = metric("ice_coarse_verdicts_total", route="chat", why="bytes")
+    out = stream(servicer(backlog), [headers_msg(), body_msg(CHAT)])
+    # promised 8 MiB at its headers it would have been judged from them (8 + 8 > 14 MiB)
+    assert not out[0].HasField("mode_override")
+    headers = set_headers(out[1].request_body.response.header_mutation)
+    assert headers["x-ice-decision"] == "pass" and "x-ice-judged" not in headers
+    assert metric("ice_coarse_verdicts_total", route="chat", why="bytes") == before
+    assert backlog.inflight_bytes == 8 * MIB
+    backlog.release(slow)  # type: ignore[arg-type]
+
+
+def test_a_chunked_body_on_a_full_worker_is_judged_from_its_size_at_the_body() -> None:
+    backlog = Backlog(max_inflight_bytes=1 * MIB)
+    other = backlog.admit(1 * MIB, "inline")  # the window is full
+    before = metric("ice_coarse_verdicts_total", route="chat", why="bytes")
+    out = stream(servicer(backlog), [headers_msg(), body_msg(CHAT)])
+    headers = set_headers(out[1].request_body.response.header_mutation)
+    assert headers["x-ice-judged"] == "headers" and headers["x-ice-decision"] == "pass"
+    assert metric("ice_coarse_verdicts_total", route="chat", why="bytes") == before + 1
+    assert backlog.inflight_bytes == 1 * MIB
+    backlog.release(other)  # type: ignore[arg-type]
+
+
+def test_a_coarse_refusal_on_a_route_with_a_queue_waits_in_it_at_the_headers() -> None:
+    from ext_proc.policy.load import parse_policy
+
+    policy = parse_policy(
+        "profiles:\n  default: {max_model_len: 8192, queue: {enabled: true, "
+        "max_queue_wait_ms: 60, poll_ms: 10}}\nroutes:\n  chat: {profile: default}\n"
+    )
+    snap = snapshot(0.97, 3)  # high: the output cap refuses every unread body
+    backlog = Backlog(max_inflight_bytes=1 * MIB)
+    other = backlog.admit(900_000, "inline")
+    s = ExtProcServicer(Pipeline(policy, lambda _pool: snap), backlog=backlog)
+    out = stream(s, [headers_msg(**{"content-length": "200000"})])
+    assert out[0].HasField("override_message_timeout")  # Envoy is asked for the wait first
+    ir = out[1].immediate_response
+    assert ir.status.code == 429
+    assert json.loads(ir.body)["error"]["code"] == "queue_timeout"
+    assert set_headers(ir.headers)["x-ice-judged"] == "headers"
+    backlog.release(other)  # type: ignore[arg-type]
 
 
 def test_a_body_that_arrives_too_late_to_read_gets_the_coarse_verdict() -> None:

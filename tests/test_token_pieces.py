@@ -1,10 +1,11 @@
-"""Counting by pieces is exact, or off: tokens(text) = Σ tokens(piece) + cut tokens.
+"""Counting by pieces is exact: tokens(text) = tokens_T(piece₀) + Σ tokens_C(pieceᵢ) + cuts.
 
 For every template the project ships or tests (the tiny model's own, ``chatml_tools`` with
-ChatML's markers as special tokens, as Qwen's tokenizers have them), generated
-conversations count the same piece by piece as whole; a resent history is counted from the
-cache; a tokenizer for which the identity fails (SentencePiece's ``prepend_scheme: first``)
-is caught at load and counts whole texts.
+ChatML's markers as special tokens, as Qwen's tokenizers have them, and with them as plain
+text, cut inside the turn marker), generated conversations count the same piece by piece as
+whole; a resent history is counted from the cache; a tokenizer that prepends "▁" only at the
+input's start (SentencePiece's ``prepend_scheme: first``) counts the later pieces with a copy
+that does not (tests/test_token_families.py and test_token_splits.py cover the other kinds).
 """
 
 from __future__ import annotations
@@ -90,7 +91,11 @@ def test_the_shipped_and_tested_templates_count_by_pieces_where_they_cut(tmp_pat
             chat_template=CHATML,
         )
     )
-    assert plain.count_mode == "whole"  # markers that are plain text: nothing to cut at
+    # markers that are plain text: no cut token, so the cut is inside the turn marker
+    assert (plain.count_mode, plain.split) == (
+        "pieces",
+        "same at text: '<|im_end|>\\n' | '<|im_start|>'",
+    )
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -99,8 +104,8 @@ def test_pieces_equal_whole_on_generated_conversations(
     turns: list[tuple[str, str]], tools: bool
 ) -> None:
     messages = as_messages(turns)
-    for counter in (TINY, CHATML_COUNTER):
-        t = TOOLS if tools and counter is CHATML_COUNTER else None
+    for counter in (TINY, CHATML_COUNTER, PLAIN_CHATML):
+        t = TOOLS if tools and counter is not TINY else None
         assert counter.count_chat(messages, tools=t) == whole(counter, messages, t)
 
 
@@ -136,7 +141,7 @@ def test_the_cache_is_bounded_and_holds_digests_not_text() -> None:
     assert all(isinstance(k, bytes) and len(k) == 16 for k in pc._cache)
 
 
-def test_a_tokenizer_that_treats_the_first_piece_apart_is_caught_and_counts_whole() -> None:
+def test_a_tokenizer_that_prepends_only_at_the_start_counts_later_pieces_without_it() -> None:
     sp = SentencePieceBPETokenizer(replacement="▁", add_prefix_space=True)
     corpus = ["the memory cache block token prefix request server queue model gateway"] * 50
     sp.train_from_iterator(corpus, vocab_size=200, special_tokens=["</s>", "<s>"])
@@ -145,8 +150,10 @@ def test_a_tokenizer_that_treats_the_first_piece_apart_is_caught_and_counts_whol
     tok = Tokenizer.from_str(json.dumps(config))
     sample = "<s>the memory</s>cache block</s> token"
     pc = PieceCounter(tok)
-    assert pc._count_pieces(sample, cache=False) != pc.count_whole(sample)  # 8 vs 10
-    assert pc.verify([sample]) == "whole"
+    # every piece encoded alike gets the "▁" the whole text gives offset 0 only: 8 vs 10
+    assert pc._count_pieces(sample, cache=False, split="same") != pc.count_whole(sample)
+    assert pc._count_pieces(sample, cache=False, split="first") == pc.count_whole(sample)
+    assert pc.verify([sample]) == "pieces" and pc.split == "first"
     assert pc.count(sample) == len(tok.encode(sample, add_special_tokens=False)) == 10
 
 
@@ -164,6 +171,13 @@ def _loaded_chatml() -> ExactCounter:
 
 TINY = tiny()
 CHATML_COUNTER = _loaded_chatml()
+PLAIN_CHATML = ExactCounter.load(  # ChatML's markers as plain text: cut inside the turn marker
+    TokenizerSpec(
+        TOKENIZER_DIR / "tokenizer.json",
+        TOKENIZER_DIR / "tokenizer_config.json",
+        chat_template=CHATML,
+    )
+)
 
 
 def test_the_deepseek_style_template_counts_by_pieces_exactly() -> None:

@@ -10,9 +10,11 @@ judged in time or would hold too much memory, decides from the headers instead
 Accounting (one ``Backlog`` per worker; called from the event loop's thread only):
 
 - A request is **admitted** to the body phase at its headers with a promise of L bytes: its
-  ``content-length``, or ``max_body_bytes`` when it has none (chunked). The promise counts in
-  ``inflight_bytes`` (and in its lane's bytes) until the body is answered, dropped or its
-  stream ends (``release``).
+  ``content-length``. One without (chunked) is admitted when its body arrives (Envoy buffers
+  it whole), with L its size: at its headers it could be anything up to ``max_body_bytes``,
+  and promising that much would turn it, beside any other upload, into a coarse verdict. The
+  promise counts in ``inflight_bytes`` (and in its lane's bytes) until the body is answered,
+  dropped or its stream ends (``release``).
 - **Lanes**: ``inline`` (judged on the event loop) and ``helper`` (exact token counts of
   bodies over ``exact_count_inline_bytes``, in the offload process); each judges one body at
   a time, in arrival order, at a cost of c seconds per byte.
@@ -48,7 +50,9 @@ Accounting (one ``Backlog`` per worker; called from the event loop's thread only
   newest) of judge time / body bytes over bodies of at least ``SMALL_BODY_BYTES``, starting
   from ``DEFAULT_COST_S_PER_BYTE`` (measured on a 2-core machine: ~3.5 ns/byte inline for a
   2.76 MB chat body, taken 3× higher to err towards the headers verdict before the first
-  measurement; exact counting in the helper, ~70 ns/byte, likewise).
+  measurement; the helper, 100 ns/byte: exact counting there measured ~70 ns/byte, and a
+  body sent there for its media parts ~10 ns/byte, so that a 6 MB image body alone in the
+  lane is not predicted late before the first measurement).
 
 Invariants: inflight_bytes = Σ promises not yet released ≥ 0; every admitted ticket is
 released exactly once (``release`` is idempotent per ticket).
@@ -82,7 +86,7 @@ SMALL_BODY_BYTES = 64 * 1024
 SMALL_RESERVE = 0.125
 COST_WEIGHT = 0.2
 MIN_WINDOW_BYTES = 4 * 1024 * 1024
-DEFAULT_COST_S_PER_BYTE: dict[Lane, float] = {"inline": 10e-9, "helper": 200e-9}
+DEFAULT_COST_S_PER_BYTE: dict[Lane, float] = {"inline": 10e-9, "helper": 100e-9}
 
 
 @dataclass(slots=True)

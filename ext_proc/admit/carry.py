@@ -13,11 +13,13 @@ it; without ``carry`` (start-up) everything is new.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from ext_proc.placement.ledger_shm import LedgerHandle
 from ext_proc.placement.poolview import PoolViews
 from ext_proc.policy.model import Policy
+from ext_proc.schemas import BY_NAME
 
 __all__ = ["Replaced", "carried_counters", "carried_prefix", "carried_views"]
 
@@ -44,6 +46,7 @@ def carried_views(policy: Policy, carry: Replaced | None, ledger: LedgerHandle |
         return carry.views
     views = PoolViews(endpoints, carry.views.shared, until_seen, carry.views.live)
     views.remote = carry.views.remote  # the replicas' shared ledger (--ledger) too
+    views.book = carry.views.book  # and the forecast's trajectories, which release into it
     return views
 
 
@@ -75,4 +78,13 @@ def carried_counters(policy: Policy, carry: Replaced | None) -> Any:
         return None
     from ext_proc.tokencount import CounterRegistry
 
-    return CounterRegistry(dict(policy.tokenizers), policy.token_count_cache_bytes)
+    # each tokenizer's estimate bounds are measured against the adapters' own estimate
+    return CounterRegistry(
+        dict(policy.tokenizers), policy.token_count_cache_bytes, estimate_request
+    )
+
+
+def estimate_request(api: str, body: Mapping[str, Any]) -> int:
+    """The schema adapter's estimate of a request body's input tokens (what
+    ``exact_count: needed`` scales), for ``ext_proc.tokencount.calibration``."""
+    return BY_NAME[api].features(dict(body)).input_tokens

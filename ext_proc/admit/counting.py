@@ -18,10 +18,9 @@ truncation budget: a downgrade's new limit, a truncation's plan need the exact f
 counts exactly (``x-ice-tokens: exact``). The policy's ``exact_count: always`` counts every
 request exactly (as before this module).
 
-ESTIMATE_LOW = 0.5 and ESTIMATE_HIGH = 2.0 cover the estimator's measured errors with a
-margin (``bench/tokens.py``: p95 of |estimate − exact| / exact at most 39.5 % on English and
-33 % on code and Chinese with cl100k, o200k and DeepSeek-V4; the worst, DeepSeek-V4 on
-Chinese, overcounts by up to 104 %, i.e. exact ≥ 0.49 × estimate).
+The factors are the model's tokenizer's own (``ExactCounter.bounds``: measured at load on a
+generated calibration sample, ``ext_proc.tokencount.calibration``, never narrower than
+ESTIMATE_LOW = 0.5 and ESTIMATE_HIGH = 2.0, which ``bounds`` uses when given none).
 
 Invariant: pure functions; ``bounds`` never returns lo > hi.
 """
@@ -47,8 +46,13 @@ def _scaled(tokens: int, media: int, factor: float, cap: int) -> int:
     return min(cap, math.ceil(max(0, tokens - media) * factor) + media)
 
 
-def bounds(features: RequestFeatures, nbytes: int) -> tuple[RequestFeatures, RequestFeatures]:
-    """The estimate's lower and upper bound, as features (see the module docstring)."""
+def bounds(
+    features: RequestFeatures,
+    nbytes: int,
+    factors: tuple[float, float] = (ESTIMATE_LOW, ESTIMATE_HIGH),
+) -> tuple[RequestFeatures, RequestFeatures]:
+    """The estimate's lower and upper bound, as features (see the module docstring);
+    ``factors``: (low, high), the tokenizer's ``ExactCounter.bounds``."""
     media = features.media_tokens
     cap = max(features.input_tokens, coarse_tokens(nbytes, None) + media)
 
@@ -60,7 +64,7 @@ def bounds(features: RequestFeatures, nbytes: int) -> tuple[RequestFeatures, Req
             prompt_tokens=prompts,
         )
 
-    return at(ESTIMATE_LOW), at(ESTIMATE_HIGH)
+    return at(factors[0]), at(factors[1])
 
 
 def same_verdict(a: Decision, b: Decision) -> bool:
@@ -87,7 +91,8 @@ def exact_count(
     try:
         exact = counter.prompt_counts(features.schema, values)
     except TokenCountError:
-        return replace(bounds(features, nbytes)[1], input_tokens_source="fallback")
+        high = bounds(features, nbytes, counter.bounds.factors)[1]
+        return replace(high, input_tokens_source="fallback")
     media = features.media_tokens  # the tokenizer sees placeholders, not the media
     counts = tuple(c + media for c in exact)
     return replace(

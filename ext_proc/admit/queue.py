@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING
 from ext_proc import telemetry
 from ext_proc.admit.headeronly import H_JUDGED
 from ext_proc.admit.stream import Stream
-from ext_proc.admit.verdict import BodyVerdict, RequestFacts, make_verdict
+from ext_proc.admit.verdict import BodyVerdict, RequestFacts, make_verdict, with_header
 from ext_proc.policy.decision import Downgrade, Pass, Reject, Truncated
 from ext_proc.policy.model import QueueSpec
 
@@ -87,16 +87,17 @@ DEFAULT_MAX_QUEUE_BYTES = 64 * 1024 * 1024
 
 
 def queueable(route: Route, verdict: BodyVerdict | None) -> bool:
-    """A verdict the profile's queue takes: a 429 for memory on a full judgement."""
+    """A verdict the profile's queue takes: a 429 for memory, on a full judgement or a
+    coarse one (``ext_proc.admit.headeronly``)."""
     spec = route.profile.queue
     if spec is None or verdict is None or route.profile.mode == "shadow":
         return False
     d = verdict.decision
     if not isinstance(d, Reject) or d.status != 429 or d.reason not in QUEUE_REASONS:
         return False
-    if verdict.pending is not None or verdict.features is None:
-        return False
-    return (H_JUDGED, "headers") not in verdict.outcome.headers  # judged by its size: no
+    # a coarse verdict (judged by its size) waits too, and is judged again by the coarse
+    # ladder (``Pipeline.rejudge``)
+    return verdict.pending is None and verdict.features is not None
 
 
 def tenant_key(value: str, fallback: str) -> str:
@@ -419,4 +420,7 @@ def refusal(
     retry = d.retry_after_s
     text = f"{message} Retry after {retry} s." if retry is not None else message
     decision = Reject(pressure, 429, reason, text, retry_after_s=retry)
-    return make_verdict(decision, first.features, facts.adapter, None, first.placement)
+    verdict = make_verdict(decision, first.features, facts.adapter, None, first.placement)
+    if first.body is None:  # a coarse verdict's refusal says so (x-ice-judged: headers)
+        verdict = with_header(verdict, H_JUDGED, "headers")
+    return verdict

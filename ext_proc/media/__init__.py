@@ -10,11 +10,13 @@ Invariants:
 - ``part_of``, ``image_size`` and ``audio_seconds`` never raise. Input they cannot read gives
   "unknown size" (``None``), and an unknown size is priced at its worst case (or the profile's
   default), never at less than a known size of the same model could cost.
-- Image sizes come from header bytes only: the first 4 KiB of base64 text is decoded, then
-  the first 64 KiB, and the whole payload only when the header lies further in (a JPEG with
-  a long EXIF/ICC segment before its SOF). PNG, JPEG and GIF headers are read by Pillow's
-  format plugins, imported on the first image, not before; WebP's first chunk is read here
-  (Pillow's WebP reader builds a decoder and allocates the canvas on open).
+- Bounded work per part: sizes come from header bytes only, of a bounded prefix (the first
+  4 KiB of base64 text is decoded, then 64 KiB, then 1 MiB at most; a percent-encoded URL's
+  first 64 KiB), walked in at most ``walks.MAX_STEPS`` (1,024) steps, as Pillow's format
+  classes read them (``ext_proc.media.walks``: a PNG's ``IHDR``, a JPEG's last SOF before
+  its scan, a GIF's screen and first frame, a WebP's first chunk). A header past those
+  bounds gives "unknown size": the image's byte bound, never less; a WAV chunk past them:
+  every byte from there counts as audio.
 - ``exact`` names the rule that priced images: "qwen2_vl", "llava", or "" (the defaults).
 
 Cost rules (tokens; sizes in pixels; durations in seconds):

@@ -18,7 +18,10 @@ holds (a GIF's logical screen costs 4 bytes whatever its size, TIFF strips may s
 run of bytes, a WebP lossless code of one symbol costs 0 bits per pixel), so a few hundred
 bytes can already carry an image at the processor's ``max_pixels``. For PNG, JPEG, GIF and
 WebP the header ICE reads is the one vLLM's decoder (the same Pillow classes, libwebp's
-canvas) sizes the image by, so a size read from it is trusted."""
+canvas) sizes the image by, read as they read it (``ext_proc.media.walks``), so a size read
+from it is trusted. A header ICE could not reach in bounded work (past the decoded prefix,
+or a walk of more than ``walks.MAX_STEPS`` markers, blocks or chunks) is one it cannot
+trust: the byte bound."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Reading sizes from media bytes without decoding them: an image's width and height from its
-header (PNG, JPEG, GIF through Pillow's format classes; WebP by hand), a WAV's duration
-(``ext_proc.media``).
+header (``ext_proc.media.walks``: PNG, JPEG, GIF and WebP, as Pillow reads them), a WAV's
+duration (``ext_proc.media``), each from a bounded prefix of a ``data:`` URL or base64 text
+(``PREFIX_B64_CHARS``) in a bounded number of steps.
 
 A WAV's duration is what the decoder will play, not what its header claims. vLLM 0.32 decodes
 audio with torchcodec (FFmpeg) first, then soundfile (libsndfile), then PyAV (FFmpeg)
@@ -29,17 +30,20 @@ from __future__ import annotations
 
 import base64
 import binascii
-import io
 import urllib.parse
-import warnings
 from collections.abc import Iterator
 from typing import Literal
 
+from ext_proc.media import walks
+
 __all__ = ["audio_seconds", "image_size"]
 
-# Base64 characters decoded to read a header, tried in turn (multiples of 4: 3 and 48 KiB
-# of data); the whole payload is decoded only when neither holds the header.
-_PREFIX_B64_CHARS = (4 * 1024, 64 * 1024)
+# Base64 characters decoded to read a header, tried in turn (multiples of 4: 3 KiB, 48 KiB
+# and 768 KiB of data); a header past the last is not read (the byte bound applies), so no
+# part costs more than decoding 1 MiB of base64 (~1 ms) and a walk of MAX_STEPS steps.
+PREFIX_B64_CHARS = (4 * 1024, 64 * 1024, 1024 * 1024)
+# Characters of a percent-encoded (not base64) data: URL unquoted, at most.
+_PREFIX_URL_CHARS = 64 * 1024
 _WAV_FORMATS = frozenset({"wav", "wave", "x-wav", "vnd.wave"})
 _RIFF_ORDER: dict[bytes, Literal["little", "big"]] = {
     b"RIFF": "little",
@@ -55,10 +59,6 @@ _FIXED_WIDTH_TAGS = frozenset({1, 3, 6, 7})
 _EXTENSIBLE = 0xFFFE
 
 
-class _Short(Exception):
-    """The walk needs bytes past the decoded prefix."""
-
-
 def _data_url(url: str) -> tuple[str, bool, int] | None:
     """``data:<media type>[;…][;base64],<payload>`` → (media type, is base64, where the
     payload starts). An index, not a slice: copying a megabyte payload costs more than
@@ -72,29 +72,42 @@ def _data_url(url: str) -> tuple[str, bool, int] | None:
     return params[0].strip(), "base64" in params[1:], comma + 1
 
 
-def _decodings(text: str, start: int = 0) -> Iterator[tuple[bytes, bool]]:
-    """The base64 in ``text[start:]``, decoded as growing prefixes (3 KiB, 48 KiB) and then
-    whole, each with whether it is the whole payload; the caller stops at the first it can
-    read. Decoding is the cost (~2 µs per KiB)."""
-    for chars in _PREFIX_B64_CHARS:
-        prefix = text[start : start + chars]
-        whole = start + chars >= len(text)
+def _decodings(text: str, start: int = 0) -> Iterator[tuple[bytes, bool, bool]]:
+    """The base64 in ``text[start:]``, decoded as growing prefixes (3 KiB, 48 KiB, 768 KiB),
+    each with whether it is the whole payload and whether it is the last decoded; the caller
+    stops at the first it can read. Decoding is the cost (~1 µs per KiB); nothing past the
+    last prefix is decoded."""
+    for chars in PREFIX_B64_CHARS:
+        end = start + chars
+        whole = end >= len(text)
+        prefix = text[start:end]
         try:
             head: bytes | None = base64.b64decode(prefix)
         except (binascii.Error, ValueError):
-            head = None  # e.g. line breaks shifted the padding: a longer prefix may decode
+            # line breaks or a cut in the padding: the prefix up to a multiple of 4 may decode
+            head = _lenient(prefix) if not whole else None
         if head is not None:
-            yield head, whole
+            yield head, whole, whole or chars == PREFIX_B64_CHARS[-1]
         if whole:
             return
-    yield base64.b64decode(text[start:]), True
+
+
+def _lenient(prefix: str) -> bytes | None:
+    """A prefix with whitespace (MIME line breaks) or cut mid-quantum, decoded."""
+    compact = "".join(prefix.split())
+    try:
+        return base64.b64decode(compact[: len(compact) // 4 * 4])
+    except (binascii.Error, ValueError):
+        return None
 
 
 def image_size(url_or_b64: str, *, base64_data: bool = False) -> tuple[int, int] | None:
     """(width, height) from the header bytes of a data: URL, or of raw base64 when
-    ``base64_data``: PNG, JPEG, WebP, GIF (the bytes decide, not the declared media type).
+    ``base64_data``: PNG, JPEG, WebP, GIF (the bytes decide, not the declared media type),
+    read by ``ext_proc.media.walks`` in bounded steps from a bounded prefix.
 
-    ``None`` for http(s) and other non-data URLs, unreadable data and other formats.
+    ``None`` for http(s) and other non-data URLs, unreadable data, other formats, and a
+    header the bounds did not reach (each is charged the byte bound).
     """
     try:
         if base64_data:
@@ -105,80 +118,27 @@ def image_size(url_or_b64: str, *, base64_data: bool = False) -> tuple[int, int]
         _, is_base64, start = parsed
         if is_base64:
             return _first_size(_decodings(url_or_b64, start))
-        return _first_size(iter([(urllib.parse.unquote_to_bytes(url_or_b64[start:]), True)]))
+        end = start + _PREFIX_URL_CHARS
+        raw = urllib.parse.unquote_to_bytes(url_or_b64[start:end])
+        whole = end >= len(url_or_b64)
+        return _first_size(iter([(raw, whole, True)]))
     except Exception:
         return None
 
 
-def _first_size(decodings: Iterator[tuple[bytes, bool]]) -> tuple[int, int] | None:
-    """The size from the first decoding whose header reads; stops at an unknown format."""
-    for data, _ in decodings:
-        fmt = _sniff(data)
+def _first_size(decodings: Iterator[tuple[bytes, bool, bool]]) -> tuple[int, int] | None:
+    """The size from the first decoding whose header reads; stops at an unknown format, at
+    a header the walk rejects, and when the walk's step bound is reached."""
+    for data, whole, _ in decodings:
+        fmt = walks.sniff(data)
         if fmt is None:
             return None  # the magic bytes are at the start: more data will not help
-        size = _webp_size(data) if fmt == "WEBP" else _pillow_size(data, fmt)
-        if size is not None:
-            return size
-    return None
-
-
-def _sniff(data: bytes) -> str | None:
-    if data.startswith(b"\x89PNG\r\n\x1a\n"):
-        return "PNG"
-    if data.startswith(b"\xff\xd8\xff"):
-        return "JPEG"
-    if data.startswith((b"GIF87a", b"GIF89a")):
-        return "GIF"
-    if data.startswith(b"RIFF") and data[8:12] == b"WEBP":
-        return "WEBP"
-    return None
-
-
-def _valid(width: int, height: int) -> tuple[int, int] | None:
-    return (width, height) if width > 0 and height > 0 else None
-
-
-def _pillow_size(data: bytes, fmt: str) -> tuple[int, int] | None:
-    """Let Pillow's format plugin read the header; ``None`` when the header is cut off.
-
-    The plugin class is used directly rather than ``Image.open``: only these formats are
-    tried, and no decompression-bomb check refuses (or warns about) a huge declared size.
-    """
-    from PIL import GifImagePlugin, Image, ImageFile, JpegImagePlugin, PngImagePlugin
-
-    plugins: dict[str, type[ImageFile.ImageFile]] = {
-        "PNG": PngImagePlugin.PngImageFile,
-        "JPEG": JpegImagePlugin.JpegImageFile,
-        "GIF": GifImagePlugin.GifImageFile,
-    }
-    try:
-        with warnings.catch_warnings():
-            # GIF frames larger than the screen are bomb-checked inside the plugin.
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with plugins[fmt](io.BytesIO(data)) as im:
-                width, height = im.size
-    except Exception:  # truncated header (SyntaxError, OSError, EOFError, …) or a bomb error
-        return None
-    return _valid(width, height)
-
-
-def _webp_size(data: bytes) -> tuple[int, int] | None:
-    """The canvas size from a WebP's first chunk header (RFC 9649 §2.5–2.7).
-
-    Read by hand: Pillow's WebP reader builds a decoder and allocates the canvas on open.
-    """
-    chunk = data[12:16]
-    if chunk == b"VP8 " and len(data) >= 30 and data[23:26] == b"\x9d\x01\x2a":
-        width = int.from_bytes(data[26:28], "little") & 0x3FFF  # top 2 bits: upscaling
-        height = int.from_bytes(data[28:30], "little") & 0x3FFF
-        return _valid(width, height)
-    if chunk == b"VP8L" and len(data) >= 25 and data[20] == 0x2F:
-        bits = int.from_bytes(data[21:25], "little")
-        return _valid((bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1)
-    if chunk == b"VP8X" and len(data) >= 30:
-        width = int.from_bytes(data[24:27], "little") + 1
-        height = int.from_bytes(data[27:30], "little") + 1
-        return _valid(width, height)
+        try:
+            return walks.image_header_size(data, fmt, whole)
+        except walks.Short:
+            continue
+        except walks.Aborted:
+            return None
     return None
 
 
@@ -196,22 +156,24 @@ def _audio_seconds(text: str, start: int, fmt: str) -> float | None:
         if fmt.strip().lower().removeprefix("audio/") not in _WAV_FORMATS:
             return None
         estimate = (len(text) - start) * 3 // 4 - _padding(text)
-        for data, whole in _decodings(text, start):
+        for data, whole, last in _decodings(text, start):
             if data[:4] not in _RIFF_ORDER or data[8:12] != b"WAVE":
                 return None  # the magic bytes are at the start: more data will not help
             try:
-                return _wav_seconds(data, len(data) if whole else estimate)
-            except _Short:
+                return _wav_seconds(data, len(data) if whole else estimate, last)
+            except walks.Short:
                 continue  # a chunk lies past this prefix: decode more
     except Exception:
         return None
     return None
 
 
-def _wav_seconds(data: bytes, present: int) -> float | None:
+def _wav_seconds(data: bytes, present: int, last: bool = True) -> float | None:
     """Seconds of the WAV whose first bytes are ``data`` and whose payload is ``present``
     bytes: its chunks walked from the first, each ``data`` chunk read as the module docstring
-    says. Raises ``_Short`` when a chunk header lies past ``data``."""
+    says. Raises ``walks.Short`` when a chunk header lies past ``data`` and a longer prefix
+    is decoded next; past the longest one (``data`` is the last prefix), the bytes from that
+    chunk on count as audio, as after ``_MAX_CHUNKS`` chunks."""
     order = _RIFF_ORDER[data[:4]]
     frame_bytes = rate = 0
     longest: int | None = None
@@ -220,12 +182,17 @@ def _wav_seconds(data: bytes, present: int) -> float | None:
         if pos + 8 > present:
             break
         if pos + 8 > len(data):
-            raise _Short
+            if last:
+                longest = max(longest or 0, present - pos)  # past the prefix: it may play
+                break
+            raise walks.Short
         tag, size = data[pos : pos + 4], int.from_bytes(data[pos + 4 : pos + 8], order)
         body = pos + 8
         if tag == b"fmt ":
             if body + 16 > len(data):
-                raise _Short
+                if last:
+                    break
+                raise walks.Short
             rate, frame_bytes = _wav_format(data[body : body + min(size, 40)], order)
         elif tag == b"data":
             after = present - body

@@ -116,6 +116,22 @@ class ForecastBook:
             out.append((v, self.fit(profile, pool, v.endpoint, len(views), b, v.fit, seen, others)))
         return out
 
+    def _states(
+        self, pool: str, endpoint: str, endpoints: int, look: Outlook, now: float
+    ) -> list[tuple[int, int, int]]:
+        """(blocks now, tokens ahead, sequences) of this worker's requests at ``endpoint``,
+        those Envoy places counting 1/``endpoints`` each."""
+        mine = self.items.get(pool, {})
+        states: list[tuple[int, int, int]] = []
+        for t in mine.get(endpoint, {}).values():
+            blocks, left = look.state(t, now)
+            states.append((blocks, left, t.seqs))
+        share = 1.0 / max(1, endpoints)
+        for t in mine.get("", {}).values():
+            blocks, left = look.state(t, now)
+            states.append((math.ceil(blocks * share), left, math.ceil(t.seqs * share)))
+        return states
+
     def fit(
         self,
         profile: Profile,
@@ -136,50 +152,26 @@ class ForecastBook:
         if last is not None and last[0] == inputs and now - last[1] < REUSE_S:
             return last[2]
         look = self.outlook(profile, pool, backend, base.block_size)
-        mine = self.items.get(pool, {})
-        states: list[tuple[int, int, int]] = []
-        for t in mine.get(endpoint, {}).values():
-            blocks, left = look.state(t, now)
-            states.append((blocks, left, t.seqs))
-        share = 1.0 / max(1, endpoints)
-        for t in mine.get("", {}).values():
-            blocks, left = look.state(t, now)
-            states.append((math.ceil(blocks * share), left, math.ceil(t.seqs * share)))
-        peaks = Peaks(states, base.block_size, fixed=others)
+        peaks = Peaks(self._states(pool, endpoint, endpoints, look, now), base.block_size, others)
         u, f = base.usable_blocks, base.free_blocks
         other = max(0, (u - f) - peaks.now_blocks)
         budget = math.floor(u * (1.0 - profile.forecast.margin)) - other
         free = max(0, budget - peaks.peak)
-        free_now = max(0, f - unseen)
-        gap = max(0, free - free_now)
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug(
-                "forecast %s/%s: usable %d free %d unseen %d others %d now %d other %d "
-                "budget %d peak %d → free %d (caution %.2f, rate %s, %d running)",
-                pool,
-                endpoint,
-                u,
-                f,
-                unseen,
-                others,
-                peaks.now_blocks,
-                other,
-                budget,
-                peaks.peak,
-                free,
-                look.caution,
-                look.rate,
-                len(states),
-            )
+        gap = max(0, free - max(0, f - unseen))  # what the free blocks now lack of ``free``
+        log.debug(
+            "forecast %s/%s: usable %d free %d unseen %d others %d now %d other %d budget %d "
+            "peak %d → free %d (caution %.2f, rate %s)",
+            *(pool, endpoint, u, f, unseen, others, peaks.now_blocks, other, budget),
+            *(peaks.peak, free, look.caution, look.rate),
+        )
         telemetry.FORECAST_PEAK.labels(pool=pool, endpoint=endpoint).set(peaks.peak)
         telemetry.FORECAST_CAUTION.labels(pool=pool, endpoint=endpoint).set(look.caution)
+        read_floors = profile.forecast.read_floors
 
         def charge(shape: Shape, limit: int) -> int:
             start = base.need(shape, 1) if limit > 0 else base.need(shape, 0)
-            floor = min(shape.floor, limit) if profile.forecast.read_floors else 0
-            total = look.total(0, limit, floor)
-            prompt = base.need(shape, 0)
-            added = peaks.with_new(prompt, total, shape.sequences) - peaks.peak
+            total = look.total(0, limit, min(shape.floor, limit) if read_floors else 0)
+            added = peaks.with_new(base.need(shape, 0), total, shape.sequences) - peaks.peak
             return max(added, start + gap)
 
         fit = replace(base, free_blocks=free, forecast=charge)

@@ -48,9 +48,10 @@ from ext_proc.signals.snapshot import PoolSnapshot
 __all__ = ["ASLEEP", "H_ENDPOINT", "Placement", "Placer", "asleep_answer"]
 
 H_ENDPOINT = "x-ice-endpoint"
-# "ledger": the request was judged with no live view of the pool (it expired), against the
-# last view's blocks less what ICE itself holds (PoolViews.ledger_view)
-H_VIEW = "x-ice-view"
+# x-ice-stale: ledger: the request was judged with no live view of the pool (it expired),
+# against the last view's blocks less what ICE itself holds (PoolViews.ledger_view); the
+# header a stale view already carries (ext_proc.policy.decision.H_STALE), so Envoy echoes it
+H_VIEW = "x-ice-stale"
 ASLEEP = "backend_asleep"  # the reason of the 503 when every endpoint sleeps
 
 
@@ -78,7 +79,7 @@ class Placement:
     picked: bool = False  # ICE chose the endpoint: Envoy must be told
     unknown: bool = False  # header mode: the named endpoint is not one of the pool's
     prefix: str | None = None  # the request's prefix key (affinity)
-    # judged without a live view: the last view's blocks less ICE's own holds (x-ice-view)
+    # judged without a live view: the last view's blocks less ICE's own holds
     ledger_only: bool = False
 
     def headers(self) -> list[tuple[str, str]]:

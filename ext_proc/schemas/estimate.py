@@ -23,6 +23,10 @@ Error: on English prose the estimate is typically within +-25% of a Llama/GPT to
 code with much whitespace or many symbols runs higher than estimated. The policy's
 ``output_buffer_tokens`` absorbs this error; exact counting replaces it when configured.
 
+Per tokenizer, how far the exact count strays from this estimate is measured at load
+(``ext_proc.tokencount.calibration``, against the adapters' figure for whole requests): the
+bounds ``exact_count: needed`` trusts.
+
 Invariant: pure functions of their inputs; never raises on any ``str``.
 """
 

@@ -190,13 +190,16 @@ def render_body_outcome(outcome: Outcome) -> pb.ProcessingResponse:
 
 
 def _render_continue(outcome: Continue) -> pb.ProcessingResponse:
-    common = pb.CommonResponse()
+    # built in place: a message passed to a constructor is copied, and with it a rewritten
+    # body (8 MB: ~30 ms on the event loop, twice)
+    resp = pb.ProcessingResponse()
+    resp.request_body.response.SetInParent()  # the reply is a body reply even with nothing set
+    common = resp.request_body.response
     sets = common.header_mutation.set_headers
     sets.extend(_header(k, v) for k, v in outcome.headers)
     if outcome.body is not None:
         common.body_mutation.body = outcome.body
         sets.append(_header("content-length", str(len(outcome.body))))
-    resp = pb.ProcessingResponse(request_body=pb.BodyResponse(response=common))
     _set_metadata(resp, outcome)
     return resp
 

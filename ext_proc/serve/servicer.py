@@ -13,7 +13,10 @@ ticket, KV hold, queue slot) is its ``ext_proc.admit.stream.Stream``, released i
 when the stream ends. The body phase's ways to a verdict, in order: judged in full (here or
 in the helper process) or from its size (``_judge``); a pending truncation finished
 (``ext_proc.admit.truncation``); a memory refusal queued (``ext_proc.admit.queue``); a
-verdict reserved in the replicas' shared ledger (``ext_proc.admit.shared_ledger``).
+verdict reserved in the replicas' shared ledger (``ext_proc.admit.shared_ledger``). A body
+with a ``content-length`` is promised its place in the worker's backlog at the headers (a
+busy worker judges it there, from that size: the coarse verdict, which may wait in the
+queue too); a chunked one is admitted at its body phase, by its size (``_admit_at_body``).
 """
 
 from __future__ import annotations
@@ -125,7 +128,11 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                 if phase == "request_headers":
                     rid = request_id(request.request_headers)
                     subset = subset_hint(request.metadata_context)
-                    facts, response = self._headers(route, stream, request.request_headers, subset)
+                    facts, got = self._headers(route, stream, request.request_headers, subset)
+                    if isinstance(got, Waiter):  # a coarse refusal waits in the queue
+                        yield extend_timeout(got.spec.max_queue_wait_ms)
+                        got = await self._coarse_waited(route, facts, stream, got)
+                    response = got
                 elif phase == "request_body":
                     response = None
                     data = request.request_body.body
@@ -195,17 +202,18 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         stream: Stream,
         headers: pb.HttpHeaders,
         subset: frozenset[str] | None = None,
-    ) -> tuple[RequestFacts, pb.ProcessingResponse]:
+    ) -> tuple[RequestFacts, pb.ProcessingResponse | Waiter]:
+        """The headers' answer; a ``Waiter`` when a coarse refusal waits in the queue. A
+        body with a ``content-length`` is promised a place in the backlog here; a chunked
+        one is admitted at the body phase, by its size (``_admit_at_body``)."""
         pairs = ((h.key, h.raw_value or h.value.encode()) for h in headers.headers.headers)
         facts = self.pipeline.on_headers(route, pairs, headers.end_of_stream, subset)
         if facts.answer is not None:
             return facts, render.render_immediate(facts.answer)
         if facts.skip_body:
             return facts, render.skip_body(facts.strip, facts.shadow_headers)
-        if facts.adapter is not None:
-            promised = facts.content_length
-            if promised is None:  # chunked: the body may be as large as the limit
-                promised = self.pipeline.max_body_bytes
+        promised = facts.content_length
+        if facts.adapter is not None and promised is not None:
             helper = self.offload is not None and self.pipeline.needs_helper_size(promised)
             admitted = self.backlog.admit(promised, "helper" if helper else "inline")
             if isinstance(admitted, str):  # busy: the coarse verdict, without the body
@@ -217,12 +225,38 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
 
     def _coarse(
         self, route: Route, facts: RequestFacts, stream: Stream, promised: int, why: str
-    ) -> pb.ProcessingResponse:
-        """The coarse verdict at the headers (the worker is busy), recorded and held."""
+    ) -> pb.ProcessingResponse | Waiter:
+        """The coarse verdict at the headers (the worker is busy), recorded and held; a
+        memory refusal on a route with a queue waits in it (``_coarse_waited``)."""
         verdict = self.pipeline.on_size(route, facts, promised)
-        stream.hold = self.pipeline.record(route, verdict)
-        share_hold(self.pipeline, route, stream.hold)
         telemetry.COARSE_VERDICTS.labels(route=route.name, why=why).inc()
+        if queueable(route, verdict):
+            got = self.queue.offer(self.pipeline, route, facts, stream, verdict)
+            if isinstance(got, Waiter):
+                return got
+            verdict = got
+        return self._coarse_answer(route, facts, stream, verdict, recorded=False)
+
+    async def _coarse_waited(
+        self, route: Route, facts: RequestFacts, stream: Stream, waiter: Waiter
+    ) -> pb.ProcessingResponse:
+        """A queued coarse verdict's answer, once the queue judged it again (recorded)."""
+        verdict = await self.queue.wait(waiter)
+        share_hold(self.pipeline, route, stream.hold)
+        return self._coarse_answer(route, facts, stream, verdict, recorded=True)
+
+    def _coarse_answer(
+        self,
+        route: Route,
+        facts: RequestFacts,
+        stream: Stream,
+        verdict: BodyVerdict,
+        recorded: bool,
+    ) -> pb.ProcessingResponse:
+        if not recorded:
+            stream.hold = self.pipeline.record(route, verdict)
+            share_hold(self.pipeline, route, stream.hold)
+            self.queue.count_started(route, facts, stream, verdict)
         outcome = _with_profile(verdict.outcome, route, facts)
         self._watch(route, stream, verdict)
         watch = stream.need_tokens is not None and self._watching(route)
@@ -264,13 +298,20 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     ) -> BodyVerdict | None:
         """The body's verdict: in full (in-process or in the offload helper), from its size
         when it arrived too late to be read in time, None for a body that is not judged, or
-        ``_GONE`` (continue untouched, uncounted) when Envoy can no longer hear it."""
+        ``_GONE`` (continue untouched, uncounted) when Envoy can no longer hear it. A long
+        body's receipt, its scan and its judgement each take their own turn of the loop."""
+        if len(data) > SMALL_BODY_BYTES:
+            await asyncio.sleep(0)
         heavy = (
             self.offload is not None
             and facts.adapter is not None
             and (self.offload.is_heavy(data) or self.pipeline.needs_helper(data))
         )
         lane: Lane = "helper" if heavy else "inline"
+        if stream.ticket is None and facts.adapter is not None and facts.content_length is None:
+            admitted = self._admit_at_body(route, facts, stream, len(data), lane)
+            if admitted is not None:  # busy: judged from its size, now known
+                return admitted
         ticket = stream.ticket
         if ticket is None:  # not admitted at the headers (an unknown path's body, tests)
             return await self._judge_now(route, facts, data, heavy)
@@ -290,6 +331,20 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             backlog.lost()
             return _GONE
         return verdict
+
+    def _admit_at_body(
+        self, route: Route, facts: RequestFacts, stream: Stream, nbytes: int, lane: Lane
+    ) -> BodyVerdict | None:
+        """A chunked body's place in the backlog, asked for now that its size is known (at
+        its headers it could have been anything up to ``max_body_bytes``); the coarse
+        verdict on that size when the worker is busy (None: admitted, ``stream.ticket``)."""
+        admitted = self.backlog.admit(nbytes, lane)
+        if isinstance(admitted, str):
+            telemetry.COARSE_VERDICTS.labels(route=route.name, why=admitted).inc()
+            return self.pipeline.on_size(route, facts, nbytes)
+        stream.ticket = admitted
+        telemetry.BACKLOG_BYTES.set(self.backlog.inflight_bytes)
+        return None
 
     async def _judged_in_time(
         self,
@@ -311,6 +366,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             # exact counting of a long prompt has a budget: past it, the size decides
             budget = self.pipeline.policy.exact_count_budget_ms / 1000 - (judging - started)
             try:
+                await asyncio.sleep(0)  # the scan took this turn; the helper's is the next
                 verdict = await asyncio.wait_for(
                     self.offload.on_body(self.pipeline, route, facts, data), max(0.0, budget)
                 )

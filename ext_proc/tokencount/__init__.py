@@ -43,6 +43,13 @@ Modules, in the order a request meets them:
 - ``shaping``: vLLM's ``parse_chat_messages`` for text (the template's conversation, tool
   calls, ``developer``, tools) and transformers' ``continue_final_message``;
 - ``anthropic``: ``/v1/messages`` → chat messages and tools, as vLLM converts them;
+- ``splits``: which split of a rendered prompt counts exactly for this tokenizer (every
+  piece alike, or the first with the tokenizer and the rest without Metaspace's
+  ``prepend_scheme: first``), the template's turn marker, and the adversarial texts a split
+  must count exactly at load;
+- ``pieces``: ``PieceCounter`` (a rendered prompt counted piece by piece, from a cache);
+- ``calibration``: the estimate's bounds (exact ÷ estimate) for this tokenizer, measured at
+  load on a generated sample, which ``exact_count: needed`` trusts;
 - ``counter``: ``ExactCounter`` (loading, reading a request body, rendering, encoding);
 - ``registry``: ``CounterRegistry`` (served model name → counter).
 
@@ -50,6 +57,9 @@ Invariants:
 - An ``ExactCounter`` is immutable after ``load``: every method may run in many threads at
   once (the Rust tokenizer is only read, and ``encode`` releases the GIL; each render gets its
   own jinja context). A ``CounterRegistry`` is immutable too; there is no module state.
+- Counting by pieces equals counting the whole text (checked at load for the tokenizer and
+  template at hand, else whole texts are counted); the truncation and padding a
+  ``tokenizer.json`` may set are turned off, as transformers does when encoding.
 - Loading raises only ``TokenizerLoadError``, whose message names the file and the problem.
   Counting raises only ``TokenCountError`` (the template raised, or content it cannot
   count): callers keep their estimate then; no other exception escapes for JSON input.

@@ -10,6 +10,10 @@ The body fields that change the prompt are read here (``add_generation_prompt``,
 ``continue_final_message``, ``add_special_tokens``, ``chat_template_kwargs``,
 ``reasoning_effort``, ``documents``, ``output_config.effort``, ``thinking``).
 
+At load the counter also picks how to split a rendered prompt (``pieces``, ``splits``) and,
+given the schema adapters' estimate, measures the estimate's bounds for this tokenizer
+(``bounds``, ``calibration``).
+
 Invariants: an ``ExactCounter`` is immutable after ``load``, so every method may run in many
 threads at once (the Rust tokenizer is only read; each render gets its own jinja context).
 ``load`` raises only ``TokenizerLoadError``; counting raises only ``TokenCountError``.
@@ -21,30 +25,36 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, Literal
 
-import jinja2
 from tokenizers import AddedToken, Tokenizer
 
 from ext_proc.tokencount.anthropic import _anthropic_tools, anthropic_to_chat
+from ext_proc.tokencount.calibration import (
+    DEFAULT_BOUNDS,
+    EstimateBounds,
+    Estimator,
+    measure_bounds,
+)
 from ext_proc.tokencount.pieces import DEFAULT_CACHE_BYTES, PieceCounter
 from ext_proc.tokencount.samples import SAMPLE_CONVERSATIONS, SAMPLE_TOOLS
 from ext_proc.tokencount.shaping import (
     _conversation_message,
     _cut_at_tag,
     _developer_to_system,
+    _flag,
+    _is_int,
     _postprocess,
     _tag_final_message,
+    _template_kwargs,
     _tool_dicts,
 )
 from ext_proc.tokencount.spec import TokenCountError, TokenizerLoadError, TokenizerSpec
+from ext_proc.tokencount.splits import adversarial_conversations, turn_marker
 from ext_proc.tokencount.templates import (
-    _environment,
+    _compile,
     _extra_tokens,
-    _loops_over_content,
-    _needs_system_first,
     _read_json,
     _special_tokens,
     _Template,
-    _templates,
 )
 
 # The schema adapters' names (``RequestFeatures.schema``) that ``count_request`` reads.
@@ -56,7 +66,15 @@ _EFFORTS = ("low", "medium", "high", "xhigh", "max")
 class ExactCounter:
     """One model's tokenizer and chat template; counts prompts as vLLM does (see module doc)."""
 
-    __slots__ = ("_pieces", "_special", "_template_kwargs", "_templates", "_tokenizer", "source")
+    __slots__ = (
+        "_pieces",
+        "_special",
+        "_template_kwargs",
+        "_templates",
+        "_tokenizer",
+        "bounds",
+        "source",
+    )
 
     def __init__(
         self,
@@ -66,19 +84,40 @@ class ExactCounter:
         template_kwargs: Mapping[str, Any],
         source: str,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
+        estimate: Estimator | None = None,
     ) -> None:
+        # a tokenizer.json may truncate or pad; transformers turns both off when it encodes
+        # without truncation or padding, as vLLM does
+        tokenizer.no_truncation()
+        tokenizer.no_padding()
         self._tokenizer = tokenizer
         self._templates = MappingProxyType(dict(templates))
         self._special = MappingProxyType(dict(special_tokens))
         self._template_kwargs = MappingProxyType(dict(template_kwargs))
         self.source = source
         self._pieces = PieceCounter(tokenizer, cache_bytes)
-        self._pieces.verify(self._samples())
+        marker = None
+        if self._templates:  # the text between every two turns: a place to cut without tokens
+            marker = turn_marker(lambda m: self._render(m, None, False, False, None))
+        renders = self._renders(SAMPLE_CONVERSATIONS)
+        cuts = self._pieces.template_cuts(renders)
+        more = self._renders(adversarial_conversations(cuts + ([marker] if marker else [])))
+        self._pieces.verify(renders + more, marker, cuts)
+        self.bounds: EstimateBounds = DEFAULT_BOUNDS
+        if estimate is not None:
+            self.bounds = measure_bounds(self.count_request, estimate)
 
     @classmethod
-    def load(cls, spec: TokenizerSpec, cache_bytes: int = DEFAULT_CACHE_BYTES) -> ExactCounter:
+    def load(
+        cls,
+        spec: TokenizerSpec,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
+        estimate: Estimator | None = None,
+    ) -> ExactCounter:
         """Load ``spec``'s files; raise ``TokenizerLoadError`` naming the file and problem.
-        ``cache_bytes`` bounds the remembered piece counts (``pieces``)."""
+        ``cache_bytes`` bounds the remembered piece counts (``pieces``); with ``estimate``
+        (the schema adapters' figure for a request) the estimate's bounds are measured
+        (``calibration``), else ``bounds`` is the assumed 0.5–2.0."""
         path = spec.tokenizer_json
         if not path.is_file():
             raise TokenizerLoadError(f"tokenizer {path}: no such file")
@@ -101,42 +140,24 @@ class ExactCounter:
                 missing.append(AddedToken(text, special=True, normalized=False))
         if missing:  # transformers adds the config's special tokens the JSON lacks
             tokenizer.add_special_tokens(missing)
-        env = _environment()
-        templates: dict[str, _Template] = {}
-        where = spec.chat_template or spec.tokenizer_config
-        for name, source in _templates(config, spec.tokenizer_config, spec.chat_template).items():
-            try:
-                compiled = env.from_string(source)
-                tree = env.parse(source)
-            except jinja2.TemplateSyntaxError as e:
-                raise TokenizerLoadError(
-                    f"chat template {name!r} of {where}: line {e.lineno}: {e.message}"
-                ) from None
-            fmt = spec.content_format
-            if fmt == "auto":
-                fmt = "openai" if _loops_over_content(tree) else "string"
-            templates[name] = _Template(
-                source=source,
-                compiled=compiled,
-                content_format=fmt,
-                knows_developer="'developer'" in source or '"developer"' in source,
-                system_first=_needs_system_first(source),
-            )
+        templates = _compile(config, spec)
         kwargs = dict(spec.template_kwargs)
-        return cls(tokenizer, templates, special, kwargs, source=str(path), cache_bytes=cache_bytes)
+        return cls(tokenizer, templates, special, kwargs, str(path), cache_bytes, estimate)
 
-    def _samples(self) -> list[str]:
-        """Rendered sample conversations (each template, with and without tools) on which
-        piecewise counting must equal whole counting (``pieces.PieceCounter.verify``)."""
+    def _renders(self, conversations: Sequence[Sequence[Mapping[str, Any]]]) -> list[str]:
+        """Each conversation rendered by each template (with and without tools, with and
+        without the generation prompt): the texts ``pieces.PieceCounter.verify`` checks
+        (the shipped samples, then conversations whose contents put the template's cut
+        tokens and turn marker next to adversarial text, ``splits``)."""
         texts = []
         for tools in (None, SAMPLE_TOOLS):
-            for conversation in SAMPLE_CONVERSATIONS:
-                try:
-                    texts.append(
-                        self._render([dict(m) for m in conversation], tools, True, False, None)
-                    )
-                except TokenCountError:
-                    continue
+            for conversation in conversations:
+                for prompt in (True, False):
+                    try:
+                        messages = [dict(m) for m in conversation]
+                        texts.append(self._render(messages, tools, prompt, False, None))
+                    except TokenCountError:
+                        continue
         return texts
 
     # -- properties
@@ -145,6 +166,19 @@ class ExactCounter:
     def count_mode(self) -> str:
         """``pieces`` (turns counted apart and cached) or ``whole`` (see ``pieces``)."""
         return self._pieces.mode
+
+    @property
+    def split(self) -> str:
+        """How pieces are encoded (``same``, ``first``; see ``splits``), or why whole texts
+        are counted (``whole: <reason>``)."""
+        pieces = self._pieces
+        if pieces.mode == "whole":
+            return f"whole: {pieces.reason}"
+        return (
+            pieces.split
+            if pieces.boundary == "cut tokens"
+            else f"{pieces.split} at {pieces.boundary}"
+        )
 
     @property
     def has_chat_template(self) -> bool:
@@ -388,25 +422,3 @@ class ExactCounter:
         if final is not None:
             text = _cut_at_tag(text, final)
         return text
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _flag(body: Mapping[str, Any], key: str, default: bool) -> bool:
-    value = body.get(key)
-    return value if isinstance(value, bool) else default
-
-
-def _template_kwargs(body: Mapping[str, Any], effort: Any) -> dict[str, Any]:
-    """``chat_template_kwargs`` with what vLLM adds from the request (unset when None)."""
-    given = body.get("chat_template_kwargs")
-    kwargs: dict[str, Any] = dict(given) if isinstance(given, dict) else {}
-    if effort is not None and effort != "auto":
-        kwargs.setdefault("enable_thinking", effort != "none")
-        kwargs["reasoning_effort"] = effort
-    documents = body.get("documents")
-    if documents is not None:
-        kwargs["documents"] = documents
-    return kwargs

@@ -3,21 +3,27 @@
 Job: load every configured ``TokenizerSpec`` at start-up (eagerly: a bad file stops start-up
 with a ``TokenizerLoadError`` that names ``tokenizers.<model>``, the file and the problem),
 share one counter among models whose specs are equal (``TokenizerSpec.key``), and answer
-``counter_for(model)`` (None: estimate instead).
+``counter_for(model)`` (None: estimate instead). With ``estimate`` (the schema adapters'
+figure) each counter measures its estimate bounds at load (``calibration``); the load log
+names each model's split and bounds.
 
 Invariant: immutable after construction (a read-only mapping), so it is shared by threads;
-there is no module state.
+there is no module state but its logger.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
+from ext_proc.tokencount.calibration import Estimator
 from ext_proc.tokencount.counter import ExactCounter
 from ext_proc.tokencount.pieces import DEFAULT_CACHE_BYTES
 from ext_proc.tokencount.spec import TokenizerLoadError, TokenizerSpec
+
+log = logging.getLogger(__name__)
 
 
 class CounterRegistry:
@@ -30,6 +36,7 @@ class CounterRegistry:
         self,
         specs: Mapping[str, TokenizerSpec] | None = None,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
+        estimate: Estimator | None = None,
     ) -> None:
         loaded: dict[tuple[Any, ...], ExactCounter] = {}
         counters: dict[str, ExactCounter] = {}
@@ -37,10 +44,24 @@ class CounterRegistry:
             key = spec.key()
             if key not in loaded:
                 try:
-                    loaded[key] = ExactCounter.load(spec, cache_bytes)
+                    loaded[key] = ExactCounter.load(spec, cache_bytes, estimate)
                 except TokenizerLoadError as e:
                     raise TokenizerLoadError(f"tokenizers.{model}: {e}") from None
             counters[model] = loaded[key]
+            c = loaded[key]
+            b = c.bounds
+            # whole texts are exact but cost the whole conversation every turn: a warning
+            log.log(
+                logging.WARNING if c.count_mode == "whole" else logging.INFO,
+                "tokenizer for %s: counting by %s (split %s); estimate bounds %.2f-%.2f %s%s",
+                model,
+                c.count_mode,
+                c.split,
+                b.low,
+                b.high,
+                b.source,
+                f" (lowest {b.worst_low}, highest {b.worst_high})" if b.worst_high else "",
+            )
         self._counters = MappingProxyType(counters)
 
     def counter_for(self, model: str | None) -> ExactCounter | None:

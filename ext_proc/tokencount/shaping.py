@@ -7,7 +7,8 @@ ones; ``None`` content is ``""``; Claude Code's billing-header line is dropped f
 text; assistant tool-call arguments are parsed into objects; ``developer`` becomes
 ``system`` (merged into one leading message) for templates that never name it; ``tools``
 become vLLM's pydantic dump. Also transformers' ``continue_final_message``: tag the final
-message's text, render, cut the text at the tag.
+message's text, render, cut the text at the tag. And the request fields that change the prompt
+(``_flag``, ``_template_kwargs``: what vLLM adds from ``reasoning_effort`` and ``documents``).
 
 Invariants: functions of their input only; the request's own objects are never mutated
 (messages, parts and tool calls are rebuilt; only the conversation built here is changed in
@@ -18,6 +19,7 @@ place). Non-text content (images, audio, video) and malformed messages raise
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from ext_proc.tokencount.spec import TokenCountError
@@ -95,6 +97,9 @@ def _conversation_message(
     if not isinstance(role, str):
         raise TokenCountError(f"{where}.role: must be a string")
     content = msg.get("content")
+    common = content_format == "string" and role in ("user", "assistant") and len(msg) == 2
+    if common and type(content) is str:
+        return {"role": role, "content": content}  # the common turn: what the rest would build
     parts: list[Any]
     if content is None:
         parts = []
@@ -270,3 +275,28 @@ def _cut_at_tag(text: str, final: str) -> str:
     if text[at : at + len(_CONTINUE_TAG)] == _CONTINUE_TAG:
         return text[:at]
     return text[:at].rstrip()
+
+
+# --- request fields that change the prompt
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _flag(body: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = body.get(key)
+    return value if isinstance(value, bool) else default
+
+
+def _template_kwargs(body: Mapping[str, Any], effort: Any) -> dict[str, Any]:
+    """``chat_template_kwargs`` with what vLLM adds from the request (unset when None)."""
+    given = body.get("chat_template_kwargs")
+    kwargs: dict[str, Any] = dict(given) if isinstance(given, dict) else {}
+    if effort is not None and effort != "auto":
+        kwargs.setdefault("enable_thinking", effort != "none")
+        kwargs["reasoning_effort"] = effort
+    documents = body.get("documents")
+    if documents is not None:
+        kwargs["documents"] = documents
+    return kwargs

@@ -28,7 +28,7 @@ import jinja2.ext
 import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from ext_proc.tokencount.spec import TokenizerLoadError
+from ext_proc.tokencount.spec import TokenizerLoadError, TokenizerSpec
 
 # transformers' named special tokens (``SPECIAL_TOKENS_ATTRIBUTES``); other ``*_token`` keys
 # of tokenizer_config.json are model-specific named tokens and reach the template too.
@@ -284,3 +284,30 @@ def _templates(
         f"tokenizer config {config_path}: chat_template must be a string or a list of "
         f"{{name, template}} objects, got {type(value).__name__}"
     )
+
+
+def _compile(config: Mapping[str, Any], spec: TokenizerSpec) -> dict[str, _Template]:
+    """The spec's chat template(s), compiled and analysed; ``TokenizerLoadError`` on bad
+    syntax, naming the template and the line."""
+    env = _environment()
+    templates: dict[str, _Template] = {}
+    where = spec.chat_template or spec.tokenizer_config
+    for name, source in _templates(config, spec.tokenizer_config, spec.chat_template).items():
+        try:
+            compiled = env.from_string(source)
+            tree = env.parse(source)
+        except jinja2.TemplateSyntaxError as e:
+            raise TokenizerLoadError(
+                f"chat template {name!r} of {where}: line {e.lineno}: {e.message}"
+            ) from None
+        fmt = spec.content_format
+        if fmt == "auto":
+            fmt = "openai" if _loops_over_content(tree) else "string"
+        templates[name] = _Template(
+            source=source,
+            compiled=compiled,
+            content_format=fmt,
+            knows_developer="'developer'" in source or '"developer"' in source,
+            system_first=_needs_system_first(source),
+        )
+    return templates

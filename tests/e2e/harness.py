@@ -485,15 +485,19 @@ def running_stack(
     ice_cluster: str = "ice",
     backend_cluster: str | tuple[str, ...] = "backend",
     client_priority: str = "trust",
+    envoy_port: int | None = None,
+    backend_port: int | None = None,
 ) -> Iterator[E2E]:
     """Backend, ICE (unless ``start_ice`` is false: its address stays dead) and Envoy;
     ``passthrough_paths`` go into the policy and, opened, into Envoy's config.
     ``envoy_template`` (a bootstrap shaped like a mesh's proxy, tests/e2e/meshes.py) with the
     names of its listener and of its ICE and backend clusters (several: Envoy Gateway makes
-    one per route rule): Envoy runs that instead. ``client_priority``: ``write_policy``'s."""
+    one per route rule): Envoy runs that instead. ``client_priority``: ``write_policy``'s.
+    ``envoy_port`` / ``backend_port``: ports the caller chose (``free_port``) because its
+    template needs them (a mesh's inbound listener keyed by its own port)."""
     paths = list(passthrough_paths)
     with Stack(workdir) as stack:
-        backend_port = free_port()
+        backend_port = backend_port or free_port()
         stack.start_backend(backend_port)
         policy = write_policy(
             workdir / "policy.yaml",
@@ -514,7 +518,7 @@ def running_stack(
                 metrics_address=f"127.0.0.1:{metrics_port}",
                 extra=ice_extra,
             )
-        envoy_port, admin_port = free_port(), free_port()
+        envoy_port, admin_port = envoy_port or free_port(), free_port()
         config = render_envoy_config(
             envoy_template,
             admin_port=admin_port,

@@ -1,28 +1,43 @@
 """Bootstraps shaped like a mesh's proxy, with the generated manifests' objects applied.
 
 What the mesh would build itself is built here, as that mesh builds it; what ICE adds is
-taken from the generated files (``envoy/k8s/overlays/*/generated/``), not copied:
+taken from the generated files (``envoy/k8s/overlays/*/generated/``), not copied, and applied
+by ``istio_apply`` with istiod's EnvoyFilter semantics (context, listener and chain ports,
+route tables, map entries replaced, insertion order). Nothing here sets what a patch should
+set: the listener's buffer limit is Envoy's default (1 MiB) unless a patch raises it, and
+ICE's cluster is istiod's (10 s connect timeout, no stream limit) unless the DestinationRule
+changes it.
 
-- ``istio_gateway``: an Istio ingress gateway's HTTP listener (``0.0.0.0_8080``, route
-  config ``http.8080``, vhost ``*:80``, Istio's cors and fault filters before the router),
-  its routes translated from the generated VirtualService as Istio does (route name = the
-  http route's name, exact ``uri`` → ``path``, ``method`` regex → a ``:method`` header
-  matcher, ``directResponse`` → ``direct_response``), then the ``ice-gateway`` EnvoyFilter's
-  patches applied as Istio applies them.
-- ``istio_sidecar``: a sidecar's inbound listener for the backend's port (route config
-  ``inbound|PORT||``, one route ``default`` to ``inbound|PORT||``), then ``ice-sidecar``.
-- ``envoy_gateway``: Envoy Gateway's translation of the generated objects (``eg_xds``).
+- ``istio_gateway``: an ingress gateway's HTTP listener on the gateway pods' port
+  (``0.0.0.0_8080``), Istio's gateway HCM settings (BASE path normalisation, its access log),
+  route table ``http.8080`` with two vhosts: another tenant's (``other.example.com:80``, a
+  route ``other.default`` to its own service) and ICE's (``*:80``) translated from the
+  generated VirtualService as Istio does (route name = the http route's name, exact ``uri`` →
+  ``path``, ``method`` regex → a ``:method`` header matcher, ``directResponse`` →
+  ``direct_response``); istiod's filters (gRPC stats, fault, cors) before the router.
+- ``istio_sidecar``: the sidecar's ``virtualInbound`` listener (15006) as istiod builds it:
+  ``original_dst`` and ``tls_inspector`` listener filters, a blackhole chain for 15006, an
+  mTLS-shaped chain and a plaintext chain for the container port (route table
+  ``inbound|PORT||``, vhost ``inbound|http|SERVICE_PORT``, one route ``default`` to the
+  ORIGINAL_DST cluster ``inbound|PORT||``, bound from 127.0.0.6), a passthrough chain.
+  Without istio-init's iptables redirect, a connection's original destination is the
+  listener's own port and Envoy cannot read it back: ``redirect_port`` moves the container
+  port's chains to the listener's port after the patches, and ``app_port`` is the
+  destination the ORIGINAL_DST cluster connects to (given in its ``use_http_header`` header
+  by the vhosts, standing for the pod's address that iptables keeps).
 - Istio's cluster for ICE (``outbound|PORT||HOST``, HTTP/2 for ``appProtocol: grpc``, its
-  10 s connect timeout, no health checks), then the CLUSTER patch.
+  10 s connect timeout, no health checks), then the DestinationRule ``ice``.
+- ``envoy_gateway``: Envoy Gateway's translation of the generated objects (``eg_xds``).
 
-Patch semantics (Istio's): MERGE is a protobuf merge (messages merge, lists append, setting
-one member of a oneof such as a route's action clears the others); INSERT_BEFORE puts the
-value just before the matched element; on one route table Istio applies the MERGEs first,
-then the inserts.
+Every builder refuses a patch that matched nothing (istiod would skip it silently), unless
+given ``edit`` (patches changed on purpose: the doctor's tests of a broken deployment).
+``config_dump`` wraps a bootstrap as Envoy's admin ``/config_dump`` shows it.
 """
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +45,9 @@ import yaml
 
 from ext_proc.tools.envoygen import gateway_names, istio, pieces
 from ext_proc.tools.envoygen.emit import as_dict
-from ext_proc.tools.envoygen.spec import load_spec
+from ext_proc.tools.envoygen.spec import MeshSpec, load_spec
 
-from . import eg_xds
+from . import eg_xds, istio_apply
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC = load_spec(REPO / "envoy" / "mesh.yaml")
@@ -42,92 +57,93 @@ HCM_TYPE = (
     f"{TYPE}envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
 )
 HCM = "envoy.filters.network.http_connection_manager"
-ROUTE_ACTIONS = {"route", "direct_response", "redirect"}
+H2_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 
 ISTIO_ICE = istio.ice_cluster_name(SPEC)
 ISTIO_INBOUND = istio.inbound_cluster_name(SPEC)
 ISTIO_BACKEND = f"outbound|{SPEC.backend.port}||{istio.backend_host(SPEC)}"
-GATEWAY_LISTENER = "0.0.0.0_8080"
-SIDECAR_LISTENER = "virtualInbound"
+GATEWAY_LISTENER = f"0.0.0.0_{SPEC.gateway.target_port}"
+SIDECAR_LISTENER = istio.VIRTUAL_INBOUND
+INBOUND_CAPTURE_PORT = 15006
+ORIGINAL_DST_HEADER = "x-envoy-original-dst-host"
+TENANT_HOST = "other.example.com"
+TENANT_ROUTE = "other.default"
+TENANT_CLUSTER = "outbound|8080||other.tenant.svc.cluster.local"
 
 
-def generated_istio() -> dict[tuple[str, str], dict[str, Any]]:
-    docs = [d for d in yaml.safe_load_all(ISTIO_FILE.read_text()) if d]
+class PatchMissed(AssertionError):
+    """A generated patch matched nothing in the proxy istiod would build."""
+
+
+def generated_istio(spec: MeshSpec | None = None) -> dict[tuple[str, str], dict[str, Any]]:
+    """The generated Istio objects: the checked-in file, or ``istio.objects(spec)``."""
+    if spec is None:
+        docs = [d for d in yaml.safe_load_all(ISTIO_FILE.read_text()) if d]
+    else:
+        docs = istio.objects(spec)
     return {(d["kind"], d["metadata"]["name"]): d for d in docs}
 
 
-def proto_merge(into: dict[str, Any], patch: dict[str, Any]) -> None:
-    for key, value in patch.items():
-        if key in ROUTE_ACTIONS:
-            for other in ROUTE_ACTIONS - {key}:
-                into.pop(other, None)
-        if isinstance(value, dict) and isinstance(into.get(key), dict):
-            if "@type" in value and value.get("@type") != into[key].get("@type"):
-                into[key] = value
-            else:
-                proto_merge(into[key], value)
-        elif isinstance(value, list) and isinstance(into.get(key), list):
-            into[key] = into[key] + value
-        else:
-            into[key] = value
-
-
-def _filter(name: str, type_name: str) -> dict[str, Any]:
-    return {"name": name, "typed_config": {"@type": f"{TYPE}{type_name}"}}
+def _typed(name: str, type_name: str, **fields: Any) -> dict[str, Any]:
+    return {"name": name, "typed_config": {"@type": f"{TYPE}{type_name}", **fields}}
 
 
 def _istio_filters() -> list[dict[str, Any]]:
+    """istiod's HTTP filters in its order (listener_builder.go), the upstream ones: gRPC
+    stats, fault, cors, the router last (metadata exchange and Istio's stats are Istio's)."""
     return [
-        _filter("envoy.filters.http.cors", "envoy.extensions.filters.http.cors.v3.Cors"),
-        _filter("envoy.filters.http.fault", "envoy.extensions.filters.http.fault.v3.HTTPFault"),
-        _filter(pieces.ROUTER, "envoy.extensions.filters.http.router.v3.Router"),
+        _typed(
+            "envoy.filters.http.grpc_stats",
+            "envoy.extensions.filters.http.grpc_stats.v3.FilterConfig",
+            emit_filter_state=True,
+            stats_for_all_methods=False,
+        ),
+        _typed("envoy.filters.http.fault", "envoy.extensions.filters.http.fault.v3.HTTPFault"),
+        _typed("envoy.filters.http.cors", "envoy.extensions.filters.http.cors.v3.Cors"),
+        _typed(pieces.ROUTER, "envoy.extensions.filters.http.router.v3.Router"),
     ]
 
 
-def _apply(
-    patches: list[dict[str, Any]], context: str, hcm: dict[str, Any], clusters: list[dict[str, Any]]
-) -> None:
-    """The EnvoyFilter's patches on one HCM and the clusters, in Istio's order."""
-    routes = hcm["route_config"]["virtual_hosts"][0]["routes"]
-    by_name = {r["name"]: r for r in routes}
-    for p in patches:
-        assert p["match"]["context"] == context, p["match"]
-        op, value, kind = p["patch"]["operation"], p["patch"]["value"], p["applyTo"]
-        if kind == "NETWORK_FILTER":
-            assert op == "MERGE" and value["name"] == HCM
-            proto_merge(hcm, value["typed_config"])
-        elif kind == "HTTP_FILTER":
-            anchor = p["match"]["listener"]["filterChain"]["filter"]["subFilter"]["name"]
-            assert op == "INSERT_BEFORE"
-            at = next(i for i, f in enumerate(hcm["http_filters"]) if f["name"] == anchor)
-            hcm["http_filters"].insert(at, value)
-        elif kind == "CLUSTER":
-            assert op == "MERGE"
-            want = p["match"]["cluster"]
-            name = f"outbound|{want['portNumber']}||{want['service']}"
-            proto_merge(next(c for c in clusters if c["name"] == name), value)
-    on_routes = [p for p in patches if p["applyTo"] == "HTTP_ROUTE"]
-    for p in on_routes:
-        if p["patch"]["operation"] == "MERGE":
-            proto_merge(
-                by_name[p["match"]["routeConfiguration"]["vhost"]["route"]["name"]],
-                p["patch"]["value"],
-            )
-    for p in on_routes:
-        if p["patch"]["operation"] == "INSERT_BEFORE":
-            anchor = by_name[p["match"]["routeConfiguration"]["vhost"]["route"]["name"]]
-            routes.insert(routes.index(anchor), p["patch"]["value"])
+def _istio_access_log() -> dict[str, Any]:
+    """Istio's own access log (meshConfig ``accessLogFile: /dev/stdout``)."""
+    return _typed(
+        "envoy.access_loggers.file",
+        "envoy.extensions.access_loggers.file.v3.FileAccessLog",
+        path="/dev/stdout",
+        log_format={"text_format_source": {"inline_string": "[%START_TIME%] %RESPONSE_CODE%\n"}},
+    )
+
+
+def _istio_hcm(stat_prefix: str, table: dict[str, Any], *, gateway: bool) -> dict[str, Any]:
+    """The HTTP connection manager with the settings istiod gives it (the upstream parts)."""
+    hcm: dict[str, Any] = {
+        "@type": HCM_TYPE,
+        "stat_prefix": stat_prefix,
+        "route_config": table,
+        "http_filters": _istio_filters(),
+        "access_log": [_istio_access_log()],
+        "use_remote_address": gateway,
+        "normalize_path": True,  # meshConfig pathNormalization BASE
+        "path_with_escaped_slashes_action": "KEEP_UNCHANGED",
+        "upgrade_configs": [{"upgrade_type": "websocket"}],
+        "stream_idle_timeout": "0s",
+        "server_name": "istio-envoy",
+        "forward_client_cert_details": "SANITIZE_SET" if gateway else "APPEND_FORWARD",
+    }
+    return hcm
 
 
 def _istio_ice_cluster() -> dict[str, Any]:
     """ICE's cluster as Istio builds it for a Service port with ``appProtocol: grpc``."""
     return {
         "name": ISTIO_ICE,
-        "type": "STATIC",
+        "type": "STATIC",  # EDS in a mesh; static endpoints here
         "connect_timeout": "10s",
+        "circuit_breakers": {"thresholds": [{"max_connections": 4294967295}]},
         "typed_extension_protocol_options": {
-            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                "@type": f"{TYPE}envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            H2_OPTIONS: {
+                "@type": f"{TYPE}{H2_OPTIONS}",
+                "common_http_protocol_options": {"idle_timeout": "3600s"},
                 "explicit_http_config": {"http2_protocol_options": {}},
             }
         },
@@ -144,22 +160,35 @@ def _plain_cluster(name: str) -> dict[str, Any]:
     }
 
 
-def _bootstrap(
-    listener: str, port: int, hcm: dict[str, Any], clusters: list[dict[str, Any]]
+Edit = Callable[[list[dict[str, Any]]], list[dict[str, Any]]]
+
+
+def _patched(
+    bootstrap: dict[str, Any],
+    objects: dict[tuple[str, str], dict[str, Any]],
+    name: str,
+    proxy: str,
+    edit: Edit | None = None,
 ) -> dict[str, Any]:
+    """The EnvoyFilter ``name`` and DestinationRule ``ice`` applied as istiod applies them;
+    ``edit``: the patches changed first (a broken deployment, for the doctor's tests), then
+    a patch that matches nothing is skipped as istiod skips it."""
+    patches = objects["EnvoyFilter", name]["spec"]["configPatches"]
+    if edit is not None:
+        patches = edit(copy.deepcopy(patches))
+    missed = istio_apply.apply(bootstrap, patches, proxy)
+    if missed and edit is None:
+        raise PatchMissed(f"{name}: patches {missed} matched nothing: {patches[missed[0]]}")
+    for cluster in bootstrap["static_resources"]["clusters"]:
+        if cluster["name"] == ISTIO_ICE:
+            istio_apply.apply_destination_rule(cluster, objects["DestinationRule", "ice"])
+    return bootstrap
+
+
+def _bootstrap(listener: dict[str, Any], clusters: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 15000}}},
-        "static_resources": {
-            "listeners": [
-                {
-                    "name": listener,
-                    "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
-                    "per_connection_buffer_limit_bytes": pieces.MAX_BODY_BYTES,
-                    "filter_chains": [{"filters": [{"name": HCM, "typed_config": hcm}]}],
-                }
-            ],
-            "clusters": clusters,
-        },
+        "static_resources": {"listeners": [listener], "clusters": clusters},
     }
 
 
@@ -197,50 +226,202 @@ def _vs_route(http: dict[str, Any]) -> dict[str, Any]:
     return route
 
 
-def istio_gateway(port: int = 18080) -> dict[str, Any]:
-    objects = generated_istio()
+def tenant_vhost(port: int) -> dict[str, Any]:
+    """Another team's service on the same gateway, its own host and route."""
+    return {
+        "name": f"{TENANT_HOST}:{port}",
+        "domains": [TENANT_HOST, f"{TENANT_HOST}:*"],
+        "routes": [
+            {"name": TENANT_ROUTE, "match": {"prefix": "/"}, "route": {"cluster": TENANT_CLUSTER}}
+        ],
+    }
+
+
+def istio_gateway(spec: MeshSpec | None = None, edit: Edit | None = None) -> dict[str, Any]:
+    """The ingress gateway istiod builds for the generated Gateway and VirtualService beside
+    another tenant's, with ``ice-gateway`` applied (``spec``: generated in memory)."""
+    s = spec or SPEC
+    objects = generated_istio(spec)
     vs = objects["VirtualService", "llm-inference"]
-    routes = [_vs_route(h) for h in vs["spec"]["http"]]
-    hcm = {
-        "@type": HCM_TYPE,
-        "stat_prefix": f"outbound_{GATEWAY_LISTENER}",
-        "route_config": {
-            "name": "http.8080",
-            "virtual_hosts": [
-                {"name": f"*:{SPEC.gateway.port}", "domains": ["*"], "routes": routes}
-            ],
-        },
-        "http_filters": _istio_filters(),
+    port, target = s.gateway.port, s.gateway.target_port
+    table = {
+        "name": f"http.{target}",
+        "virtual_hosts": [
+            tenant_vhost(port),
+            {
+                "name": f"*:{port}",
+                "domains": ["*"],
+                "routes": [_vs_route(h) for h in vs["spec"]["http"]],
+            },
+        ],
     }
-    clusters = [_istio_ice_cluster(), _plain_cluster(ISTIO_BACKEND)]
-    envoy_filter = objects["EnvoyFilter", "ice-gateway"]
-    _apply(envoy_filter["spec"]["configPatches"], "GATEWAY", hcm, clusters)
-    return _bootstrap(GATEWAY_LISTENER, port, hcm, clusters)
+    hcm = _istio_hcm(f"outbound_0.0.0.0_{target}", table, gateway=True)
+    listener = {
+        "name": f"0.0.0.0_{target}",
+        "address": {"socket_address": {"address": "127.0.0.1", "port_value": target}},
+        "filter_chains": [{"filters": [{"name": HCM, "typed_config": hcm}]}],
+    }
+    backend = f"outbound|{s.backend.port}||{istio.backend_host(s)}"
+    clusters = [_istio_ice_cluster(), _plain_cluster(backend), _plain_cluster(TENANT_CLUSTER)]
+    return _patched(_bootstrap(listener, clusters), objects, "ice-gateway", "gateway", edit)
 
 
-def istio_sidecar(port: int = 15006) -> dict[str, Any]:
-    objects = generated_istio()
-    default = {"name": "default", "match": {"prefix": "/"}, "route": {"cluster": ISTIO_INBOUND}}
-    hcm = {
-        "@type": HCM_TYPE,
-        "stat_prefix": f"inbound_0.0.0.0_{SPEC.backend.port}",
-        "route_config": {
-            "name": ISTIO_INBOUND,
-            "virtual_hosts": [
-                {"name": f"inbound|http|{SPEC.backend.port}", "domains": ["*"], "routes": [default]}
-            ],
-        },
-        "http_filters": _istio_filters(),
+def _tcp_proxy(cluster: str) -> dict[str, Any]:
+    return _typed(
+        "envoy.filters.network.tcp_proxy",
+        "envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
+        stat_prefix=cluster,
+        cluster=cluster,
+    )
+
+
+def _original_dst_cluster(name: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "type": "ORIGINAL_DST",
+        "lb_policy": "CLUSTER_PROVIDED",
+        "connect_timeout": "10s",
+        "cleanup_interval": "60s",
+        "upstream_bind_config": {"source_address": {"address": "127.0.0.6", "port_value": 0}},
     }
-    clusters = [_istio_ice_cluster(), _plain_cluster(ISTIO_INBOUND)]
-    envoy_filter = objects["EnvoyFilter", "ice-sidecar"]
-    _apply(envoy_filter["spec"]["configPatches"], "SIDECAR_INBOUND", hcm, clusters)
-    return _bootstrap(SIDECAR_LISTENER, port, hcm, clusters)
+
+
+def _inbound_chains(s: MeshSpec) -> list[dict[str, Any]]:
+    """istiod's chains for the container port: mTLS-shaped (its certificates come over SDS,
+    left out here) and plaintext (PERMISSIVE), each with its own HCM."""
+    port, inbound = s.backend.container_port, istio.inbound_cluster_name(s)
+    default = {
+        "name": "default",
+        "match": {"prefix": "/"},
+        "route": {"cluster": inbound, "timeout": "0s"},
+        "decorator": {"operation": f"{istio.backend_host(s)}:{s.backend.port}/*"},
+    }
+    table = {
+        "name": inbound,
+        "validate_clusters": False,
+        "virtual_hosts": [
+            {"name": f"inbound|http|{s.backend.port}", "domains": ["*"], "routes": [default]}
+        ],
+    }
+    chains = []
+    for transport, alpn in (
+        ("tls", ["istio-http/1.0", "istio-http/1.1", "istio-h2"]),
+        ("raw_buffer", []),
+    ):
+        match: dict[str, Any] = {"destination_port": port, "transport_protocol": transport}
+        if alpn:
+            match["application_protocols"] = alpn
+        hcm = _istio_hcm(f"inbound_0.0.0.0_{port}", copy.deepcopy(table), gateway=False)
+        chains.append(
+            {
+                "name": f"0.0.0.0_{port}",
+                "filter_chain_match": match,
+                "filters": [{"name": HCM, "typed_config": hcm}],
+            }
+        )
+    return chains
+
+
+def istio_sidecar(
+    spec: MeshSpec | None = None,
+    *,
+    redirect_port: int | None = None,
+    app_port: int | None = None,
+    edit: Edit | None = None,
+) -> dict[str, Any]:
+    """The sidecar's inbound side as istiod builds it, with ``ice-sidecar`` applied."""
+    s = spec or SPEC
+    objects = generated_istio(spec)
+    listener: dict[str, Any] = {
+        "name": SIDECAR_LISTENER,
+        "address": {"socket_address": {"address": "127.0.0.1", "port_value": INBOUND_CAPTURE_PORT}},
+        "traffic_direction": "INBOUND",
+        "listener_filters": [
+            _typed(
+                "envoy.filters.listener.original_dst",
+                "envoy.extensions.filters.listener.original_dst.v3.OriginalDst",
+            ),
+            _typed(
+                "envoy.filters.listener.tls_inspector",
+                "envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector",
+            ),
+        ],
+        "listener_filters_timeout": "0s",
+        "continue_on_listener_filters_timeout": True,
+        "filter_chains": [
+            {
+                "name": "virtualInbound-blackhole",
+                "filter_chain_match": {"destination_port": INBOUND_CAPTURE_PORT},
+                "filters": [_tcp_proxy("BlackHoleCluster")],
+            },
+            *_inbound_chains(s),
+            {
+                "name": "virtualInbound-ipv4-passthrough",
+                "filter_chain_match": {
+                    "prefix_ranges": [{"address_prefix": "0.0.0.0", "prefix_len": 0}]
+                },
+                "filters": [_tcp_proxy("InboundPassthroughCluster")],
+            },
+        ],
+    }
+    inbound = _original_dst_cluster(istio.inbound_cluster_name(s))
+    clusters = [
+        _istio_ice_cluster(),
+        inbound,
+        _plain_cluster("BlackHoleCluster"),
+        _original_dst_cluster("InboundPassthroughCluster"),
+    ]
+    bootstrap = _patched(_bootstrap(listener, clusters), objects, "ice-sidecar", "sidecar", edit)
+    if redirect_port is not None:
+        for chain in listener["filter_chains"]:
+            if chain["filter_chain_match"].get("destination_port") == s.backend.container_port:
+                chain["filter_chain_match"]["destination_port"] = redirect_port
+    if app_port is not None:  # the original destination, as iptables would have kept it
+        inbound["original_dst_lb_config"] = {"use_http_header": True}
+        for hcm in hcms_of(bootstrap):
+            for vhost in hcm["route_config"]["virtual_hosts"]:
+                vhost["request_headers_to_add"] = [
+                    {
+                        "header": {"key": ORIGINAL_DST_HEADER, "value": f"127.0.0.1:{app_port}"},
+                        "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+                    }
+                ]
+    return bootstrap
+
+
+def hcms_of(bootstrap: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every HTTP connection manager's config, in listener and chain order."""
+    return [
+        f["typed_config"]
+        for listener in bootstrap["static_resources"]["listeners"]
+        for chain in listener["filter_chains"]
+        for f in chain["filters"]
+        if f["name"] == HCM
+    ]
+
+
+def config_dump(bootstrap: dict[str, Any], node: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The static resources of ``bootstrap`` as Envoy's admin ``/config_dump`` lists them."""
+    res = bootstrap["static_resources"]
+    admin = "type.googleapis.com/envoy.admin.v3."
+    return {
+        "configs": [
+            {"@type": f"{admin}BootstrapConfigDump", "bootstrap": {"node": node or {}}},
+            {
+                "@type": f"{admin}ClustersConfigDump",
+                "static_clusters": [{"cluster": c} for c in res["clusters"]],
+            },
+            {
+                "@type": f"{admin}ListenersConfigDump",
+                "static_listeners": [{"listener": x} for x in res["listeners"]],
+            },
+        ]
+    }
 
 
 def ext_proc_of(bootstrap: dict[str, Any]) -> dict[str, Any]:
-    hcm = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
-    return next(f for f in hcm["typed_config"]["http_filters"] if f["name"] == pieces.EXT_PROC)
+    hcm = hcms_of(bootstrap)[0]
+    return next(f for f in hcm["http_filters"] if f["name"] == pieces.EXT_PROC)
 
 
 def local_ext_proc() -> dict[str, Any]:

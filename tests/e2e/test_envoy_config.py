@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from ext_proc.lab.stack import CLOSED_ROUTE, ENVOY_DIR, envoy_binary, render_envoy_config
+from ext_proc.tools.envoygen import pieces
 
 from . import meshes
 from .harness import CLOSED, ENVOY_TEMPLATE, JUDGED_ROUTES, READ_ONLY_ROUTES
@@ -228,7 +229,9 @@ def test_istio_gateway_is_closed_by_default_and_ice_is_off_elsewhere() -> None:
     ext_proc = next(f for f in hcm["http_filters"] if f["name"] == EXT_PROC)
     # The gateway carries other services' routes: ICE is off unless a route turns it on.
     assert ext_proc["disabled"] is True
-    routes = _routes(hcm)
+    tenant, vhost = hcm["route_config"]["virtual_hosts"]
+    assert tenant == meshes.tenant_vhost(meshes.SPEC.gateway.port)
+    routes = vhost["routes"]
     judged = [r for r in routes if _ext_proc(r).get("overrides")]
     assert {r["match"]["path"]: r["name"] for r in judged} == {
         p: f"ice.{n}" for p, n in JUDGED_ROUTES.items()
@@ -236,7 +239,7 @@ def test_istio_gateway_is_closed_by_default_and_ice_is_off_elsewhere() -> None:
     for r in judged:
         assert r["route"]["cluster"] == meshes.ISTIO_BACKEND
         echoed = {h["header"]["key"] for h in r["response_headers_to_add"]}
-        assert echoed == set(meshes.pieces.ECHOED_HEADERS)
+        assert echoed == set(pieces.ECHOED_HEADERS)
     closed = routes[-1]
     assert (closed["name"], closed["match"]) == ("ice.closed", {"prefix": "/"})
     assert closed["direct_response"]["status"] == 404
@@ -247,7 +250,7 @@ def test_istio_gateway_is_closed_by_default_and_ice_is_off_elsewhere() -> None:
 
 
 def test_istio_sidecar_closes_the_inbound_routes_by_default() -> None:
-    hcm = _hcm(meshes.istio_sidecar(), meshes.SIDECAR_LISTENER)
+    hcm = meshes.hcms_of(meshes.istio_sidecar())[0]
     ext_proc = next(f for f in hcm["http_filters"] if f["name"] == EXT_PROC)
     assert ext_proc["typed_config"]["grpc_service"]["envoy_grpc"]["cluster_name"] == (
         meshes.ISTIO_ICE
@@ -282,7 +285,12 @@ def test_istio_and_the_stack_config_run_ice_the_same_way(flavour: str) -> None:
         for c in yaml.safe_load(ENVOY_TEMPLATE.read_text())["static_resources"]["clusters"]
         if c["name"] == "ice"
     )
-    assert ice["typed_extension_protocol_options"] == local["typed_extension_protocol_options"]
+    # the local cluster's stream limit and connect timeout, by DestinationRule, beside what
+    # istiod sets itself (its idle timeout stays)
+    options = ice["typed_extension_protocol_options"][meshes.H2_OPTIONS]
+    local_options = local["typed_extension_protocol_options"][meshes.H2_OPTIONS]
+    assert options["explicit_http_config"] == local_options["explicit_http_config"]
+    assert "idle_timeout" in options["common_http_protocol_options"]
     assert ice["connect_timeout"] == local["connect_timeout"]
 
 

@@ -2,10 +2,11 @@
 
 Every family of the fuzzer is sent (wrong types, huge numbers, NaN, deep nesting, BOM,
 invalid UTF-8, cut-off JSON, repeated keys, content types, oversized and chunked bodies,
-odd paths and methods). ICE must not crash, nothing may take over 5 s, every body the
-backend got must be the one sent or differ only in its output limit (a downgrade), and
-ICE must answer no 5xx. The fuzzer must also really reach each outcome, so that a tame
-generator cannot pass.
+odd paths and methods, media headers of many steps, brackets in strings, chunked bodies
+asking much). ICE must not crash or leave a request unjudged, nothing may take over 5 s,
+every body the backend got must be the one sent or differ only in its output limit (a
+downgrade), and ICE must answer no 5xx. The fuzzer must also really reach each outcome, so
+that a tame generator cannot pass.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ def test_two_thousand_mutated_requests_break_nothing(tmp_path: Path) -> None:
         assert not report.ice_5xx, report.ice_5xx[:5]
         assert not report.slow, report.slow[:5]
         assert not report.errors, report.errors[:5]
+        assert not report.unjudged, report.unjudged[:5]
+        families = report.families
+        for family in ("media_walk", "brackets_string", "chunked_big_ask"):
+            assert sum(families[family].values()) > 0, family
         outcomes = report.outcomes
         assert outcomes["passed"] > 0 and outcomes["mutated"] > 0
         assert any(k.startswith("400:invalid_json") for k in outcomes)

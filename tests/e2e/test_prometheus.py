@@ -44,7 +44,8 @@ import yaml
 from ext_proc.lab.redis_local import RedisServer
 from ext_proc.lab.stack import free_port
 
-from .harness import CHAT, E2E, HIGH, LOW, PROBE, PROBE_HEADERS, request, running_stack, upload
+from .harness import CHAT, E2E, HIGH, LOW, PROBE, PROBE_HEADERS, request, running_stack
+from .test_gate_round_two_load import slow_upload
 
 SCRAPE_INTERVAL = "1s"
 RATE_WINDOW = "1m"  # what $__rate_interval becomes: wide enough for two scrapes of each series
@@ -215,8 +216,10 @@ def every_decision(e2e: E2E) -> None:
         "truncate": e2e.post(CHAT, _long_conversation()),
         "bad request": e2e.post(CHAT, b"{not json"),
     }
-    body = json.dumps(_chat()).encode()
-    decided["coarse"] = upload(e2e.envoy_port, CHAT, [body], length=None)
+    # a slow upload holds 15 of the worker's 16 MiB: a body over 64 KiB is judged from its
+    # size (the worst body of its size fits the idle pool: a coarse pass)
+    with slow_upload(e2e, 15_000_000):
+        decided["coarse"] = e2e.post(CHAT, {**_chat(), "metadata": {"pad": "x" * 70_000}})
     e2e.set_state(HIGH, level="high")
     for _ in range(3):
         decided["downgrade"] = e2e.post(CHAT, _chat(max_tokens=4000))

@@ -16,11 +16,11 @@ def test_garbage_metrics_turn_pressure_unknown_and_requests_still_pass(stack: E2
     stack.set_raw_metrics(b"\x00 this is {not prometheus text\n}}}\n")
     stack.wait_pressure("unknown", timeout_s=MAX_AGE_S + 10)
     # At high pressure this sheddable request would be refused; with no pressure known ICE
-    # neither sheds nor caps, and judges the KV room from its own ledger (x-ice-view).
+    # neither sheds nor caps, and judges the KV room from its own ledger (x-ice-stale: ledger).
     body = {"model": "dev-model", "messages": [{"role": "user", "content": "hi"}]}
     reply = stack.post(CHAT, {**body, "max_tokens": 5000}, {"x-priority": "sheddable"})
     assert reply.status == 200, reply
-    unknown = {"x-mem-pressure": "unknown", "x-ice-decision": "pass", "x-ice-view": "ledger"}
+    unknown = {"x-mem-pressure": "unknown", "x-ice-decision": "pass", "x-ice-stale": "ledger"}
     assert reply.ice_headers() == unknown
     rec = stack.only_received()
     assert rec.ice_headers() == unknown
@@ -49,7 +49,7 @@ def test_with_no_live_view_ices_own_holds_still_bound_admission(stack: E2E) -> N
     """The view expired (metrics unreachable): ICE still knows what it passed and has not
     seen end. KV_TIGHT's last view: 100 usable blocks of 16. Two requests in flight hold
     ceil((15 + 700) / 16) = 45 blocks each (90); a third asking 700 gets what the other 10
-    blocks hold (10 × 16 − 15 = 145 tokens), marked x-ice-view: ledger."""
+    blocks hold (10 × 16 − 15 = 145 tokens), marked x-ice-stale: ledger."""
     prompt = OPENAI_CHAT.features(chat(700)).input_tokens
     assert prompt == 15
     stack.set_state(KV_TIGHT, level="low", score="6")
@@ -65,7 +65,7 @@ def test_with_no_live_view_ices_own_holds_still_bound_admission(stack: E2E) -> N
     assert [r.status for r in firsts] == [200, 200]
     assert all(r.header("x-ice-decision") == "pass" for r in firsts)
     assert reply.status == 200, reply
-    assert reply.header("x-ice-view") == "ledger", (
+    assert reply.header("x-ice-stale") == "ledger", (
         reply.ice_headers(),
         [r.ice_headers() for r in firsts],
     )

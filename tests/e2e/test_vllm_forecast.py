@@ -24,7 +24,6 @@ import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
@@ -112,4 +111,3 @@ def test_client_like_limits_through_the_forecast(forecasting: Forecasting) -> No
     ]
     assert peaks, page[:2000]
     assert all(0 <= p <= USABLE_BLOCKS for p in peaks), peaks
-

@@ -11,8 +11,10 @@ Modules, one job each:
 - ``routing``: which route a request takes and whether ext_proc runs on it;
 - ``envoy_filters`` (ext_proc's place and settings), ``envoy_guards`` (header stripping,
   path normalisation, body limit), ``envoy_routes`` (what each kind of path meets),
-  ``envoy_cluster`` (ICE's cluster): the checks of one inference HCM; ``envoy``: the Envoy
-  part (admin interface → those checks, and ICE's hosts as Envoy sees them);
+  ``envoy_cluster`` (ICE's cluster): the checks of one inference HCM; ``envoy_mesh``: the
+  mesh's traps (the proxy's Envoy / Istio version, Istio patches not in force, ICE's cluster
+  left out of the proxy); ``envoy``: the Envoy part (admin interface → those checks, and
+  ICE's hosts as Envoy sees them);
 - ``ice``: ICE's gRPC health and its metrics (pool freshness, scrape errors, policy);
 - ``backend``: each backend's ``/metrics``, ``/v1/models`` and ``/version``;
 - ``manual``: the checklist items that cannot be checked from outside.

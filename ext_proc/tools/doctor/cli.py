@@ -94,6 +94,7 @@ def main(argv: list[str]) -> int:
     from ext_proc.tools.doctor.backend import backend_checks
     from ext_proc.tools.doctor.dump import from_bootstrap, from_config_dump
     from ext_proc.tools.doctor.envoy import envoy_checks, view_checks
+    from ext_proc.tools.doctor.envoy_mesh import node_of
     from ext_proc.tools.doctor.expect import expected
     from ext_proc.tools.doctor.fetch import http_get
     from ext_proc.tools.doctor.ice import health_checks, metrics_checks
@@ -128,7 +129,8 @@ def main(argv: list[str]) -> int:
             return 2
         doc = doc if isinstance(doc, dict) else {}
         view = from_config_dump(doc) if "configs" in doc else from_bootstrap(doc)
-        checks += _guarded("envoy", lambda: view_checks(view, ex, args.host))
+        node = node_of(doc)
+        checks += _guarded("envoy", lambda: view_checks(view, ex, args.host, node))
     checks += _guarded("ice", lambda: health_checks(args.ice, timeout_s))
     metrics_url = _url(args.ice_metrics)
     checks += _guarded("ice", lambda: metrics_checks(metrics_url, ex, http_get, timeout_s))

@@ -3,7 +3,8 @@ serve inference, run the filter, route and cluster checks on each.
 
 Job: ``envoy_checks(admin_url, ex, fetch)`` (live: ``/config_dump`` and ``/clusters``) and
 ``view_checks(view, ex)`` (any ``EnvoyView``: a dump or a bootstrap file, for tests and
-offline use).
+offline use), with the mesh's own traps (``envoy_mesh``: the proxy's versions, Istio patches
+not in force, ICE's cluster left out of the proxy).
 
 An HCM serves inference when it has an ext_proc filter or routes a judged path to a
 cluster; every such HCM is checked. None found is a FAIL (the doctor was pointed at the
@@ -25,6 +26,7 @@ from ext_proc.tools.doctor.dump import EnvoyView, HcmView, as_dict, as_list, fro
 from ext_proc.tools.doctor.envoy_cluster import ice_cluster_checks
 from ext_proc.tools.doctor.envoy_filters import ext_proc_filters, filter_checks
 from ext_proc.tools.doctor.envoy_hosts import hosts_check
+from ext_proc.tools.doctor.envoy_mesh import istio_checks, node_of, version_checks
 from ext_proc.tools.doctor.envoy_routes import route_checks
 from ext_proc.tools.doctor.fetch import Fetch, FetchError
 from ext_proc.tools.doctor.model import Check, fail
@@ -50,9 +52,13 @@ def inference_hcms(view: EnvoyView, ex: X.Expected, host: str | None = None) -> 
     return [h for h in view.hcms if _serves_inference(h, ex, host)]
 
 
-def view_checks(view: EnvoyView, ex: X.Expected, host: str | None = None) -> list[Check]:
-    """Every configuration check of ``view``."""
+def view_checks(
+    view: EnvoyView, ex: X.Expected, host: str | None = None, node: dict[str, Any] | None = None
+) -> list[Check]:
+    """Every configuration check of ``view``; ``node``: the proxy's identity from a dump
+    (its Envoy and Istio versions)."""
     out = [Check("MANUAL", "envoy.note", note) for note in view.notes]
+    out += version_checks(node or {})
     hcms = inference_hcms(view, ex, host)
     if not hcms:
         listeners = sorted({h.listener for h in view.hcms}) or ["none"]
@@ -78,6 +84,7 @@ def view_checks(view: EnvoyView, ex: X.Expected, host: str | None = None) -> lis
         out += filter_checks(hcm, ex)
         out += route_checks(hcm, ex, view.clusters, host)
         out += ice_cluster_checks(hcm, view.clusters)
+    out += istio_checks(view, hcms, tuple(ex.judged), node or {})
     return out
 
 
@@ -144,7 +151,7 @@ def envoy_checks(
             f"{base}: {len(view.hcms)} HTTP connection managers, {len(view.clusters)} clusters",
         )
     ]
-    out += view_checks(view, ex, host)
+    out += view_checks(view, ex, host, node_of(dump))
     hosts = _read_hosts(base, fetch, timeout_s, view, ex, host)
     if any(c.status == "FAIL" for c in hosts):  # a FAIL only if it lasts two health checks
         time.sleep(RECHECK_S)

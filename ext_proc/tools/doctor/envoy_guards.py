@@ -3,9 +3,13 @@ verdict headers stripped, the path normalised, the body limit.
 
 Job: ``strip_check`` (a ``header_mutation`` filter ahead of ext_proc, or the HCM's
 ``early_header_mutation_extensions`` as Envoy Gateway builds it, must remove every header
-prefix and name in ``pieces.SPOOF_PREFIXES`` / ``SPOOF_NAMES``), ``normalise_check``
-(``normalize_path``, ``merge_slashes``, unescaped ``%2F``) and ``buffer_check`` (the
-listener's ``per_connection_buffer_limit_bytes`` at least ICE's ``--max-body-bytes``).
+prefix and name in ``pieces.SPOOF_PREFIXES`` / ``SPOOF_NAMES``; a filter disabled in the HCM
+counts when each judged route turns it on, as on Istio's shared gateway), ``normalise_check``
+(``normalize_path``, ``merge_slashes``, unescaped ``%2F``; a WARN, not a FAIL, on a shared
+proxy, ext_proc off by default, where every route to a backend in the judged paths' virtual
+host is an exact path: a path in another form gets the catch-all, never the backend) and
+``buffer_check`` (the listener's ``per_connection_buffer_limit_bytes`` at least ICE's
+``--max-body-bytes``).
 
 Invariants: pure; a removal counts when its matcher is a prefix of the header (``prefix``),
 the header itself (``exact`` / ``remove``, names only) or a regex matching it.
@@ -17,8 +21,9 @@ import re
 from typing import Any
 
 from ext_proc.tools.doctor import expect as X
-from ext_proc.tools.doctor.dump import HcmView, as_dict, as_list, unwrap
+from ext_proc.tools.doctor.dump import EXT_PROC_TYPE, FilterView, HcmView, as_dict, as_list, unwrap
 from ext_proc.tools.doctor.model import Check, fail
+from ext_proc.tools.doctor.routing import filter_on, route_to, select_vhost
 
 __all__ = ["buffer_check", "normalise_check", "strip_check"]
 
@@ -52,7 +57,48 @@ def _covers(matcher: dict[str, Any], header: str, prefix: bool) -> bool:
     return False
 
 
-def strip_check(hcm: HcmView, first_ext_proc: int, where: str) -> Check:
+def _missing(removals: list[dict[str, Any]]) -> list[str]:
+    wanted = [(p, True) for p in X.SPOOF_PREFIXES] + [(n, False) for n in X.SPOOF_NAMES]
+    return [
+        f"{h}*" if prefix else h
+        for h, prefix in wanted
+        if not any(_covers(m, h, prefix) for m in removals)
+    ]
+
+
+def _judged_routes(hcm: HcmView, judged: tuple[str, ...]) -> list[tuple[Any, ...]]:
+    """(route, vhost, table) of each judged path that reaches a backend."""
+    table = hcm.route_config or {}
+    vhost = select_vhost(table, None) if table else None
+    hits = [route_to(vhost, "POST", p) for p in judged]
+    return [(h.route, vhost, table) for h in hits if h.upstream and h.route is not None]
+
+
+def _on_every_judged_route(
+    hcm: HcmView, f: FilterView, judged: tuple[str, ...]
+) -> list[dict[str, Any]] | None:
+    """A disabled stripping filter that every judged route turns on: the removals in force
+    on all of them (filter's and route's), or None when some route leaves it off."""
+    routes = _judged_routes(hcm, judged)
+    if not routes:
+        return None
+    own = _mutation_removals(as_list(as_dict(f.config.get("mutations")).get("request_mutations")))
+    common: list[dict[str, Any]] | None = None
+    for route, vhost, table in routes:
+        on, fields = filter_on(f, route, vhost, table)
+        if not on:
+            return None
+        mine = own + _mutation_removals(
+            as_list(as_dict(fields.get("mutations")).get("request_mutations"))
+        )
+        if common is None or len(_missing(mine)) > len(_missing(common)):
+            common = mine
+    return common
+
+
+def strip_check(
+    hcm: HcmView, first_ext_proc: int, where: str, judged: tuple[str, ...] = ()
+) -> Check:
     removals: list[dict[str, Any]] = []
     used: list[str] = []
     ignored: list[str] = []
@@ -63,18 +109,18 @@ def strip_check(hcm: HcmView, first_ext_proc: int, where: str) -> Check:
     for i, f in enumerate(hcm.filters):
         if f.type != HEADER_MUTATION_TYPE and not (not f.type and f.name == X.HEADER_MUTATION):
             continue
+        per_route = _on_every_judged_route(hcm, f, judged) if f.disabled else None
+        if i <= first_ext_proc and per_route is not None:
+            removals += per_route
+            used.append(f"filter {f.name} (on for each judged route)")
+            continue
         if i > first_ext_proc or f.disabled:
             ignored.append(f"{f.name} {'disabled' if f.disabled else 'after ext_proc'}")
             continue
         requests = as_dict(f.config.get("mutations")).get("request_mutations")
         removals += _mutation_removals(as_list(requests))
         used.append(f"filter {f.name}")
-    wanted = [(p, True) for p in X.SPOOF_PREFIXES] + [(n, False) for n in X.SPOOF_NAMES]
-    missing = [
-        f"{h}*" if prefix else h
-        for h, prefix in wanted
-        if not any(_covers(m, h, prefix) for m in removals)
-    ]
+    missing = _missing(removals)
     if missing:
         seen = ", ".join(used) or "no header_mutation filter before ext_proc"
         if ignored:
@@ -102,7 +148,19 @@ def buffer_check(hcm: HcmView, where: str) -> Check:
     return Check("PASS", "envoy.buffer_limit", f"{where}: {limit} bytes ≥ {want}")
 
 
-def normalise_check(hcm: HcmView, where: str) -> Check:
+def _exact_only(hcm: HcmView, judged: tuple[str, ...]) -> bool:
+    """A shared proxy (ext_proc off by default: the HCM serves others' routes too) where every
+    route to a backend in the judged paths' virtual host matches an exact path."""
+    shared = any(f.disabled for f in hcm.filters if f.type == EXT_PROC_TYPE)
+    routes = _judged_routes(hcm, judged)
+    if not routes or not shared:
+        return False
+    vhost = as_dict(routes[0][1])
+    upstream = [as_dict(r) for r in as_list(vhost.get("routes")) if "route" in as_dict(r)]
+    return all(set(as_dict(r.get("match"))) & {"path"} for r in upstream)
+
+
+def normalise_check(hcm: HcmView, where: str, judged: tuple[str, ...] = ()) -> Check:
     h = hcm.hcm
     problems = []
     if h.get("normalize_path") is not True:
@@ -112,6 +170,16 @@ def normalise_check(hcm: HcmView, where: str) -> Check:
     action = str(h.get("path_with_escaped_slashes_action", "KEEP_UNCHANGED"))
     if action not in GOOD_ESCAPED_SLASHES:
         problems.append(f"path_with_escaped_slashes_action {action}")
+    if problems and _exact_only(hcm, judged):
+        return Check(
+            "WARN",
+            "envoy.path_normalisation",
+            f"{where}: {', '.join(problems)}; every route to a backend is an exact path, so "
+            "//v1/chat/completions or /v1/chat%2Fcompletions get the catch-all (404), never "
+            "the backend unjudged",
+            "normalize the paths (merge_slashes, UNESCAPE_AND_FORWARD) to judge them instead; "
+            "on a shared Istio gateway that is the mesh's pathNormalization",
+        )
     if problems:
         return fail(
             "envoy.path_normalisation",

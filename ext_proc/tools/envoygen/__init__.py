@@ -5,9 +5,10 @@
 - ``cluster_parts``: the parts of ``pieces``' clusters: endpoints, load assignments (priority
   levels for active-passive) and health checks.
 - ``hcm_settings``: the connection manager's own settings: Envoy's 413 in the API's error
-  format and the access log with ICE's verdict.
+  format and the access log with ICE's verdict (each scoped to ICE's routes where shared).
 - ``local``: the local bootstraps (``envoy/envoy.yaml``, ``envoy/bench.yaml``).
-- ``istio``: EnvoyFilters for the ingress gateway and the inference pods' sidecars.
+- ``istio``: EnvoyFilters for the ingress gateway and the inference pods' sidecars, matched
+  as istiod matches (context, container ports), and ICE's cluster by DestinationRule.
 - ``gateway``: Envoy Gateway's objects in order: the Gateway, the routes, the 404's filter.
 - ``gateway_names``: what ICE and Envoy Gateway call things, and the judged routes by profile.
 - ``gateway_policies``: Envoy Gateway's policies for ICE (extension, client traffic, patch).

@@ -5,6 +5,8 @@
 - ``access_log``: the HCM's access log: one JSON line per request, Envoy's view of it then
   ICE's verdict from its dynamic metadata and the ext_proc filter's record of its calls
   (``ACCESS_LOG_FIELDS``, docs/operations.md "Access log").
+- ``route_scope``: both of them only for ICE's routes (by route name), where the connection
+  manager also serves other services' routes (Istio's shared ingress gateway).
 
 Used by the local bootstraps (``local``) and Istio's HCM merge (``istio``); Envoy Gateway
 carries neither (``gateway``'s "Not carried").
@@ -21,12 +23,14 @@ from envoy_data_plane.envoy.config.accesslog.v3 import (
     AndFilter,
     ComparisonFilter,
     ComparisonFilterOp,
+    ExtensionFilter,
     HeaderFilter,
     StatusCodeFilter,
 )
 from envoy_data_plane.envoy.config.core.v3 import RuntimeUInt32, SubstitutionFormatString
 from envoy_data_plane.envoy.config.route.v3 import HeaderMatcher
 from envoy_data_plane.envoy.extensions.access_loggers.file.v3 import FileAccessLog
+from envoy_data_plane.envoy.extensions.access_loggers.filters.cel.v3 import ExpressionFilter
 from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 import (
     LocalReplyConfig,
     ResponseMapper,
@@ -36,14 +40,28 @@ from envoy_data_plane.google.protobuf import Struct
 
 from ext_proc.tools.envoygen.pieces import EXT_PROC, VERDICT_NAMESPACE, _any
 
-__all__ = ["ACCESS_LOG_FIELDS", "TOO_LARGE", "access_log", "too_large_reply"]
+__all__ = ["ACCESS_LOG_FIELDS", "TOO_LARGE", "access_log", "route_scope", "too_large_reply"]
 
+CEL_FILTER = "envoy.access_loggers.extension_filters.cel"
 TOO_LARGE = "The request body exceeds the gateway's limit."
 
 
-def too_large_reply() -> LocalReplyConfig:
+def route_scope(prefix: str) -> AccessLogFilter:
+    """Only requests whose route's name starts with ``prefix`` (a CEL filter on
+    ``xds.route_name``): ICE's routes on a shared gateway, where the connection manager's
+    access log and local replies serve other services' routes too."""
+    expression = f"xds.route_name.startsWith('{prefix}')"
+    return AccessLogFilter(
+        extension_filter=ExtensionFilter(
+            name=CEL_FILTER, typed_config=_any(ExpressionFilter(expression=expression))
+        )
+    )
+
+
+def too_large_reply(scope: AccessLogFilter | None = None) -> LocalReplyConfig:
     """Envoy's own 413 (a body over the buffer limit, e.g. chunked uploads) in the API's error
-    format: Anthropic's for /v1/messages, OpenAI's elsewhere."""
+    format: Anthropic's for /v1/messages, OpenAI's elsewhere. ``scope``: only for the requests
+    it passes (``route_scope``); other 413s keep Envoy's own body."""
 
     def is_413() -> AccessLogFilter:
         value = RuntimeUInt32(default_value=413, runtime_key="ice.unused_413")
@@ -58,6 +76,7 @@ def too_large_reply() -> LocalReplyConfig:
             header=HeaderMatcher(name=":path", string_match=StringMatcher(prefix="/v1/messages"))
         )
     )
+    scoped = [scope] if scope is not None else []
     anthropic = {
         "type": "error",
         "error": {"type": "request_too_large", "message": TOO_LARGE, "code": "request_too_large"},
@@ -73,13 +92,15 @@ def too_large_reply() -> LocalReplyConfig:
     return LocalReplyConfig(
         mappers=[
             ResponseMapper(
-                filter=AccessLogFilter(and_filter=AndFilter(filters=[is_413(), messages])),
+                filter=AccessLogFilter(and_filter=AndFilter(filters=[is_413(), messages, *scoped])),
                 body_format_override=SubstitutionFormatString(
                     json_format=Struct.from_dict(anthropic)
                 ),
             ),
             ResponseMapper(
-                filter=is_413(),
+                filter=AccessLogFilter(and_filter=AndFilter(filters=[is_413(), *scoped]))
+                if scoped
+                else is_413(),
                 body_format_override=SubstitutionFormatString(json_format=Struct.from_dict(openai)),
             ),
         ]
@@ -117,8 +138,9 @@ ACCESS_LOG_FIELDS: tuple[tuple[str, str], ...] = (
 )
 
 
-def access_log(path: str = "/dev/stdout") -> AccessLog:
-    """One JSON line per request with ICE's verdict (``ACCESS_LOG_FIELDS``)."""
+def access_log(path: str = "/dev/stdout", scope: AccessLogFilter | None = None) -> AccessLog:
+    """One JSON line per request with ICE's verdict (``ACCESS_LOG_FIELDS``); ``scope``: only
+    the requests it passes (``route_scope``)."""
     fields = Struct.from_dict(dict(ACCESS_LOG_FIELDS))
     config = FileAccessLog(path=path, log_format=SubstitutionFormatString(json_format=fields))
-    return AccessLog(name="envoy.access_loggers.file", typed_config=_any(config))
+    return AccessLog(name="envoy.access_loggers.file", filter=scope, typed_config=_any(config))

@@ -1,32 +1,51 @@
 """Istio: ICE in the ingress gateway (context ``GATEWAY``) and in the inference pods' sidecars
-(``SIDECAR_INBOUND``), as EnvoyFilters whose values are ``pieces``' typed objects.
+(``SIDECAR_INBOUND``), as EnvoyFilters whose values are ``pieces``' typed objects, and ICE's
+cluster settings as a DestinationRule (both flavours).
 
-The ingress gateway (``ice-gateway`` in the gateway's namespace, its pods by label):
+Istio (istiod's EnvoyFilter semantics, read in pilot/pkg/networking/core/envoyfilter): a
+patch applies only under its own context (an outbound cluster such as ICE's is patched under
+``SIDECAR_OUTBOUND`` or ``GATEWAY``, never ``SIDECAR_INBOUND``); a LISTENER patch matches the
+listener's own port (a sidecar's inbound traffic all arrives on ``virtualInbound``, 15006),
+while filter patches on ``virtualInbound`` match the filter chain's destination port, the
+container's port, as do the inbound route table and cluster (``inbound|PORT||``); MERGE on a
+map (``typed_extension_protocol_options``, ``typed_per_filter_config``) replaces the entry
+whole. So:
+
+- the listener's ``per_connection_buffer_limit_bytes`` (Envoy's default, 1 MiB, would 413 a
+  larger body before ICE sees it) is raised to ``pieces.MAX_BODY_BYTES`` by a LISTENER
+  patch: the gateway's listener by its pods' port (``gateway.target_port``), the sidecar's
+  ``virtualInbound``;
+- ICE's cluster (``outbound|PORT||ice.NS.svc.cluster.local``) is not patched: DestinationRule
+  ``ice`` gives it the local cluster's connect timeout (1 s), at most 32 streams per HTTP/2
+  connection and outlier detection, which istiod merges with what it builds (a MERGE would
+  replace the HTTP protocol options entry, dropping istiod's and other rules' settings).
+
+The ingress gateway (``ice-gateway`` in the gateway's namespace, its pods by label), which
+other services share: ICE changes nothing they see.
 - a ``Gateway`` and a ``VirtualService`` naming each route ``ice.<policy route>``: the judged
   paths (exact) to the backend Service, the read-only paths (GET/HEAD), then a 404 in the
-  OpenAI error format for anything else on these hosts (closed by default);
-- HCM: path normalisation as the local bootstrap (Istio's default, BASE, neither merges
-  slashes nor decodes %2F) and Envoy's 413 in the API's format;
-- filters before the router: the spoofed-header stripping, ext_proc **disabled by default**
-  (the gateway carries other services' routes: they never meet ICE), the 404's body reader;
-- per judged route (``HTTP_ROUTE`` MERGE, by the VirtualService's route name): ext_proc on
-  with ``x-ice-route`` (and ``x-ice-profile``) as gRPC metadata, and the verdict headers
-  from dynamic metadata for the client; the 404 route reads the body first;
-- ICE's cluster (Istio's ``outbound|PORT||ice.NS.svc.cluster.local``): at most 32 streams
-  per HTTP/2 connection, as the local bootstrap; its outlier detection from a
-  ``DestinationRule`` ``ice`` in ICE's namespace (a replica ejected on its first refused
-  connection), and the ext_proc stream's retry on another replica (in the filter's config).
+  OpenAI error format for anything else on these hosts (closed by default: a path that
+  Istio's normalisation leaves odd, ``//v1/...``, gets the 404, never the backend);
+- HCM: Envoy's 413 in the API's format and ICE's access log, both only for routes named
+  ``ice.*`` (``hcm_settings.route_scope``); path normalisation is the mesh's own;
+- filters before the router, all **disabled by default**: the spoofed-header stripping,
+  ext_proc, the 404's body reader;
+- per ICE route (``HTTP_ROUTE`` MERGE, by the VirtualService's route name): the stripping
+  on; on judged routes ext_proc on with ``x-ice-route`` (and ``x-ice-profile``) as gRPC
+  metadata and the verdict headers from dynamic metadata; the 404 reads the body first.
 
-The sidecar (``ice-sidecar`` in the backend's namespace, the backend's pods): Istio builds
-the inbound route table itself (one route, ``default``, every path to ``inbound|PORT||``)
-and VirtualServices do not apply to inbound traffic, so the routes are patches: the judged
-endpoints and the read-only paths (with ``/metrics``: ICE scrapes vLLM through this sidecar)
-inserted before ``default``, and ``default`` itself turned into the 404. Istio applies the
-MERGE to ``default`` first, then the inserts, each just before ``default``: the patch order
-is the route table's order.
+The sidecar (``ice-sidecar`` in the backend's namespace, the backend's pods), whose inbound
+chain for the container's port serves the backend only: the HCM normalises paths as the
+local bootstrap (merges slashes, decodes %2F) with the 413 and access log; the filters (the
+stripping on); and, as Istio builds the inbound route table itself (one route, ``default``,
+every path to ``inbound|PORT||``) and VirtualServices do not apply to inbound traffic, the
+routes are patches: the judged endpoints and the read-only paths (with ``/metrics``: ICE
+scrapes vLLM through this sidecar) inserted before ``default``, and ``default`` itself turned
+into the 404. Istio applies the MERGE to ``default`` first, then the inserts, each just before
+``default``: the patch order is the route table's order.
 
 Invariant: a patch's value is exactly the object the local bootstrap uses (``pieces``), only
-the cluster names differ.
+the cluster names differ; every match names the context, and the port, istiod keys by.
 """
 
 from __future__ import annotations
@@ -41,20 +60,34 @@ from envoy_data_plane.google.protobuf import Any as PbAny
 
 from ext_proc.tools.envoygen import pieces
 from ext_proc.tools.envoygen.emit import as_dict, k8s_duration
-from ext_proc.tools.envoygen.hcm_settings import access_log, too_large_reply
+from ext_proc.tools.envoygen.hcm_settings import access_log, route_scope, too_large_reply
 from ext_proc.tools.envoygen.local import read_only_name
 from ext_proc.tools.envoygen.spec import MeshSpec
 
-__all__ = ["HEADER", "ice_cluster_name", "inbound_cluster_name", "objects"]
+__all__ = [
+    "HEADER",
+    "MIN_ENVOY",
+    "MIN_ISTIO",
+    "VIRTUAL_INBOUND",
+    "buffer_limit_patch",
+    "ice_cluster_name",
+    "inbound_cluster_name",
+    "objects",
+]
 
 HEADER = [
     "Istio: ICE in the ingress gateway (Gateway, VirtualService, EnvoyFilter `ice-gateway`)",
     "and in the inference pods' sidecars (EnvoyFilter `ice-sidecar`). Use one of the two, or",
     "both (a request judged at the gateway is judged again in the sidecar: give the sidecar a",
-    "profile without shedding, or drop its EnvoyFilter); DestinationRule `ice` ejects a dead",
-    "ICE pod at once. How: docs/deploy-istio.md; why each piece is there:",
+    "profile without shedding, or drop its EnvoyFilter); DestinationRule `ice` sets ICE's",
+    "cluster (1 s connect, 32 streams per connection) and ejects a dead ICE pod at once.",
+    "Istio 1.29 or later (Envoy 1.37). How: docs/deploy-istio.md; why each piece is there:",
     "ext_proc/tools/envoygen/istio.py. Remove an EnvoyFilter to roll back.",
 ]
+# The oldest Istio whose Envoy has every field the patches use: direct_response's
+# body_format (the sidecar's 404, Envoy 1.37), header_mutation's remove_on_match (1.36).
+MIN_ISTIO = (1, 29)
+MIN_ENVOY = (1, 37)
 HCM = "envoy.filters.network.http_connection_manager"
 NETWORKING = "networking.istio.io/v1"
 ENVOY_FILTER_API = "networking.istio.io/v1alpha3"
@@ -62,6 +95,8 @@ HCM_TYPE = "type.googleapis.com/envoy.extensions.filters.network.http_connection
 ROUTE_PREFIX = "ice."  # the VirtualService's route names: apart from other services' routes
 CLOSED = "closed"
 SIDECAR_CLOSED = "default"  # Istio's own inbound route, turned into the 404
+VIRTUAL_INBOUND = "virtualInbound"  # istiod's inbound listener (15006): all inbound traffic
+H2_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 
 
 def ice_cluster_name(spec: MeshSpec) -> str:
@@ -69,7 +104,7 @@ def ice_cluster_name(spec: MeshSpec) -> str:
 
 
 def inbound_cluster_name(spec: MeshSpec) -> str:
-    return f"inbound|{spec.backend.port}||"
+    return f"inbound|{spec.backend.container_port}||"
 
 
 def backend_host(spec: MeshSpec) -> str:
@@ -77,50 +112,68 @@ def backend_host(spec: MeshSpec) -> str:
     return f"{b.service}.{b.namespace}.svc.cluster.local"
 
 
-def _normalising_hcm(local_reply: bool = True) -> dict[str, Any]:
-    """The HCM fields ICE needs, as a MERGE value."""
+def _hcm_merge(*, normalise: bool, scope: str | None) -> dict[str, Any]:
+    """The HCM fields ICE needs, as a MERGE value: Envoy's 413 in the API's format and ICE's
+    access log (beside Istio's own), only for routes named ``scope*`` when given;
+    ``normalise``: path normalisation as the local bootstrap."""
+    where = route_scope(scope) if scope is not None else None
     hcm = HttpConnectionManager(
-        normalize_path=True,
-        merge_slashes=True,
-        path_with_escaped_slashes_action=(
-            HttpConnectionManagerPathWithEscapedSlashesAction.UNESCAPE_AND_FORWARD
-        ),
+        local_reply_config=too_large_reply(where), access_log=[access_log(scope=where)]
     )
-    if local_reply:
-        hcm.local_reply_config = too_large_reply()
-    hcm.access_log = [access_log()]  # beside Istio's own, with ICE's verdict
+    if normalise:
+        hcm.normalize_path = True
+        hcm.merge_slashes = True
+        hcm.path_with_escaped_slashes_action = (
+            HttpConnectionManagerPathWithEscapedSlashesAction.UNESCAPE_AND_FORWARD
+        )
     return {"name": HCM, "typed_config": as_dict(PbAny.pack(hcm))}
 
 
-def _filters_before_router(spec: MeshSpec, *, ice_on_by_default: bool) -> list[dict[str, Any]]:
+def _filters_before_router(spec: MeshSpec, *, shared: bool) -> list[dict[str, Any]]:
+    """``shared``: a proxy that serves other services too: every filter off by default."""
     cluster = ice_cluster_name(spec)
     return [
-        as_dict(pieces.strip_spoofed_headers()),
-        as_dict(pieces.ext_proc_filter(cluster, disabled=not ice_on_by_default)),
+        as_dict(pieces.strip_spoofed_headers(disabled=shared)),
+        as_dict(pieces.ext_proc_filter(cluster, disabled=shared)),
         as_dict(pieces.buffer_filter()),
     ]
 
 
-def _listener_match(context: str, port: int | None, sub_filter: str | None) -> dict[str, Any]:
+def _listener_match(context: str, port: int, sub_filter: str | None) -> dict[str, Any]:
     flt: dict[str, Any] = {"name": HCM}
     if sub_filter:
         flt["subFilter"] = {"name": sub_filter}
-    listener: dict[str, Any] = {"filterChain": {"filter": flt}}
-    if port is not None:
-        listener = {"portNumber": port, **listener}
-    return {"context": context, "listener": listener}
+    return {"context": context, "listener": {"portNumber": port, "filterChain": {"filter": flt}}}
 
 
-def _common_patches(spec: MeshSpec, context: str, port: int | None) -> list[dict[str, Any]]:
-    """HCM merge, the filters before the router, and ICE's cluster."""
-    patches: list[dict[str, Any]] = [
+def buffer_limit_patch(context: str, listener: dict[str, Any]) -> dict[str, Any]:
+    """The listener's buffer limit up to the largest body a route accepts (8 MiB)."""
+    return {
+        "applyTo": "LISTENER",
+        "match": {"context": context, "listener": listener},
+        "patch": {
+            "operation": "MERGE",
+            "value": {"per_connection_buffer_limit_bytes": pieces.MAX_BODY_BYTES},
+        },
+    }
+
+
+def _common_patches(
+    spec: MeshSpec, context: str, port: int, *, shared: bool, listener: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The buffer limit, the HCM merge and the filters before the router."""
+    patches = [
+        buffer_limit_patch(context, listener),
         {
             "applyTo": "NETWORK_FILTER",
             "match": _listener_match(context, port, None),
-            "patch": {"operation": "MERGE", "value": _normalising_hcm()},
-        }
+            "patch": {
+                "operation": "MERGE",
+                "value": _hcm_merge(normalise=not shared, scope=ROUTE_PREFIX if shared else None),
+            },
+        },
     ]
-    for value in _filters_before_router(spec, ice_on_by_default=context == "SIDECAR_INBOUND"):
+    for value in _filters_before_router(spec, shared=shared):
         patches.append(
             {
                 "applyTo": "HTTP_FILTER",
@@ -128,26 +181,7 @@ def _common_patches(spec: MeshSpec, context: str, port: int | None) -> list[dict
                 "patch": {"operation": "INSERT_BEFORE", "value": value},
             }
         )
-    patches.append(
-        {
-            "applyTo": "CLUSTER",
-            "match": {
-                "context": context,
-                "cluster": {"service": spec.ice.host, "portNumber": spec.ice.port},
-            },
-            "patch": {"operation": "MERGE", "value": ice_cluster_merge()},
-        }
-    )
     return patches
-
-
-def ice_cluster_merge() -> dict[str, Any]:
-    """The part of the local ``ice`` cluster Istio's own cluster lacks."""
-    full = as_dict(pieces.ice_cluster("ice", ["127.0.0.1:1"]))
-    return {
-        "connect_timeout": full["connect_timeout"],
-        "typed_extension_protocol_options": full["typed_extension_protocol_options"],
-    }
 
 
 def judged_route_merge(name: str, profile: str | None) -> dict[str, Any]:
@@ -158,6 +192,10 @@ def judged_route_merge(name: str, profile: str | None) -> dict[str, Any]:
         },
         "response_headers_to_add": [as_dict(h) for h in pieces.verdict_response_headers()],
     }
+
+
+def _stripping_on() -> dict[str, Any]:
+    return {pieces.HEADER_MUTATION: as_dict(PbAny.pack(pieces.strip_spoofed_headers_on_route()))}
 
 
 def _gateway_objects(spec: MeshSpec) -> list[dict[str, Any]]:
@@ -212,14 +250,21 @@ def _gateway_objects(spec: MeshSpec) -> list[dict[str, Any]]:
         "metadata": {"name": "llm-inference", "namespace": gw.namespace},
         "spec": {"hosts": ["*"], "gateways": [gw.name], "http": http},
     }
-    patches = _common_patches(spec, "GATEWAY", None)
+    listener = {"portNumber": gw.target_port}
+    patches = _common_patches(spec, "GATEWAY", gw.target_port, shared=True, listener=listener)
     for r in spec.routes:
         value = judged_route_merge(r.name, r.profile)
+        value["typed_per_filter_config"].update(_stripping_on())
         patches.append(_route_patch("GATEWAY", ROUTE_PREFIX + r.name, "MERGE", value))
-    buffer_on = {
-        "typed_per_filter_config": {pieces.BUFFER: as_dict(PbAny.pack(pieces.buffer_on()))}
+    for p in spec.read_only:
+        value = {"typed_per_filter_config": _stripping_on()}
+        patches.append(_route_patch("GATEWAY", ROUTE_PREFIX + read_only_name(p), "MERGE", value))
+    closed_on = {
+        pieces.BUFFER: as_dict(PbAny.pack(pieces.buffer_on())),
+        **_stripping_on(),
     }
-    patches.append(_route_patch("GATEWAY", ROUTE_PREFIX + CLOSED, "MERGE", buffer_on))
+    value = {"typed_per_filter_config": closed_on}
+    patches.append(_route_patch("GATEWAY", ROUTE_PREFIX + CLOSED, "MERGE", value))
     envoy_filter = {
         "apiVersion": ENVOY_FILTER_API,
         "kind": "EnvoyFilter",
@@ -243,9 +288,10 @@ def _route_patch(
 
 
 def _sidecar_objects(spec: MeshSpec) -> list[dict[str, Any]]:
-    port = spec.backend.port
+    port = spec.backend.container_port  # istiod's inbound chain, route table and cluster
     inbound = inbound_cluster_name(spec)
-    patches = _common_patches(spec, "SIDECAR_INBOUND", port)
+    listener = {"name": VIRTUAL_INBOUND}  # a LISTENER patch matches the listener's own port
+    patches = _common_patches(spec, "SIDECAR_INBOUND", port, shared=False, listener=listener)
     closed = as_dict(pieces.closed_route(SIDECAR_CLOSED))
     del closed["match"]  # keep Istio's own match (prefix /) on `default`
     patches.append(_route_patch("SIDECAR_INBOUND", SIDECAR_CLOSED, "MERGE", closed, port))
@@ -274,11 +320,17 @@ def _sidecar_objects(spec: MeshSpec) -> list[dict[str, Any]]:
 
 
 def ice_destination_rule(spec: MeshSpec) -> dict[str, Any]:
-    """ICE's cluster belongs to istiod: its outlier detection comes from a DestinationRule,
-    the same as the local cluster's (``pieces.ice_cluster``): the first refused or reset
-    connection ejects a replica (local-origin failures apart), so a dead ICE pod gets no
-    second stream while Kubernetes takes it out of the endpoints."""
-    od = as_dict(pieces.ice_cluster("ice", ["127.0.0.1:1"]))["outlier_detection"]
+    """ICE's cluster belongs to istiod: its settings come from a DestinationRule, which
+    istiod merges into the cluster it builds (an EnvoyFilter MERGE would replace the HTTP
+    protocol options entry whole). As the local cluster (``pieces.ice_cluster``): a 1 s
+    connect timeout, at most 32 streams per HTTP/2 connection (the Service's port is
+    ``appProtocol: grpc``), and outlier detection: the first refused or reset connection
+    ejects a replica (local-origin failures apart), so a dead ICE pod gets no second stream
+    while Kubernetes takes it out of the endpoints."""
+    local = as_dict(pieces.ice_cluster("ice", ["127.0.0.1:1"]))
+    od = local["outlier_detection"]
+    h2 = local["typed_extension_protocol_options"][H2_OPTIONS]["explicit_http_config"]
+    streams = h2["http2_protocol_options"]["max_concurrent_streams"]
     return {
         "apiVersion": NETWORKING,
         "kind": "DestinationRule",
@@ -286,13 +338,17 @@ def ice_destination_rule(spec: MeshSpec) -> dict[str, Any]:
         "spec": {
             "host": spec.ice.host,
             "trafficPolicy": {
+                "connectionPool": {
+                    "tcp": {"connectTimeout": k8s_duration(local["connect_timeout"])},
+                    "http": {"maxConcurrentStreams": streams},
+                },
                 "outlierDetection": {
                     "splitExternalLocalOriginErrors": od["split_external_local_origin_errors"],
                     "consecutiveLocalOriginFailures": od["consecutive_local_origin_failure"],
                     "interval": k8s_duration(od["interval"]),
                     "baseEjectionTime": k8s_duration(od["base_ejection_time"]),
                     "maxEjectionPercent": od["max_ejection_percent"],
-                }
+                },
             },
         },
     }

@@ -73,6 +73,7 @@ from envoy_data_plane.envoy.extensions.filters.http.ext_proc.v3 import (
 )
 from envoy_data_plane.envoy.extensions.filters.http.header_mutation.v3 import (
     HeaderMutation,
+    HeaderMutationPerRoute,
     Mutations,
 )
 from envoy_data_plane.envoy.extensions.filters.http.router.v3 import Router
@@ -119,7 +120,9 @@ __all__ = [
     "judged_route_config",
     "read_only_route",
     "router_filter",
+    "spoof_mutations",
     "strip_spoofed_headers",
+    "strip_spoofed_headers_on_route",
     "verdict_response_headers",
 ]
 
@@ -169,17 +172,28 @@ def _any(message: object) -> Any:
     return Any.pack(message)  # type: ignore[arg-type]
 
 
-def strip_spoofed_headers() -> HttpFilter:
-    """No spoofing: only ICE may set its verdict headers, and only ICE picks the endpoint."""
+def spoof_mutations() -> Mutations:
+    """The removals of ``strip_spoofed_headers``: ICE's own prefixes, the names, the pick."""
     removals = [
         Mutation(remove_on_match=HeaderMutationRemoveOnMatch(key_matcher=StringMatcher(prefix=p)))
         for p in SPOOF_PREFIXES
     ]
     removals += [Mutation(remove=name) for name in SPOOF_NAMES]
     # Order as the checked-in configs: prefixes of ICE's own, the names, then the pick.
-    ordered = [removals[0], removals[1], removals[3], removals[2]]
-    config = HeaderMutation(mutations=Mutations(request_mutations=ordered))
-    return HttpFilter(name=HEADER_MUTATION, typed_config=_any(config))
+    return Mutations(request_mutations=[removals[0], removals[1], removals[3], removals[2]])
+
+
+def strip_spoofed_headers(*, disabled: bool = False) -> HttpFilter:
+    """No spoofing: only ICE may set its verdict headers, and only ICE picks the endpoint.
+    ``disabled``: off unless a route turns it on (``strip_spoofed_headers_on_route``: a
+    shared gateway, where other services' requests keep their headers)."""
+    config = HeaderMutation(mutations=spoof_mutations())
+    return HttpFilter(name=HEADER_MUTATION, typed_config=_any(config), disabled=disabled)
+
+
+def strip_spoofed_headers_on_route() -> HeaderMutationPerRoute:
+    """The per-route config that turns a disabled ``strip_spoofed_headers`` on for a route."""
+    return HeaderMutationPerRoute(mutations=spoof_mutations())
 
 
 def ext_proc_config(cluster: str) -> ExternalProcessor:

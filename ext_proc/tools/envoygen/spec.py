@@ -4,7 +4,9 @@ where ICE and the backend run (``envoy/mesh.yaml`` is the shipped one).
     policy: ../ext_proc/default_policy.yaml   # the routes and profiles are checked against it
     ice: {service: ice, namespace: ice-system, port: 50051}
     backend: {service: vllm, namespace: llm, port: 8000, selector: {app: vllm}}
+                                 # target_port: the container's port (default: port)
     gateway: {name: llm-gateway, namespace: llm, istio_selector: {istio: ingressgateway}}
+                                 # port: 80, target_port: 8080 (the gateway pods' port)
     routes:
     - {name: chat, path: /v1/chat/completions}
     - {name: completions, path: /v1/completions, profile: batch}   # profile: optional
@@ -64,8 +66,15 @@ class Ice:
 class Backend:
     service: str = "vllm"
     namespace: str = "llm"
-    port: int = 8000
+    port: int = 8000  # the Service's port (Istio's inbound vhost ``inbound|http|PORT``)
     selector: tuple[tuple[str, str], ...] = (("app", "vllm"),)
+    target_port: int | None = None  # the container's port; None: ``port``
+
+    @property
+    def container_port(self) -> int:
+        """The port the pods listen on: Istio keys its inbound filter chain, route table
+        (``inbound|PORT||``) and cluster by it, not by the Service's port."""
+        return self.target_port if self.target_port is not None else self.port
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +83,8 @@ class Gateway:
     namespace: str = "llm"
     istio_selector: tuple[tuple[str, str], ...] = (("istio", "ingressgateway"),)
     istio_namespace: str = "istio-system"
-    port: int = 80  # the gateway's HTTP listener
+    port: int = 80  # the Gateway server's port (the gateway Service's port)
+    target_port: int = 8080  # the gateway pods' port for it: Istio's listener ``0.0.0.0_PORT``
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +189,7 @@ def parse_spec(doc: Any, base: Path | None = None) -> MeshSpec:
         port=_port(ice_doc.get("port", Ice().port), "ice.port"),
     )
     be_doc = _mapping(doc.get("backend"), "backend")
-    _only(be_doc, "backend.", {"service", "namespace", "port", "selector"})
+    _only(be_doc, "backend.", {"service", "namespace", "port", "selector", "target_port"})
     backend = Backend(
         service=_name(be_doc.get("service", Backend().service), "backend.service"),
         namespace=_name(be_doc.get("namespace", Backend().namespace), "backend.namespace"),
@@ -187,9 +197,16 @@ def parse_spec(doc: Any, base: Path | None = None) -> MeshSpec:
         selector=_labels(be_doc["selector"], "backend.selector")
         if "selector" in be_doc
         else Backend().selector,
+        target_port=_port(be_doc["target_port"], "backend.target_port")
+        if be_doc.get("target_port") is not None
+        else None,
     )
     gw_doc = _mapping(doc.get("gateway"), "gateway")
-    _only(gw_doc, "gateway.", {"name", "namespace", "istio_selector", "istio_namespace", "port"})
+    _only(
+        gw_doc,
+        "gateway.",
+        {"name", "namespace", "istio_selector", "istio_namespace", "port", "target_port"},
+    )
     gateway = Gateway(
         name=_name(gw_doc.get("name", Gateway().name), "gateway.name"),
         namespace=_name(gw_doc.get("namespace", backend.namespace), "gateway.namespace"),
@@ -200,6 +217,7 @@ def parse_spec(doc: Any, base: Path | None = None) -> MeshSpec:
             gw_doc.get("istio_namespace", Gateway().istio_namespace), "gateway.istio_namespace"
         ),
         port=_port(gw_doc.get("port", Gateway().port), "gateway.port"),
+        target_port=_port(gw_doc.get("target_port", Gateway().target_port), "gateway.target_port"),
     )
 
     raw_routes = doc.get("routes")
