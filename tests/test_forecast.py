@@ -63,13 +63,16 @@ def test_the_total_never_passes_the_limit_nor_falls_below_the_floor() -> None:
 def test_without_enough_history_the_request_is_held_at_its_limit() -> None:
     assert remaining_total(LENGTHS, 0.9, 0, 5000, min_observations=101) == 5000
     assert remaining_total(None, 0.9, 0, 5000) == 5000
-    # every observation ≤ 1000: a request past them all says nothing: its limit
-    assert remaining_total(LENGTHS, 0.9, 1500, 5000) == 5000
 
 
-def test_the_plus_inf_bucket_means_the_limit() -> None:
+def test_past_the_history_a_request_runs_as_long_again() -> None:
+    # every observation ≤ 1000: a request at 1,500 is expected to reach 3,000
+    assert remaining_total(LENGTHS, 0.9, 1500, 5000) == 3000
+    assert remaining_total(LENGTHS, 0.9, 1500, 2500) == 2500  # never past its limit
+    # the target in the +Inf bucket: twice the largest finite bound observed (10)
     tail = Histogram(bounds=(10, INF), counts=(50, 100), count=100, sum=0)
-    assert remaining_total(tail, 0.9, 0, 4096) == 4096
+    assert remaining_total(tail, 0.9, 0, 4096) == 20
+    assert remaining_total(tail, 0.9, 30, 4096) == 60
 
 
 def test_caution_moves_the_total_towards_the_limit() -> None:

@@ -2,11 +2,14 @@
 trajectories of the requests it passed, the caution preemptions raise, and the ``KvFit``
 a request is judged against (``ext_proc.placement.forecast`` has the formulas).
 
-- **Decode rate** r of an endpoint: 1 ÷ the mean of its ``vllm:inter_token_latency_seconds``
-  since it started (tokens per second per running sequence: the histogram's sum ÷ count;
-  a rate over the window ÷ the running gauge mixes a window with an instant and swung
-  from 110 to 340 tok/s within a second on the bench); None when the page lacks it. The
-  first token comes d = the window's TTFT p50 after the start (0 unknown).
+- **Decode rate** r of an endpoint (tokens per second per running sequence): 1 ÷ the mean
+  of its ``vllm:inter_token_latency_seconds`` since it started (the histogram's sum ÷
+  count), or, when lower, its ``generation_tokens_per_s`` over the pool's window ÷
+  max(1, ``num_requests_running``): the mean since start is mostly light load, and under
+  load a sequence decodes slower; neither alone is trusted upwards (the window rate ÷ the
+  running gauge swung 110–340 tok/s within a second on the bench). None when the page lacks
+  the latency histogram. The first token comes d = the window's TTFT p50 after the start
+  (0 unknown). A g estimated too high only moves a request's blocks from "ahead" to "now".
 - **Caution** c of an endpoint: 1 when its ``vllm:num_preemptions_total`` rose since the
   last view this worker read while requests it passed to the pool were running, then
   halving every ``forecast.recovery_s`` seconds:
@@ -88,6 +91,9 @@ class ForecastBook:
         now = time.monotonic()
         rate = 1.0 / b.itl_mean_s if b.itl_mean_s else None
         d = b.derived
+        if rate is not None and d is not None and d.generation_tokens_per_s is not None:
+            # under load a sequence decodes slower than the mean since start says
+            rate = min(rate, d.generation_tokens_per_s / max(1.0, b.num_requests_running or 0))
         delay = d.ttft_p50_s if d is not None and d.ttft_p50_s is not None else 0.0
         spec = profile.forecast
         busy = any(self.items.get(pool, {}).values())

@@ -89,6 +89,11 @@ class ServeOptions:
     lease_namespace: str | None = None  # None: env POD_NAMESPACE, the pod's
 
 
+def _log_level() -> str:
+    """The log level: ``ICE_LOG_LEVEL`` (DEBUG, INFO, WARNING, ...), INFO by default."""
+    return os.environ.get("ICE_LOG_LEVEL", "INFO").upper()
+
+
 def worker_addresses(address: str, workers: int) -> list[str]:
     """The listen address of each worker (see the module docstring)."""
     if workers <= 1:
@@ -290,7 +295,7 @@ def _worker_main(
     ledger_name: str | None = None,
     worker: int = 0,
 ) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(level=_log_level(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     asyncio.run(_run_worker(opts, address, shm_name, ledger_name, worker))
 
 
@@ -303,7 +308,7 @@ def serve(opts: ServeOptions) -> int:
         from ext_proc.truncate.host import EmbeddingService
 
         logging.basicConfig(
-            level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+            level=_log_level(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
         )
         embedding = EmbeddingService(policy.embedding)
         embedding.start()
@@ -322,7 +327,7 @@ def serve(opts: ServeOptions) -> int:
 
 def _supervise(opts: ServeOptions, addresses: list[str]) -> int:
     """Run one process per worker address; restart a worker that dies; forward signals."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(level=_log_level(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     policy = load_policy(opts.policy_path)
     with (
         tempfile.TemporaryDirectory(prefix="ice-metrics-") as metrics_dir,
