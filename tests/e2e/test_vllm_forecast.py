@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pytest
+import yaml
 
 from ext_proc.lab import overload
 from ext_proc.lab import vllm_local as vl
@@ -54,6 +55,12 @@ def forecasting(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Forecastin
     policy = overload.admission_policy(
         overload.POLICY, workdir / "forecast.yaml", "forecast", read_floors=False
     )
+    # every prompt counted exactly: under exact_count: needed a request the estimate decides
+    # is held at the estimate's upper bound (7.5× for the tiny tokenizer: 962 tokens for a
+    # 117-token prompt), which CI saw fill the pool with two of these three requests
+    doc = yaml.safe_load(policy.read_text())
+    doc["exact_count"] = "always"
+    policy.write_text(yaml.safe_dump(doc, sort_keys=False))
     history = overload.plan_mixed(24, 400.0, "critical=1", seed=1001, limits="client")
     with overload.overload_setup(workdir, policy=policy, history=history) as setup:
         yield Forecasting(setup, history)
