@@ -23,6 +23,7 @@ __all__ = [
     "ERRORS",
     "FORECAST_CAUTION",
     "FORECAST_PEAK",
+    "HOLD_RECOUNTS",
     "INPUT_TOKENS",
     "JUDGE_ERRORS",
     "KV_USAGE",
@@ -161,6 +162,14 @@ FORECAST_PEAK = Gauge(
     ["pool", "endpoint"],
     multiprocess_mode="livesum",
 )
+HOLD_RECOUNTS = Counter(
+    "ice_hold_recounts",
+    "Holds taken at the estimate's upper bound (exact_count: needed) counted exactly after "
+    "the answer, by outcome: shrunk, unchanged, ended (the stream ended first), skipped "
+    "(a long body with no helper process), failed.",
+    ["outcome"],
+)
+
 FORECAST_CAUTION = Gauge(
     "ice_forecast_caution",
     "admission: forecast: how far an endpoint's predicted outputs are moved towards their "

@@ -414,15 +414,30 @@ class Pipeline:
     def hold_of(self, route: Route, verdict: BodyVerdict) -> Hold | None:
         """``record``'s holding: a request that goes upstream holds its blocks (all its
         sequences) at its endpoint ("" when Envoy places it) in the in-flight ledger."""
-        d, f = verdict.decision, verdict.features
+        f = verdict.features
         if f is None or not _upstream(verdict):
             return None
+        return self.views.hold(route.profile, *self.hold_terms(route, verdict, f))
+
+    def hold_terms(
+        self, route: Route, verdict: BodyVerdict, f: RequestFeatures
+    ) -> tuple[PoolSnapshot | None, Shape, int, str]:
+        """What ``verdict``'s request is held with, counted as ``f``: the view, its shape,
+        output tokens per sequence and endpoint ("": Envoy places it)."""
+        d = verdict.decision
         then = d.then if isinstance(d, Truncated) else d
         output = (
             then.max_tokens if isinstance(then, Downgrade) else backend_output(f, route.profile)
         )
-        shape = Shape.of(f, route.profile)
         placed = verdict.placement
         endpoint = placed.endpoint if placed is not None and placed.endpoint else ""
         seen = self.views.judged_view(route.profile, route.pool, self.lookup(route.pool))
-        return self.views.hold(route.profile, seen, shape, output, endpoint)
+        return seen, Shape.of(f, route.profile), output, endpoint
+
+    def exact_features(self, route: Route, facts: RequestFacts, raw: bytes) -> RequestFeatures:
+        """The body's features with its exact count (a hold's recount in the helper process,
+        ``ext_proc.serve.recount``): decoded as ``on_body`` decodes it."""
+        assert facts.adapter is not None and self.counters is not None
+        body = self._decode(route, facts.adapter, raw)
+        features = facts.adapter.features(body.doc.values, media_cost(route.profile.media))
+        return exact_count(self.counters, features, body.doc.values, len(body.raw))

@@ -77,13 +77,14 @@ class JudgedBody:
     doc: TopLevel = field(compare=False)  # a decode of ``raw``: equal bodies, equal decodes
     prefix: str | None = None
     compacted: tuple[Header, ...] = ()
+    slim: bool = field(default=False, compare=False)  # decoded in another process: no arrays
 
     def detached(self, sent: bytes) -> JudgedBody:
         """What crosses to another process: no text or array values (``attach`` restores the
         text from the bytes); the bytes only when they are not ``sent`` (the original)."""
         doc = self.doc.slim()
         slim = TopLevel("", doc.values, doc.spans, doc.close_index, doc.items)
-        return replace(self, raw=b"" if self.raw is sent else self.raw, doc=slim)
+        return replace(self, raw=b"" if self.raw is sent else self.raw, doc=slim, slim=True)
 
     def attach(self, sent: bytes) -> JudgedBody:
         """The inverse of ``detached`` on the receiving side (``sent``: the original bytes)."""

@@ -72,6 +72,10 @@ class ForecastBook:
         if self.items.get(pool, {}).get(endpoint, {}).pop(id(t), None) is not None:
             self._version += 1
 
+    def changed(self) -> None:
+        """A trajectory in the book changed (``PoolViews.shrink``): fits are computed again."""
+        self._version += 1
+
     def caution(
         self, pool: str, b: BackendSignals, recovery_s: float, now_s: float, busy: bool = True
     ) -> float:

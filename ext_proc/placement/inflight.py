@@ -58,6 +58,14 @@ class Entries:
                 self.total -= blocks
                 return
 
+    def resize(self, at_s: float, blocks: int, to: int) -> None:
+        """The entry (``at_s``, ``blocks``), if it is still here, now holds ``to`` blocks."""
+        for i in range(len(self.entries) - 1, -1, -1):
+            if self.entries[i] == (at_s, blocks):
+                self.entries[i] = (at_s, to)
+                self.total += to - blocks
+                return
+
     def expire(self, before_s: float) -> None:
         """Drop the entries a view taken at ``before_s`` already shows."""
         entries = self.entries

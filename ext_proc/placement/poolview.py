@@ -63,11 +63,11 @@ from typing import TYPE_CHECKING
 
 from ext_proc.kv.geometry import KVGeometry
 from ext_proc.placement.endpoints import endpoint_of
-from ext_proc.placement.forecast import Trajectory
 from ext_proc.placement.forecast_book import ForecastBook
-from ext_proc.placement.inflight import Endpoint, Entries, Hold, add_into, scaled
+from ext_proc.placement.holding import Holding
+from ext_proc.placement.inflight import Endpoint, Entries, add_into, scaled
 from ext_proc.placement.ledger_shm import LedgerHandle, endpoint_key
-from ext_proc.policy.evaluate import KvFit, Shape
+from ext_proc.policy.evaluate import KvFit
 from ext_proc.policy.kvfit import blocks_fn
 from ext_proc.policy.model import PressureModel, Profile
 from ext_proc.policy.pressure import Pressure, pressure_of
@@ -88,7 +88,7 @@ def _less(fit: KvFit, held: int) -> KvFit:
     return replace(fit, free_blocks=max(0, fit.free_blocks - held)) if held else fit
 
 
-class PoolViews:
+class PoolViews(Holding):
     """Per-snapshot figures of every pool a worker judges against, and its in-flight ledger.
 
     ``endpoint_overrides``: pool → (metrics URL → serving address), the pools'
@@ -349,44 +349,6 @@ class PoolViews:
             self._add_others(out, snapshot, self.shared.others_live())
         return out
 
-    def release(self, hold: Hold) -> None:
-        """``hold``'s request is over (its stream ended): its blocks are no longer reserved.
-        Idempotent."""
-        if hold.released:
-            return
-        hold.released = True
-        if hold.trajectory is not None:
-            self.book.remove(hold.pool, hold.endpoint, hold.trajectory)
-        if not hold.live:
-            return
-        pool = self.live.setdefault(hold.pool, {})
-        total = pool[hold.endpoint] = max(0, pool.get(hold.endpoint, 0) - hold.blocks)
-        if self.shared is not None:
-            key = endpoint_key(hold.pool, hold.endpoint)
-            self.shared.publish_live(key, total, time.monotonic())
-        if self.remote is not None:
-            self.remote.released(hold.pool, hold.endpoint, total)
-
-    def unhold(self, hold: Hold) -> None:
-        """Take back a request that did not go on after all (the shared ledger refused its
-        reservation): its ledger entry and its live reservation. The host's shared memory
-        gets the entry's negative (its rings only append)."""
-        entries = self._inflight.get(hold.pool, {}).get(hold.endpoint)
-        if entries is not None:
-            entries.remove(hold.at_s, hold.blocks)
-        if self.shared is not None:
-            key = endpoint_key(hold.pool, hold.endpoint)
-            self.shared.publish(key, time.monotonic(), -hold.blocks)
-        remote, self.remote = self.remote, None  # the caller's next reservation says it
-        try:
-            self.release(hold)
-        finally:
-            self.remote = remote
-
-    def live_total(self, pool: str, endpoint: str) -> int:
-        """This worker's live reserved blocks at ``endpoint`` ("" anywhere) of ``pool``."""
-        return self.live.get(pool, {}).get(endpoint, 0)
-
     def held(self, snapshot: PoolSnapshot) -> int:
         """All KV blocks of the requests passed to ``snapshot``'s pool since it was taken."""
         return sum(self.ledger(snapshot).values())
@@ -401,47 +363,3 @@ class PoolViews:
                 pool[endpoint] = Entries()
                 pool[endpoint].add(float("inf"), blocks)
         self._inflight[snapshot.pool] = pool
-
-    def hold(
-        self,
-        profile: Profile,
-        snapshot: PoolSnapshot | None,
-        shape: Shape,
-        output: int,
-        endpoint: str = "",
-    ) -> Hold | None:
-        """Remember the blocks of a request (all its sequences) sent upstream to
-        ``snapshot``'s pool: to ``endpoint``, or "" when Envoy's load balancer placed it.
-        Its reservation (None: no blocks; not ``live`` under ``kv_hold: seen``) lasts until
-        ``release``."""
-        views = self.endpoints(profile, snapshot)
-        if not views or snapshot is None:
-            return None
-        name = snapshot.pool
-        pool = self._inflight.setdefault(name, {})
-        entries = pool.get(endpoint)
-        if entries is None:
-            entries = pool[endpoint] = Entries()
-        at, fit = time.monotonic(), views[0].fit
-        floor = min(shape.floor, output) if profile.forecast.read_floors else 0
-        trajectory = Trajectory(at, fit.need(shape, 0), shape.sequences, output, floor)
-        if profile.admission == "forecast":  # held at its predicted total (ForecastBook)
-            look = self.book.outlook(profile, name, snapshot.backends[0], fit.block_size)
-            blocks = fit.need(shape, look.total(0, output, floor))
-        else:
-            blocks = trajectory.whole = fit.need(shape, output)
-        self.book.add(name, endpoint, trajectory)
-        entries.add(at, blocks)
-        key = endpoint_key(name, endpoint) if self.shared is not None else 0
-        if self.shared is not None:
-            self.shared.publish(key, at, blocks)
-        if blocks <= 0:
-            self.book.remove(name, endpoint, trajectory)
-            return None
-        if name in self.until_seen:
-            return Hold(name, endpoint, blocks, at, live=False, trajectory=trajectory)
-        live = self.live.setdefault(name, {})
-        total = live[endpoint] = live.get(endpoint, 0) + blocks
-        if self.shared is not None:
-            self.shared.publish_live(key, total, at)
-        return Hold(name, endpoint, blocks, at, trajectory=trajectory)

@@ -44,7 +44,7 @@ from dataclasses import replace
 from ext_proc.admit.pipeline import BodyVerdict, Pipeline, RequestFacts, Route
 from ext_proc.policy.load import load_policy
 from ext_proc.policy.model import Priority
-from ext_proc.schemas import BY_NAME
+from ext_proc.schemas import BY_NAME, RequestFeatures
 from ext_proc.signals.snapshot import PoolSnapshot
 
 __all__ = [
@@ -129,6 +129,15 @@ def _judge(
     return replace(verdict, body=verdict.body.detached(body))
 
 
+def _count(
+    route_key: tuple[str, str, str, str], schema: str, priority: Priority, body: bytes
+) -> RequestFeatures:
+    helper = _HELPER[0]
+    route = helper.router.route_for(route_key)
+    facts = RequestFacts(adapter=BY_NAME[schema], priority=priority)
+    return helper.exact_features(route, facts, body)
+
+
 def _ready() -> bool:
     return bool(_HELPER)
 
@@ -193,6 +202,20 @@ class Offload:
         if verdict is None or verdict.body is None:
             return verdict
         return replace(verdict, body=verdict.body.attach(body))
+
+    async def count(self, route: Route, facts: RequestFacts, body: bytes) -> RequestFeatures | None:
+        """The body's features with its exact count, made in the helper process (a hold's
+        recount, ``ext_proc.serve.recount``); None: no helper process could count it."""
+        if facts.adapter is None:
+            return None
+        loop = asyncio.get_running_loop()
+        args = (route.key, facts.adapter.name, facts.priority, body)
+        try:
+            return await loop.run_in_executor(self._executor(), _count, *args)
+        except BrokenProcessPool:
+            log.error("the offload helper died; starting a new one")
+            self._pool = None
+            return None
 
     def close(self) -> None:
         if self._pool is not None:

@@ -53,6 +53,7 @@ from ext_proc.serve.messages import (
     request_id,
     subset_hint,
 )
+from ext_proc.serve.recount import Recounter
 
 __all__ = ["ExtProcServicer"]
 
@@ -86,6 +87,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self.trimmer = Trimmer(lambda: self.backlog.idle)
         self._gate = asyncio.Lock()  # long bodies judged in-process: one at a time
         self.queue = AdmissionQueue()  # shared by every stream of the worker
+        self.recounter = Recounter()  # holds at the estimate's bound, counted after the answer
         self._logged: set[str] = set()
 
     def swap(self, pipeline: Pipeline, offload: Offload | None) -> None:
@@ -186,6 +188,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             self.queue.count_started(route, facts, stream, verdict)
             recorded = True  # counted and held
         response = self._body_response(route, facts, stream, verdict, recorded)
+        self.recounter.later(self.pipeline, self.offload, route, facts, verdict, stream.hold, data)
         if verdict is not _GONE:
             stream.answered()
         stream.let_ticket_go()
