@@ -87,45 +87,68 @@ def test_caution_moves_the_total_towards_the_limit() -> None:
 def test_the_peak_of_two_requests() -> None:
     # A: 2 blocks, 100 tokens ahead; B: 3 blocks, 10 ahead; blocks of 16.
     # Just before A ends: 2 + ceil(100/16) = 9 (B gone); just before B ends: 5 + 2 × 1 = 7
-    assert peak_of([(2, 100, 1), (3, 10, 1)], 16) == 9
+    assert peak_of([(2, 100, 1, 0), (3, 10, 1, 0)], 16) == 9
+
+
+def test_the_peak_counts_the_free_slots_of_each_last_block() -> None:
+    # A: a 20-token prompt, 2 blocks with 12 free slots, 100 ahead: it reaches 120 tokens,
+    # ceil(120/16) = 8 blocks (not 2 + ceil(100/16) = 9); B: 48 tokens, 3 full blocks, 10
+    # ahead. Just before A ends: 8; before B ends: 2 + 0 (A's 10 fit its 12 slots) + 3 + 1
+    assert peak_of([(2, 100, 1, 12), (3, 10, 1, 0)], 16) == 8
+    # a new 2-sequence request, 1 block each with 6 free slots, 22 ahead (between A and B):
+    # A, new, B: 8 | 2 + ceil(10/16) = 1 → 3, + 2 + 2 × ceil(16/16) = 4 → 7 | 7 + 3 + 1 = ...
+    peaks = Peaks([(2, 100, 1, 12), (3, 10, 1, 0)], 16)
+    # at the new one (22 ahead): A 2 + ceil((22 − 12)/16) = 3, new 2 + 2 × ceil(16/16) = 4: 7
+    # at B (10 ahead): A 2 + 0, new 2 + 2 × ceil(4/16) = 4, B 3 + 1 = 4: 10
+    assert peaks.with_new(2, 22, 2, 6) == 10
 
 
 def test_the_peak_with_a_new_request() -> None:
-    peaks = Peaks([(2, 100, 1), (3, 10, 1)], 16)
+    peaks = Peaks([(2, 100, 1, 0), (3, 10, 1, 0)], 16)
     # C: 1 block, 50 ahead: A, C, B: 9 | 3 + 2 × 4 = 11 | 6 + 3 × 1 = 9
     assert peaks.with_new(1, 50, 1) == 11
     # a request held whole (0 ahead) adds its blocks to the last point: 6 + 2 = 8 < 9
     assert peaks.with_new(1, 0, 1) == 9
-    assert Peaks([(2, 100, 1)], 16, fixed=5).peak == 9 + 5
+    assert Peaks([(2, 100, 1, 0)], 16, fixed=5).peak == 9 + 5
 
 
-def brute_peak(states: list[tuple[int, int, int]], bs: int) -> int:
-    """Step the decode: at t, the requests with left ≥ t still hold b + seqs × ceil(t/bs)."""
-    horizon = max((left for _, left, _ in states), default=0)
+def brute_peak(states: list[tuple[int, int, int, int]], bs: int) -> int:
+    """Step the decode: at t, the requests with left ≥ t still hold b + seqs × ceil((t −
+    room)/bs), their last block's free slots filled first."""
+    horizon = max((s[1] for s in states), default=0)
     best = 0
     for t in range(horizon + 1):
-        held = sum(b + s * -(-t // bs) for b, left, s in states if left >= t)
+        held = sum(b + s * -(-max(0, t - r) // bs) for b, left, s, r in states if left >= t)
         best = max(best, held)
     return best
 
 
-STATES = st.lists(
-    st.tuples(st.integers(0, 40), st.integers(0, 300), st.integers(1, 4)), max_size=12
-)
+def state(bs: int) -> st.SearchStrategy[tuple[int, int, int, int]]:
+    return st.tuples(
+        st.integers(0, 40), st.integers(0, 300), st.integers(1, 4), st.integers(0, bs - 1)
+    )
+
+
+STATES = st.lists(state(16), max_size=12)
 
 
 @settings(max_examples=200, deadline=None)
-@given(STATES, st.sampled_from([1, 16, 128]))
+@given(
+    st.sampled_from([1, 16, 128]).flatmap(
+        lambda bs: st.tuples(st.lists(state(bs), max_size=12), st.just(bs))
+    )
+)
 def test_the_peak_is_the_highest_point_of_the_stepped_decode(
-    states: list[tuple[int, int, int]], bs: int
+    case: tuple[list[tuple[int, int, int, int]], int],
 ) -> None:
+    states, bs = case
     assert peak_of(states, bs) == brute_peak(states, bs)
 
 
 @settings(max_examples=200, deadline=None)
-@given(STATES, st.tuples(st.integers(0, 40), st.integers(0, 300), st.integers(1, 4)))
+@given(STATES, state(16))
 def test_the_peak_with_a_new_request_is_the_peak_of_all(
-    states: list[tuple[int, int, int]], new: tuple[int, int, int]
+    states: list[tuple[int, int, int, int]], new: tuple[int, int, int, int]
 ) -> None:
     assert Peaks(states, 16).with_new(*new) == peak_of([*states, new], 16)
 
@@ -139,9 +162,13 @@ def test_a_trajectory_grows_at_the_decode_rate() -> None:
     t = Trajectory(start_s=100.0, prompt_blocks=4, seqs=2, limit=5000)
     # 25 s at 10 tok/s: g = 250; b = 4 + 2 × ceil(250/16) = 36;
     # total: F(250) = 60 + 40 × 150/900 = 66.67, target 96.67 → 100 + 900 × 36.67/40 = 925
-    assert look.state(t, 125.0) == (36, 925 - 250)
+    assert look.state(t, 125.0) == (36, 925 - 250, 0)
     whole = Trajectory(start_s=100.0, prompt_blocks=4, seqs=2, limit=5000, whole=30)
-    assert look.state(whole, 125.0) == (30, 0)
+    assert look.state(whole, 125.0) == (30, 0, 0)
+    # its prompt known (50 tokens, 4 blocks): 300 tokens a sequence = ceil(300/16) = 19
+    # blocks, 4 + 2 × (19 − 4) = 34, and 19 × 16 − 300 = 4 free slots in each last block
+    known = Trajectory(start_s=100.0, prompt_blocks=4, seqs=2, limit=5000, tokens=50)
+    assert look.state(known, 125.0) == (34, 925 - 250, 4)
 
 
 # --- the fit --------------------------------------------------------------------------------
@@ -191,8 +218,9 @@ def test_the_fit_is_the_budget_less_the_forecast_peak() -> None:
     # charge = 4 + (21 − 2) = 23 > 21
     tight = book2.fit(profile, "pool", "e", 1, backend(0.2), base, unseen=78, others=0)
     assert tight.charge(Shape.single(57), 100) == 23
-    # limit 5000 (total 775): 3 + 4 + 2 × 49 = 105 → charge 105 − 52 = 53 > 21 free
-    assert fit2.charge(Shape.single(57), 5000) == 53
+    # limit 5000 (total 775): the new one's 57 tokens leave 7 free slots in its 4th block:
+    # 3 + 49 + 4 + ceil((775 − 7)/16) = 48 → 104, charge 104 − 52 = 52 > 21 free
+    assert fit2.charge(Shape.single(57), 5000) == 52
     assert fit2.output_fit(Shape.single(57), 5000) < 5000
 
 

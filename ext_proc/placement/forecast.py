@@ -10,19 +10,22 @@ where r is the endpoint's decode rate per running sequence and d the delay to it
 token (``ForecastBook.outlook``; r unknown: 0, so nothing is assumed generated and every
 request keeps its whole predicted output ahead). It holds
 
-    b(t) = prompt_blocks + seqs × ceil(g(t) / block_size)           blocks
+    b(t) = prompt_blocks + seqs × (ceil((P + g) / bs) − ceil(P / bs))     blocks
 
-(an upper bound: each sequence's output fills its own blocks after the prompt's), and has
-``left`` = T − g(t) tokens per sequence ahead, T its expected total
-(``ext_proc.policy.outlen.remaining_total``: the quantile of the pool's output lengths given
-g, capped at the limit). A request held whole (``admission: reserve``, or a forecast one
-while the length distribution is not trusted yet) has left = 0 and b = its whole need.
+with P its prompt tokens per sequence (``Trajectory.tokens``, where a sequence's blocks are
+ceil(tokens / bs): one prompt, full attention; otherwise P is taken as filling its last
+block, b = prompt_blocks + seqs × ceil(g / bs), an upper bound), room = the free slots of
+each sequence's last block, and has ``left`` = T − g(t) tokens per sequence ahead, T its
+expected total (``ext_proc.policy.outlen.remaining_total``: the quantile of the pool's output
+lengths given g, capped at the limit). A request held whole (``admission: reserve``, or a
+forecast one while the length distribution is not trusted yet) has left = 0 and b = its
+whole need.
 
 **The peak** (Past-Future, LightLLM, ASPLOS 2025): the running requests sorted by ``left``,
 longest first; just before request i finishes (after left_i more decode steps) the
 requests 1..i still run, each grown by left_i tokens per sequence, and the others are gone:
 
-    peak = max over i of [ Σ_{j ≤ i} b_j + (Σ_{j ≤ i} seqs_j) × ceil(left_i / block_size) ]
+    peak = max over i of [ Σ_{j ≤ i} b_j + seqs_j × ceil(max(0, left_i − room_j) / bs) ]
 
 (i = the last gives at least Σ b_j, today's blocks). A new request is admitted when the
 peak with it stays within the endpoint's budget:
@@ -43,11 +46,12 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass
 
-from ext_proc.policy.model import ForecastSpec
+from ext_proc.policy.kvfit import Shape
+from ext_proc.policy.model import ForecastSpec, Profile
 from ext_proc.policy.outlen import remaining_total
 from ext_proc.signals.model import Histogram
 
-__all__ = ["Outlook", "Peaks", "Trajectory", "peak_of"]
+__all__ = ["Outlook", "Peaks", "Trajectory", "peak_of", "slot_tokens"]
 
 
 @dataclass(slots=True, eq=False)
@@ -60,6 +64,9 @@ class Trajectory:
     limit: int  # output tokens per sequence the backend may run
     floor: int = 0  # output it must run (min_tokens)
     whole: int | None = None  # blocks held whole for its whole life (reserve); None: forecast
+    # prompt tokens of each sequence where its blocks are ceil(tokens / block_size) (one
+    # prompt, full attention): its last block's free slots count; None: taken as full
+    tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,63 +93,124 @@ class Outlook:
             self.caution,
         )
 
-    def state(self, t: Trajectory, now_s: float) -> tuple[int, int]:
-        """(blocks held now, output tokens per sequence still ahead) of ``t``."""
+    def state(self, t: Trajectory, now_s: float) -> tuple[int, int, int]:
+        """(blocks held now, output tokens per sequence still ahead, free slots in each
+        sequence's last block) of ``t``."""
         if t.whole is not None:
-            return t.whole, 0
+            return t.whole, 0, 0
         rate = self.rate or 0.0
         g = min(t.limit, int(rate * max(0.0, now_s - t.start_s - self.delay_s)))
         left = max(0, self.total(g, t.limit, t.floor) - g)
-        return t.prompt_blocks + t.seqs * -(-g // self.block_size), left
+        bs = self.block_size
+        if t.tokens is None:
+            return t.prompt_blocks + t.seqs * _up(g, bs), left, 0
+        x = t.tokens + g
+        return t.prompt_blocks + t.seqs * (_up(x, bs) - _up(t.tokens, bs)), left, -x % bs
+
+
+def slot_tokens(shape: Shape, profile: Profile) -> int | None:
+    """The prompt tokens per sequence whose last block's free slots the forecast counts
+    (``Trajectory.tokens``): one prompt, no stored-context window, full attention (no
+    ``kv_model`` geometry); None otherwise (the last block is taken as full)."""
+    if len(shape.groups) != 1 or shape.window or profile.kv_model is not None:
+        return None
+    return shape.groups[0][0]
 
 
 def _up(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
 
+class _Counts:
+    """Sequences by the free slots of their last block (0..block_size − 1): a Fenwick tree,
+    so that "sequences with at least m free slots" costs O(log block_size)."""
+
+    __slots__ = ("_tree",)
+
+    def __init__(self, block_size: int) -> None:
+        self._tree = [0] * (block_size + 1)
+
+    def add(self, room: int, seqs: int) -> None:
+        i = len(self._tree) - 1 - room  # reversed: a prefix is "room ≥ m"
+        while i < len(self._tree):
+            self._tree[i] += seqs
+            i += i & -i
+
+    def at_least(self, m: int) -> int:
+        i, total = len(self._tree) - 1 - m, 0
+        while i > 0:
+            total += self._tree[i]
+            i -= i & -i
+        return total
+
+
+def _grow(left: int, room: int, bs: int) -> int:
+    """Blocks one sequence with ``room`` free slots in its last block adds over ``left``
+    more tokens: ceil(max(0, left − room) / bs)."""
+    return _up(max(0, left - room), bs)
+
+
 class Peaks:
     """The running requests of one endpoint, sorted for the peak; ``with_new`` gives the
     peak with one more request in O(n) (the module docstring's formula)."""
 
-    __slots__ = ("_bs", "_fixed", "_lefts", "_points", "_seqs", "_sums", "now_blocks", "peak")
+    __slots__ = (
+        "_bs",
+        "_fixed",
+        "_lefts",
+        "_points",
+        "_rooms",
+        "_seqs",
+        "_sums",
+        "now_blocks",
+        "peak",
+    )
 
-    def __init__(self, states: list[tuple[int, int, int]], block_size: int, fixed: int = 0):
-        """``states``: (blocks now, left tokens, seqs) per request; ``fixed``: blocks held
-        by others (left 0)."""
-        self._bs = block_size
+    def __init__(self, states: list[tuple[int, int, int, int]], block_size: int, fixed: int = 0):
+        """``states``: (blocks now, left tokens, seqs, free slots of its last block) per
+        request; ``fixed``: blocks held by others (left 0)."""
+        bs = self._bs = block_size
         ordered = sorted(states, key=lambda s: -s[1])
         self._lefts: list[int] = []  # negated, ascending: for bisect
         self._sums: list[int] = []  # Σ b over 1..i
         self._seqs: list[int] = []  # Σ seqs over 1..i
+        self._rooms: list[tuple[int, int]] = []  # (free slots, seqs) of 1..i
         self._points: list[int] = []  # the peak candidate at i
+        counts = _Counts(bs)
         h = s = 0
-        for blocks, left, seqs in ordered:
+        for blocks, left, seqs, room in ordered:
             h += blocks
             s += seqs
+            counts.add(room, seqs)
             self._lefts.append(-left)
             self._sums.append(h)
             self._seqs.append(s)
-            self._points.append(h + s * _up(left, block_size))
+            self._rooms.append((room, seqs))
+            # Σ_{j ≤ i} seqs_j × _grow(left, room_j): each is ceil(left / bs), less one for
+            # a sequence whose free slots hold the last partial block's m = left mod bs
+            m = left % bs
+            fewer = counts.at_least(m) if m else 0
+            self._points.append(h + s * _up(left, bs) - fewer)
         self.now_blocks = h + fixed
         self.peak = (max(self._points) if self._points else 0) + fixed
         self._fixed = fixed
 
-    def with_new(self, blocks: int, left: int, seqs: int) -> int:
+    def with_new(self, blocks: int, left: int, seqs: int, room: int = 0) -> int:
         """The peak with one more request of ``blocks`` now, ``left`` tokens per sequence
-        ahead and ``seqs`` sequences."""
+        ahead, ``seqs`` sequences and ``room`` free slots in each one's last block."""
         k = bisect_left(self._lefts, -left + 1) if self._lefts else 0
         # requests 0..k-1 have left ≥ left (ties: the new one after them)
         best = max(self._points[:k], default=0)
-        h = self._sums[k - 1] if k else 0
-        s = self._seqs[k - 1] if k else 0
         bs = self._bs
-        best = max(best, h + blocks + (s + seqs) * _up(left, bs))
+        h = self._sums[k - 1] if k else 0
+        grown = sum(n * _grow(left, r, bs) for r, n in self._rooms[:k])
+        best = max(best, h + grown + blocks + seqs * _grow(left, room, bs))
         for i in range(k, len(self._points)):
-            best = max(best, self._points[i] + blocks + seqs * _up(-self._lefts[i], bs))
+            best = max(best, self._points[i] + blocks + seqs * _grow(-self._lefts[i], room, bs))
         return best + self._fixed
 
 
-def peak_of(states: list[tuple[int, int, int]], block_size: int) -> int:
-    """The peak of ``states`` (blocks now, left tokens, seqs): the module docstring's
-    formula, for tests and ``ice signals``."""
+def peak_of(states: list[tuple[int, int, int, int]], block_size: int) -> int:
+    """The peak of ``states`` (blocks now, left tokens, seqs, free slots of the last block):
+    the module docstring's formula, for tests and ``ice signals``."""
     return Peaks(states, block_size).peak

@@ -40,7 +40,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from ext_proc import telemetry
-from ext_proc.placement.forecast import Outlook, Peaks, Trajectory
+from ext_proc.placement.forecast import Outlook, Peaks, Trajectory, slot_tokens
 from ext_proc.placement.inflight import Endpoint
 from ext_proc.policy.kvfit import KvFit, Shape
 from ext_proc.policy.model import Profile
@@ -128,18 +128,18 @@ class ForecastBook:
 
     def _states(
         self, pool: str, endpoint: str, endpoints: int, look: Outlook, now: float
-    ) -> list[tuple[int, int, int]]:
-        """(blocks now, tokens ahead, sequences) of this worker's requests at ``endpoint``,
-        those Envoy places counting 1/``endpoints`` each."""
+    ) -> list[tuple[int, int, int, int]]:
+        """(blocks now, tokens ahead, sequences, free slots of the last block) of this
+        worker's requests at ``endpoint``, those Envoy places counting 1/``endpoints`` each."""
         mine = self.items.get(pool, {})
-        states: list[tuple[int, int, int]] = []
+        states: list[tuple[int, int, int, int]] = []
         for t in mine.get(endpoint, {}).values():
-            blocks, left = look.state(t, now)
-            states.append((blocks, left, t.seqs))
+            blocks, left, room = look.state(t, now)
+            states.append((blocks, left, t.seqs, room))
         share = 1.0 / max(1, endpoints)
         for t in mine.get("", {}).values():
-            blocks, left = look.state(t, now)
-            states.append((math.ceil(blocks * share), left, math.ceil(t.seqs * share)))
+            blocks, left, room = look.state(t, now)
+            states.append((math.ceil(blocks * share), left, math.ceil(t.seqs * share), room))
         return states
 
     def fit(
@@ -181,7 +181,10 @@ class ForecastBook:
         def charge(shape: Shape, limit: int) -> int:
             start = base.need(shape, 1) if limit > 0 else base.need(shape, 0)
             total = look.total(0, limit, min(shape.floor, limit) if read_floors else 0)
-            added = peaks.with_new(base.need(shape, 0), total, shape.sequences) - peaks.peak
+            tokens = slot_tokens(shape, profile)
+            room = 0 if tokens is None else -tokens % base.block_size
+            added = peaks.with_new(base.need(shape, 0), total, shape.sequences, room)
+            added -= peaks.peak
             return max(added, start + gap)
 
         fit = replace(base, free_blocks=free, forecast=charge)

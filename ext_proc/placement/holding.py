@@ -28,7 +28,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from ext_proc.placement.forecast import Trajectory
+from ext_proc.placement.forecast import Trajectory, slot_tokens
 from ext_proc.placement.forecast_book import ForecastBook
 from ext_proc.placement.inflight import Endpoint, Entries, Hold
 from ext_proc.placement.ledger_shm import LedgerHandle, endpoint_key
@@ -61,7 +61,10 @@ class Holding:
         """The blocks a request of ``shape`` with ``output`` tokens per sequence holds, and its
         trajectory: its whole need under ``reserve``, its predicted total under ``forecast``."""
         floor = min(shape.floor, output) if profile.forecast.read_floors else 0
-        trajectory = Trajectory(at, fit.need(shape, 0), shape.sequences, output, floor)
+        tokens = slot_tokens(shape, profile)
+        trajectory = Trajectory(
+            at, fit.need(shape, 0), shape.sequences, output, floor, None, tokens
+        )
         if profile.admission == "forecast":  # held at its predicted total (ForecastBook)
             look = self.book.outlook(profile, pool.pool, pool.backends[0], fit.block_size)
             return fit.need(shape, look.total(0, output, floor)), trajectory
@@ -124,7 +127,7 @@ class Holding:
         blocks, exact = self._sized(profile, snapshot, fit, shape, output, hold.at_s)
         t = hold.trajectory
         if t is not None and exact.prompt_blocks < t.prompt_blocks:
-            t.prompt_blocks = exact.prompt_blocks
+            t.prompt_blocks, t.tokens = exact.prompt_blocks, exact.tokens
             if t.whole is not None and exact.whole is not None:
                 t.whole = min(t.whole, exact.whole)
             self.book.changed()
