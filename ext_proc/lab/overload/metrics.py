@@ -93,18 +93,20 @@ async def sample_metrics(
 async def sample_peak(
     session: aiohttp.ClientSession,
     url: str,
+    t0: float,
     every_s: float,
     stop: asyncio.Event,
-    out: list[float],
+    out: list[tuple[float, float]],
 ) -> None:
     """ICE's ``ice_forecast_peak_blocks`` (its largest endpoint) every ``every_s`` into
-    ``out`` (admission: forecast; nothing when the gauge is absent)."""
+    ``out`` as (seconds since ``t0``, blocks) (admission: forecast; nothing when the gauge
+    is absent)."""
     while not stop.is_set():
         with contextlib.suppress(aiohttp.ClientError, TimeoutError):
             page = await fetch(session, url)
             values = vl.metric_values(page, "ice_forecast_peak_blocks")
             if values:
-                out.append(max(values))
+                out.append((round(time.monotonic() - t0, 2), max(values)))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), every_s)
 

@@ -412,6 +412,7 @@ def report(
                 "ext_proc": r.ext_proc,
                 "shots": [asdict(s) for s in r.shots],
                 "timeline": [asdict(s) for s in r.samples],
+                "forecast_peaks": [list(p) for p in r.peaks],
             }
             for r in results
         ],

@@ -160,6 +160,7 @@ class RunResult:
     admission_rejections: dict[str, int] = field(default_factory=dict)
     # admission: forecast: the largest ice_forecast_peak_blocks sampled (None: not sampled)
     forecast_peak_max: float | None = None
+    peaks: list[tuple[float, float]] = field(default_factory=list)  # (t_s, forecast peak)
 
     @property
     def arm(self) -> str:
@@ -285,11 +286,11 @@ async def run_burst(
         sampler = asyncio.create_task(
             sample_metrics(probe, metrics_url, t0, sample_s, stop, base, samples)
         )
-        peaks: list[float] = []
+        peaks: list[tuple[float, float]] = []
         watchers = [sampler]
         if ice_metrics_url:
             watchers.append(
-                asyncio.create_task(sample_peak(probe, ice_metrics_url, sample_s, stop, peaks))
+                asyncio.create_task(sample_peak(probe, ice_metrics_url, t0, sample_s, stop, peaks))
             )
         bodies = [request_body(p, model, seed + p.index) for p in burst]
         try:
@@ -323,7 +324,8 @@ async def run_burst(
         waiting_max=max((s.waiting for s in samples), default=0),
         running_max=max((s.running for s in samples), default=0),
         kv_usage_max=max((s.kv_usage for s in samples), default=0.0),
-        forecast_peak_max=max(peaks, default=None),
+        forecast_peak_max=max((p for _, p in peaks), default=None),
+        peaks=peaks,
         ext_proc={k: stats1.get(k, 0) - stats0.get(k, 0) for k in stats1},
         shots=list(shots),
         samples=samples,
