@@ -334,6 +334,7 @@ class RunResult:
     envoy_peak_mib: float
     envoy_after_mib: float
     ice_cpu_s: float
+    envoy_cpu_s: float
     seconds: float
     short: dict[str, float] = field(default_factory=dict)
     ice_dropped: float = 0.0
@@ -378,14 +379,14 @@ def run_one(
     metrics = f"http://127.0.0.1:{ports['metrics']}/metrics"
     before = scrape(metrics)
     timeouts0 = envoy_stat(ports["admin"], "ext_proc.message_timeouts")
-    cpu0 = tb.tree_cpu(pids["ice"])
+    cpu0, ecpu0 = tb.tree_cpu(pids["ice"]), tb.tree_cpu(pids["envoy"])
     started = time.perf_counter()
     with RssSampler(pids["ice"], pids["envoy"]) as rss:
         if kill_ice:
             threading.Timer(0.3, lambda: os.killpg(pids["ice"], signal.SIGKILL)).start()
         longs, shorts = asyncio.run(flood(ports["ingress"], clients, body, mix))
         seconds = time.perf_counter() - started
-        cpu1 = tb.tree_cpu(pids["ice"])
+        cpu1, ecpu1 = tb.tree_cpu(pids["ice"]), tb.tree_cpu(pids["envoy"])
         time.sleep(AFTER_S)
         ice_after, envoy_after = rss.ice(), rss.envoy()
     after = scrape(metrics)
@@ -412,6 +413,7 @@ def run_one(
         envoy_peak_mib=rss.envoy_peak,
         envoy_after_mib=envoy_after,
         ice_cpu_s=cpu1 - cpu0,
+        envoy_cpu_s=ecpu1 - ecpu0,
         seconds=seconds,
         short=_short_stats(shorts),
         ice_dropped=dropped,
@@ -459,7 +461,8 @@ def print_result(r: RunResult) -> None:
         f"({r.ice_peak_mib / r.ice_idle_mib:.2f}×) +10 s {r.ice_after_mib:.0f} "
         f"({r.ice_after_mib / r.ice_idle_mib:.2f}×) MiB   Envoy idle {r.envoy_idle_mib:.0f} "
         f"peak {r.envoy_peak_mib:.0f} +10 s {r.envoy_after_mib:.0f} MiB   ICE CPU "
-        f"{r.ice_cpu_s:.1f} s   dropped {r.ice_dropped:.0f}   Envoy message timeouts "
+        f"{r.ice_cpu_s:.1f} s   Envoy CPU {r.envoy_cpu_s:.1f} s   dropped {r.ice_dropped:.0f}"
+        "   Envoy message timeouts "
         f"{r.message_timeouts}   ICE saw {r.ice_headers_seen:.0f} headers, "
         f"{r.ice_bodies_seen:.0f} bodies"
     )

@@ -27,6 +27,7 @@ __all__ = [
     "INPUT_TOKENS",
     "JUDGE_ERRORS",
     "KV_USAGE",
+    "LOOP_LAG",
     "PASSTHROUGH",
     "POOL_STALE",
     "PRESSURE",
@@ -162,6 +163,14 @@ FORECAST_PEAK = Gauge(
     ["pool", "endpoint"],
     multiprocess_mode="livesum",
 )
+LOOP_LAG = Gauge(
+    "ice_event_loop_lag_seconds",
+    "The most the worker's event loop ran late over the last second: how long ready work "
+    "(a request's headers) waited behind other work; long bodies are judged from their "
+    "size while it is over the backlog's lag limit.",
+    multiprocess_mode="max",
+)
+
 HOLD_RECOUNTS = Counter(
     "ice_hold_recounts",
     "Holds taken at the estimate's upper bound (exact_count: needed) counted exactly after "

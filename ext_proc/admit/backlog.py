@@ -24,6 +24,11 @@ Accounting (one ``Backlog`` per worker; called from the event loop's thread only
     for short requests, so that a flood of long bodies does not turn every chat turn into a
     coarse verdict). A worker with nothing in flight admits any body (up to
     ``max_body_bytes``, the largest Envoy sends), so it always makes progress;
+  - ``lag``: a body over ``SMALL_BODY_BYTES`` while something is in flight and the event
+    loop runs late by more than ``LAG_FRACTION`` × message_timeout (20 ms at 1 s;
+    ``ext_proc.serve.looplag``): the ready work waiting in the loop is other requests'
+    headers, which a long body's parse would make wait longer (under a flood of long
+    bodies, headers that waited past Envoy's timeout were let through unjudged);
   - ``time``: (lane_bytes + L) × c_lane > budget_s, with budget_s = BUDGET_FRACTION ×
     message_timeout: the body would wait behind the lane's admitted bodies and be judged
     after Envoy's deadline. The fraction leaves room for the transfer from Envoy, which ICE
@@ -70,6 +75,7 @@ __all__ = [
     "DEFAULT_COST_S_PER_BYTE",
     "DEFAULT_MAX_INFLIGHT_BYTES",
     "DEFAULT_MESSAGE_TIMEOUT_S",
+    "LAG_FRACTION",
     "SMALL_BODY_BYTES",
     "Backlog",
     "Lane",
@@ -77,11 +83,12 @@ __all__ = [
 ]
 
 Lane = Literal["inline", "helper"]
-Why = Literal["bytes", "time"]
+Why = Literal["bytes", "lag", "time"]
 
 DEFAULT_MAX_INFLIGHT_BYTES = 16 * 1024 * 1024
 DEFAULT_MESSAGE_TIMEOUT_S = 1.0  # envoy/envoy.yaml's ext_proc message_timeout
 BUDGET_FRACTION = 0.5
+LAG_FRACTION = 0.02
 SMALL_BODY_BYTES = 64 * 1024
 SMALL_RESERVE = 0.125
 COST_WEIGHT = 0.2
@@ -107,7 +114,9 @@ class Backlog:
         max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES,
         message_timeout_s: float = DEFAULT_MESSAGE_TIMEOUT_S,
         clock: Callable[[], float] = time.monotonic,
+        lag: Callable[[], float] = lambda: 0.0,
     ) -> None:
+        """``lag``: the event loop's lag in seconds (``LoopLag.lag``; default none)."""
         if max_inflight_bytes <= 0:
             raise ValueError("max_inflight_bytes must be positive")
         if message_timeout_s <= 0:
@@ -121,6 +130,8 @@ class Backlog:
         self.cost: dict[Lane, float] = dict(DEFAULT_COST_S_PER_BYTE)
         self.window = float(max_inflight_bytes)
         self._clock = clock
+        self.lag = lag
+        self.lag_limit_s = LAG_FRACTION * message_timeout_s
         self._last_cut = -float("inf")
 
     def admit(self, nbytes: int, lane: Lane) -> Ticket | Why:
@@ -130,6 +141,9 @@ class Backlog:
             limit *= 1 - SMALL_RESERVE
         if self.inflight_bytes and self.inflight_bytes + nbytes > limit:
             return "bytes"
+        if nbytes > SMALL_BODY_BYTES and self.inflight_bytes and self.lag() > self.lag_limit_s:
+            self.window = min(self.window, self._floor())  # one long body at a time
+            return "lag"
         queued = self.lane_bytes[lane]
         budget = self.budget_s if queued else self.message_timeout_s
         if (queued + nbytes) * self.cost[lane] > budget:
@@ -178,8 +192,10 @@ class Backlog:
         if now - self._last_cut < self.message_timeout_s:
             return
         self._last_cut = now
-        floor = min(float(MIN_WINDOW_BYTES), float(self.max_inflight_bytes))
-        self.window = max(floor, self.window / 2)
+        self.window = max(self._floor(), self.window / 2)
+
+    def _floor(self) -> float:
+        return min(float(MIN_WINDOW_BYTES), float(self.max_inflight_bytes))
 
     def release(self, ticket: Ticket | None) -> None:
         """The body is answered, dropped or its stream ended."""

@@ -56,6 +56,7 @@ from ext_proc.serve.collecting import (
 )
 from ext_proc.serve.helper import DEFAULT_HEAVY_CONTAINERS, Offload
 from ext_proc.serve.inforce import InForce, max_ages, reload_on
+from ext_proc.serve.looplag import LoopLag
 from ext_proc.serve.reload import Candidate, FileWatch, candidate, policy_sha256
 from ext_proc.serve.servicer import ExtProcServicer
 from ext_proc.signals.collector import Collector
@@ -126,14 +127,17 @@ async def _run_worker(
         from ext_proc.truncate.client import EmbeddingClient
 
         pipeline.similarity = EmbeddingClient(opts.embedding_socket)
-    server, health, servicer = _grpc_server(opts, address, pipeline, in_force)
+    lag = LoopLag()  # the backlog reads it: headers waiting in the loop (looplag)
+    server, health, servicer = _grpc_server(opts, address, pipeline, in_force, lag)
     running = _Running(server, health, servicer, pipeline, snapshots, handle, remote)
     elector = await running.start(opts)
+    lag.start()
     print(f"ice worker {os.getpid()} serving ext_proc on {address}", flush=True)
     # The only worker watches the file itself; with several, the supervisor does and sends
     # each worker SIGHUP.
     await _until_stopped(in_force, FileWatch(opts.policy_path) if shm_name is None else None)
     log.info("shutting down: draining in-flight streams (grace %.1f s)", opts.shutdown_grace_s)
+    lag.stop()
     await running.stop(opts.shutdown_grace_s, elector)
 
 
@@ -167,7 +171,7 @@ def _snapshots(policy: Policy, in_force: InForce, shm_name: str | None) -> _Snap
 
 
 def _grpc_server(
-    opts: ServeOptions, address: str, pipeline: Pipeline, in_force: InForce
+    opts: ServeOptions, address: str, pipeline: Pipeline, in_force: InForce, lag: LoopLag
 ) -> tuple[grpc.aio.Server, HealthServicer, ExtProcServicer]:
     """The worker's gRPC server on ``address``: the ext_proc servicer and gRPC health."""
     limit = opts.max_body_bytes + 1024 * 1024
@@ -181,7 +185,7 @@ def _grpc_server(
     offload = Offload(opts.policy_path, opts.max_body_bytes, opts.heavy_containers)
     offload.warm()
     memtrim.tune()
-    backlog = Backlog(opts.max_inflight_bytes, opts.message_timeout_s)
+    backlog = Backlog(opts.max_inflight_bytes, opts.message_timeout_s, lag=lag.lag)
     servicer = ExtProcServicer(pipeline, offload, backlog)
     in_force.servicer = servicer
     pb_grpc.add_ExternalProcessorServicer_to_server(servicer, server)

@@ -51,7 +51,7 @@ def test_every_request_of_a_flood_of_long_bodies_gets_a_verdict(tmp_path: Path) 
     with running_stack(tmp_path, ice_extra=["--max-inflight-bytes", str(WINDOW)]) as e2e:
         coarse0 = sum(
             e2e.ice_metric("ice_coarse_verdicts_total", route="chat", why=w)
-            for w in ("bytes", "time", "late")
+            for w in ("bytes", "lag", "time", "late")
         )
         messages = long_messages(1_200_000)
         replies = asyncio.run(flood(e2e.base_url, messages))
@@ -72,7 +72,7 @@ def test_every_request_of_a_flood_of_long_bodies_gets_a_verdict(tmp_path: Path) 
         assert {s for s, h in replies if "x-ice-judged" not in h} == {400}
         counted = sum(
             e2e.ice_metric("ice_coarse_verdicts_total", route="chat", why=w)
-            for w in ("bytes", "time", "late")
+            for w in ("bytes", "lag", "time", "late")
         )
         assert counted - coarse0 == len(coarse)
         assert e2e.ice_metric("ice_backlog_bytes") == 0
