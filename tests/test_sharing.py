@@ -21,6 +21,7 @@ PROFILE = Profile(name="p", max_model_len=8192, output_buffer_tokens=512, min_ou
 LOW = Pressure(10.0, Level.LOW)
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
+GENERATE = "/inference/v1/generate"
 
 
 def snapshot(
@@ -46,6 +47,11 @@ def completions(**extra: Any) -> dict[str, Any]:
     return {"prompt": list(range(1, 301)), "n": 4, "max_tokens": 40, **extra}
 
 
+def generate(**params: Any) -> dict[str, Any]:
+    """vLLM's token-in endpoint: the sampling parameters sit in ``sampling_params``."""
+    return {"model": "m", "token_ids": [1, 2, 3], "sampling_params": {"max_tokens": 8, **params}}
+
+
 def chat(**extra: Any) -> dict[str, Any]:
     return {"messages": [{"role": "user", "content": "hi"}], "n": 4, **extra}
 
@@ -65,6 +71,9 @@ def chat(**extra: Any) -> dict[str, Any]:
         (CHAT, chat(echo=True), False),  # chat's top_logprobs defaults to 0, not None
         (CHAT, chat(echo=True, top_logprobs=None), True),
         (CHAT, chat(logprobs=True, top_logprobs=5), True),
+        (GENERATE, generate(), True),
+        (GENERATE, generate(prompt_logprobs=0), False),
+        (GENERATE, generate(logprobs=5), True),
     ],
     ids=[
         "completions-plain",
@@ -79,6 +88,9 @@ def chat(**extra: Any) -> dict[str, Any]:
         "chat-echo",
         "chat-echo-top_logprobs-null",
         "chat-top_logprobs",
+        "generate-plain",
+        "generate-prompt_logprobs",
+        "generate-logprobs-alone",
     ],
 )
 def test_whether_a_request_reads_the_prefix_cache_follows_vllm(

@@ -103,6 +103,8 @@ class _VllmGenerate:
             samples=samples_of(params, "n", "best_of"),
             media_parts=tally.media_parts,
             media_tokens=tally.media_tokens,
+            # SamplingParams with prompt_logprobs skips reading the prefix cache (vLLM 0.32)
+            reads_prefix_cache=params.get("prompt_logprobs") is None,
         )
 
     def error_body(self, status: int, code: str, message: str, param: str | None) -> bytes:
