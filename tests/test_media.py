@@ -682,7 +682,7 @@ def test_image_size_never_raises_on_a_non_string() -> None:
         (_wav(30.0, rate=8000), "WAV", 30.0),
         (_wav(2.0), "audio/wav", 2.0),
         (_wav(0.0), "wav", 0.0),
-        (_wav(1.0), "mp3", None),
+        (_wav(1.0), "mp3", 1.0),  # the decoder reads the bytes, not the label
         (b"ID3\x03\x00" + b"\0" * 100, "mp3", None),
         (b"not a wav file at all, sorry", "wav", None),
         (b"RIFF\0\0\0\0WAVEdata\0\0\0\0", "wav", None),  # data before fmt
@@ -693,7 +693,7 @@ def test_image_size_never_raises_on_a_non_string() -> None:
         "long-uppercase-format",
         "media-type-format",
         "empty",
-        "mp3-format-not-read",
+        "wav-labelled-mp3-read-as-wav",
         "mp3-bytes",
         "garbage",
         "no-fmt-chunk",
@@ -719,7 +719,7 @@ def test_audio_seconds_caps_a_streamed_header_at_the_payload() -> None:
 def test_audio_seconds_never_raises_on_garbage() -> None:
     assert audio_seconds("!!!", "wav") is None
     assert audio_seconds(None, "wav") is None  # type: ignore[arg-type]
-    assert audio_seconds(_b64(_wav(1.0)), None) is None  # type: ignore[arg-type]
+    assert audio_seconds(_b64(_wav(1.0)), None) == 1.0  # type: ignore[arg-type]  # no label
 
 
 # --- part_of -----------------------------------------------------------------------------
@@ -742,9 +742,9 @@ WAV_B64 = _b64(_wav(2.0))
             {"type": "input_audio", "input_audio": {"data": WAV_B64, "format": "wav"}},
             MediaPart("audio", seconds=2.0),
         ),
-        (
+        (  # WAV bytes labelled mp3: read as the WAV they are
             {"type": "input_audio", "input_audio": {"data": WAV_B64, "format": "mp3"}},
-            MediaPart("audio"),
+            MediaPart("audio", seconds=2.0),
         ),
         (
             {"type": "audio_url", "audio_url": {"url": "data:audio/wav;base64," + WAV_B64}},

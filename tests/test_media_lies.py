@@ -146,6 +146,25 @@ def test_the_issue_wav_costs_its_600_seconds() -> None:
     assert DEFAULT.tokens(media) == 15_000
 
 
+@pytest.mark.parametrize("label", ["mp3", "flac", "audio/mpeg"])
+def test_a_wav_labelled_as_another_format_costs_its_length(label: str) -> None:
+    # the decoder (FFmpeg) reads the bytes, not the label: 600 s of WAV play as 600 s
+    wav = riff(fmt_chunk(), chunk(b"data", ONE_S * 600))
+    data = base64.b64encode(wav).decode()
+    media = part_of({"type": "input_audio", "input_audio": {"data": data, "format": label}})
+    assert media == MediaPart("audio", seconds=600.0)
+    assert DEFAULT.tokens(media) == 15_000
+    url = f"data:{label if '/' in label else 'audio/' + label};base64,{data}"
+    assert part_of({"type": "audio_url", "audio_url": {"url": url}}) == media
+
+
+def test_mp3_bytes_are_of_unknown_length_whatever_the_label() -> None:
+    mp3 = base64.b64encode(b"ID3\x04\x00" + b"\0" * 2000).decode()
+    for label in ("mp3", "wav"):
+        media = part_of({"type": "input_audio", "input_audio": {"data": mp3, "format": label}})
+        assert media == MediaPart("audio", seconds=None)  # the default 750 tokens
+
+
 def test_a_data_url_wav_with_a_zero_size_costs_its_length() -> None:
     lying = riff(fmt_chunk(), chunk(b"data", ONE_S * 40, size=0))
     url = "data:audio/wav;base64," + base64.b64encode(lying).decode()

@@ -22,9 +22,9 @@ header)``, or every byte present when its size is 0 (after 64 chunks, the bytes 
 as one more); rate, channels and bits from the
 ``fmt`` chunk, for sample formats of fixed width (PCM, IEEE float, A-law, µ-law, and
 ``WAVE_FORMAT_EXTENSIBLE`` of those). ``RIFF``, ``RF64``/``BW64`` (their 32-bit sizes say
-0xFFFFFFFF: the bytes present count) and big-endian ``RIFX`` are read, when the part says
-it is a WAV (``wav``, ``audio/wav``…). Compressed WAVs (ADPCM, GSM, MP3 in WAV) and other
-formats are of unknown duration (``None``)."""
+0xFFFFFFFF: the bytes present count) and big-endian ``RIFX`` are read by their magic bytes,
+whatever format the part names (FFmpeg finds the format from the bytes). Compressed WAVs
+(ADPCM, GSM, MP3 in WAV) and other formats are of unknown duration (``None``)."""
 
 from __future__ import annotations
 
@@ -44,7 +44,6 @@ __all__ = ["audio_seconds", "image_size"]
 PREFIX_B64_CHARS = (4 * 1024, 64 * 1024, 1024 * 1024)
 # Characters of a percent-encoded (not base64) data: URL unquoted, at most.
 _PREFIX_URL_CHARS = 64 * 1024
-_WAV_FORMATS = frozenset({"wav", "wave", "x-wav", "vnd.wave"})
 _RIFF_ORDER: dict[bytes, Literal["little", "big"]] = {
     b"RIFF": "little",
     b"RF64": "little",
@@ -147,14 +146,14 @@ def audio_seconds(data_b64: str, fmt: str) -> float | None:
     present (see the module docstring); ``None`` for other formats (mp3, …), compressed WAVs
     and unreadable data.
 
-    ``fmt`` is the part's format (``wav``, or a media type such as ``audio/wav``)."""
+    ``fmt`` is the part's format (``wav``, or a media type such as ``audio/wav``); a WAV is
+    read whatever it says: FFmpeg, vLLM's decoder, finds the format from the bytes, so a
+    WAV labelled ``mp3`` plays as a WAV."""
     return _audio_seconds(data_b64, 0, fmt)
 
 
 def _audio_seconds(text: str, start: int, fmt: str) -> float | None:
-    try:
-        if fmt.strip().lower().removeprefix("audio/") not in _WAV_FORMATS:
-            return None
+    try:  # ``fmt`` is not trusted: the decoder reads the bytes, whatever the label says
         estimate = (len(text) - start) * 3 // 4 - _padding(text)
         for data, whole, last in _decodings(text, start):
             if data[:4] not in _RIFF_ORDER or data[8:12] != b"WAVE":
