@@ -52,7 +52,7 @@ if str(REPO) not in sys.path:  # run as a script: import ext_proc from the check
     sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 
-LIMIT_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+LIMIT_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "max_new_tokens")
 SLOW_S = 5.0
 BIG = 9 * 1024 * 1024  # over the 8 MiB body limit
 CONTENT_TYPES = (
@@ -382,9 +382,22 @@ def only_limits_differ(sent: bytes, got: bytes) -> bool:
         return False
     if not isinstance(a, dict) or not isinstance(b, dict):
         return False
-    rest_a = {k: v for k, v in a.items() if k not in LIMIT_FIELDS}
-    rest_b = {k: v for k, v in b.items() if k not in LIMIT_FIELDS}
-    return rest_a == rest_b
+    return _without_limits(a) == _without_limits(b)
+
+
+def _without_limits(doc: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` less its output-limit fields, at the top level and inside ``sampling_params``
+    (vLLM's ``/inference/v1/generate`` and SGLang's ``/generate`` keep the limit there)."""
+    out = {k: v for k, v in doc.items() if k not in LIMIT_FIELDS}
+    params = out.get("sampling_params")
+    if isinstance(params, dict):
+        out["sampling_params"] = {k: v for k, v in params.items() if k not in LIMIT_FIELDS}
+    elif isinstance(params, list):
+        out["sampling_params"] = [
+            {k: v for k, v in p.items() if k not in LIMIT_FIELDS} if isinstance(p, dict) else p
+            for p in params
+        ]
+    return out
 
 
 @dataclass
