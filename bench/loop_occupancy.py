@@ -198,15 +198,18 @@ async def start_ice(policy: Path, address: str) -> Any:
     from ext_proc.policy.load import load_policy
     from ext_proc.serve import server
     from ext_proc.serve.inforce import InForce
+    from ext_proc.serve.looplag import LoopLag
 
     opts = server.ServeOptions(address=address, policy_path=str(policy))
     loaded = load_policy(str(policy))
     in_force = InForce(str(policy), opts.max_body_bytes, opts.heavy_containers, 1.0, loaded)
     snapshots = server._snapshots(loaded, in_force, None)
     pipeline = server.Pipeline(loaded, snapshots.lookup, max_body_bytes=opts.max_body_bytes)
-    grpc_server, health, servicer = server._grpc_server(opts, address, pipeline, in_force)
+    lag = LoopLag()  # as ``ice serve`` runs it: the backlog reads the loop's lag
+    grpc_server, health, servicer = server._grpc_server(opts, address, pipeline, in_force, lag)
     running = server._Running(grpc_server, health, servicer, pipeline, snapshots, None, None)
     await running.start(opts)
+    lag.start()
     return running
 
 

@@ -195,14 +195,14 @@ def test_a_request_counted_exactly_is_not_counted_again() -> None:
     assert after == before
 
 
-def test_a_body_judged_in_the_helper_is_recounted_there(tmp_path: Path) -> None:
+def test_a_long_body_is_recounted_in_the_helper_process(tmp_path: Path) -> None:
     path = tmp_path / "policy.yaml"
     path.write_text(POLICY_TEXT)
     policy = load_policy(str(path))
     snap = view()
     pipeline = Pipeline(policy, lambda _pool: snap)
-    body = chat("word " * 10_000)  # 50 KB: over exact_count_inline_bytes, to the helper
-    assert pipeline.needs_helper(body)
+    body = chat("word " * 10_000)  # 50 KB: over exact_count_inline_bytes: never counted on
+    assert pipeline.needs_helper(body)  # the event loop after the answer, but in the helper
     exact = exact_tokens(pipeline, body)
     offload = Offload(str(path), pipeline.max_body_bytes)
     try:

@@ -33,6 +33,7 @@ from ext_proc.schemas import RequestFeatures, SchemaAdapter
 from ext_proc.schemas.rawjson import TopLevel
 
 if TYPE_CHECKING:
+    from ext_proc.tokencount.newtext import Lesson
     from ext_proc.truncate.units import Conversation
 
 __all__ = [
@@ -120,6 +121,8 @@ class BodyVerdict:
     # pass the request went on with
     shadow: tuple[str, str] | None = None
     body: JudgedBody | None = field(default=None, repr=False)  # None: judged without it
+    # piece counts the helper process made judging it, for its worker's cache (``serve.helper``)
+    lessons: tuple[Lesson, ...] = field(default=(), repr=False, compare=False)
 
 
 def make_verdict(

@@ -25,36 +25,63 @@ A heavy body is judged by ``Pipeline.on_body`` in a single spawned helper proces
 loaded the same policy. Ordinary requests, including long single strings (documents), stay
 in-process.
 
+A body that is heavy only by its **size** (``weigh``: over ``exact_count_inline_bytes`` with
+a tokenizer configured, but not by shape) is judged in-process first when it is at most
+``INLINE_ATTEMPT_BYTES``, under a bound on the new text its exact count may encode
+(``tokencount.newtext.new_text_bound``, ``exact_count_inline_bytes`` characters): a next
+turn whose history's pieces are in the worker's cache is counted on the event loop (a few
+ms), where the hop to the helper cost 12–20 ms for 1.3 MB. When the bound trips (a cold
+body), nothing was encoded and the body goes to the helper; the wasted decode, render and
+digests cost about what a cached next turn does (13–22 ms for 1.3 MB on 2 loaded cores,
+README "Token counts"; 5–7 % of the helper's cold count). Attempts take one turn of the event loop
+each (``_turn``). With ``prefix_tracking`` on the worker does not try (a sampled request's
+exact ids need a whole encode). The helper process teaches its worker: the (digest, count)
+pairs of the pieces it counted for a body come back with the verdict
+(``BodyVerdict.lessons``, at most ``newtext.MAX_LESSON_PIECES`` a tokenizer, never text) and go into
+the worker's cache, so the next turn of a conversation first counted there is counted
+in-process. ``judged`` counts where the bodies the helper lane took were judged.
+
 Invariants: the helper receives only picklable plain data (route key, adapter name,
 priority, body bytes, pool snapshot, the KV blocks its worker's ledger holds against that
 snapshot, by endpoint: ``PoolViews.ledger``) and returns a ``BodyVerdict`` whose decode is
 slim (``JudgedBody.detached``); metrics are counted by the caller. The server starts the
-helper at start-up (``warm``), and a broken helper is replaced.
+helper at start-up (``warm``), and a broken helper is replaced. An attempt in-process counts
+exactly what the helper would (the bound only decides where), and changes nothing that the
+helper's judgement then repeats: the bound trips inside the count stage, before the verdict.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Awaitable
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import replace
+from typing import Any, Literal
 
+from ext_proc.admit.faults import JudgeFault
 from ext_proc.admit.pipeline import BodyVerdict, Pipeline, RequestFacts, Route
 from ext_proc.policy.load import load_policy
 from ext_proc.policy.model import Priority
 from ext_proc.schemas import BY_NAME, RequestFeatures
 from ext_proc.signals.snapshot import PoolSnapshot
+from ext_proc.tokencount.newtext import NewTextOverBound, lessons, new_text_bound, noting_pieces
 
 __all__ = [
     "DEFAULT_HEAVY_CONTAINERS",
     "ESCAPES_PER_CONTAINER",
+    "INLINE_ATTEMPT_BYTES",
     "INLINE_MEDIA_BYTES",
     "INLINE_MEDIA_PARTS",
     "Offload",
+    "Weight",
     "containers_outside_strings",
+    "judge_in_worker",
     "media_parts_hint",
+    "weigh",
 ]
 
 log = logging.getLogger("ice.offload")
@@ -65,6 +92,12 @@ INLINE_MEDIA_PARTS = 32
 # json's C decoder ~30 ns here, a container rawjson's Python ~1 µs
 ESCAPES_PER_CONTAINER = 32
 INLINE_MEDIA_BYTES = 1024 * 1024
+# The largest body heavy only by its size that is judged in-process first: an attempt held
+# the loop 23–26 ms for 1.9 MB and 26–39 ms for 2.5 MB on 2 loaded cores (issue 30: < 50 ms).
+INLINE_ATTEMPT_BYTES = 2 * 1024 * 1024
+# Where a body with an adapter is judged (``Offload.weigh``): "" in-process; "shape": in the
+# helper; "size": in-process first when little of its text is new, else in the helper.
+Weight = Literal["", "shape", "size"]
 # What marks a media payload whose header ICE reads: a data: URL, base64 (Anthropic's
 # ``"type": "base64"`` source) or an ``input_audio`` part; ``;base64,`` of a data URL counts
 # once more, which errs towards the helper
@@ -121,8 +154,12 @@ def _judge(
         helper.views.assume_held(snapshot, ledger or {})
     route = helper.router.route_for(route_key)
     facts = RequestFacts(adapter=BY_NAME[schema], priority=priority)
-    verdict = helper.on_body(route, facts, body)
-    if verdict is None or verdict.body is None:
+    with noting_pieces() as noted:
+        verdict = helper.on_body(route, facts, body)
+    if verdict is None:
+        return verdict
+    verdict = replace(verdict, lessons=lessons(noted))  # what the worker's cache learns
+    if verdict.body is None:
         return verdict
     # its decode goes back slim: no text, no array values (pickling them costs as much as
     # the decode did); the worker restores the text from the bytes it already has
@@ -142,6 +179,36 @@ def _ready() -> bool:
     return bool(_HELPER)
 
 
+def weigh(offload: Offload, pipeline: Pipeline, body: bytes) -> Weight:
+    """Where a body with an adapter is judged (``Weight``; the module docstring)."""
+    if offload.is_heavy(body):
+        return "shape"
+    return "size" if pipeline.needs_helper(body) else ""
+
+
+class _Tripped:
+    """The in-process attempt's count would encode more than its bound: judge in the helper."""
+
+
+TRIPPED = _Tripped()
+
+
+def judge_in_worker(
+    pipeline: Pipeline, route: Route, facts: RequestFacts, body: bytes
+) -> BodyVerdict | _Tripped | None:
+    """``pipeline.on_body`` with its exact count bounded to ``exact_count_inline_bytes``
+    characters of new text; ``TRIPPED`` when that bound trips (nothing was encoded)."""
+    with new_text_bound(pipeline.policy.exact_count_inline_bytes):
+        try:
+            return pipeline.on_body(route, facts, body)
+        except NewTextOverBound:
+            return TRIPPED
+        except JudgeFault as e:  # the count stage wraps what it raises
+            if isinstance(e.__cause__, NewTextOverBound):
+                return TRIPPED
+            raise
+
+
 class Offload:
     """One helper process per ICE worker for heavy bodies."""
 
@@ -155,6 +222,10 @@ class Offload:
         self._max_body_bytes = max_body_bytes
         self.heavy_containers = heavy_containers
         self._pool: ProcessPoolExecutor | None = None
+        self._turn = asyncio.Lock()  # one in-process attempt per turn of the event loop
+        # bodies the helper lane took, by where they were judged ("worker": in-process;
+        # "tripped": tried in-process, then judged in the helper; "helper": sent there)
+        self.judged = {"worker": 0, "tripped": 0, "helper": 0}
 
     def warm(self) -> None:
         """Start the helper now (its imports take about a second), so that the first heavy
@@ -183,25 +254,67 @@ class Offload:
         return self._pool
 
     async def on_body(
-        self, pipeline: Pipeline, route: Route, facts: RequestFacts, body: bytes
+        self,
+        pipeline: Pipeline,
+        route: Route,
+        facts: RequestFacts,
+        body: bytes,
+        weight: Weight = "shape",
     ) -> BodyVerdict | None:
         """``pipeline.on_body`` run in the helper process (same policy, same snapshot); the
-        verdict's decode (``JudgedBody``) comes back slim, its text restored here."""
+        verdict's decode (``JudgedBody``) comes back slim, its text restored here, and the
+        piece counts it made go into this worker's counters. A body of ``weight`` "size"
+        is judged in-process first (``judge_in_worker``; the module docstring)."""
         if facts.adapter is None:
             return pipeline.on_body(route, facts, body)
-        snapshot = pipeline.lookup(route.pool)
-        ledger = pipeline.views.ledger(snapshot) if snapshot is not None else {}
-        loop = asyncio.get_running_loop()
-        args = (route.key, facts.adapter.name, facts.priority, body, snapshot, ledger)
-        try:
-            verdict = await loop.run_in_executor(self._executor(), _judge, *args)
-        except BrokenProcessPool:
-            log.error("the offload helper died; starting a new one")
-            self._pool = None
-            verdict = await loop.run_in_executor(self._executor(), _judge, *args)
+        tried = weight == "size" and len(body) <= INLINE_ATTEMPT_BYTES and pipeline.prefix is None
+        if tried:
+            async with self._turn:
+                await asyncio.sleep(0)  # a turn of the event loop of its own
+                judged = judge_in_worker(pipeline, route, facts, body)
+            if not isinstance(judged, _Tripped):
+                self.judged["worker"] += 1
+                return judged
+        self.judged["tripped" if tried else "helper"] += 1
+        verdict = await self._in_helper(pipeline, route, facts, body)
+        if verdict is not None and verdict.lessons:  # learned already (``_submit``)
+            verdict = replace(verdict, lessons=())
         if verdict is None or verdict.body is None:
             return verdict
         return replace(verdict, body=verdict.body.attach(body))
+
+    async def _in_helper(
+        self, pipeline: Pipeline, route: Route, facts: RequestFacts, body: bytes
+    ) -> BodyVerdict | None:
+        assert facts.adapter is not None
+        snapshot = pipeline.lookup(route.pool)
+        ledger = pipeline.views.ledger(snapshot) if snapshot is not None else {}
+        args = (route.key, facts.adapter.name, facts.priority, body, snapshot, ledger)
+        try:
+            return await self._submit(pipeline, args)
+        except BrokenProcessPool:
+            log.error("the offload helper died; starting a new one")
+            self._pool = None
+            return await self._submit(pipeline, args)
+
+    def _submit(self, pipeline: Pipeline, args: tuple[Any, ...]) -> Awaitable[BodyVerdict | None]:
+        """``_judge`` in the helper. Its piece counts go into this worker's counters when it
+        ends, before its waiter resumes, and also when the wait was abandoned (past
+        ``exact_count_budget_ms``: the count under way finishes and still teaches)."""
+        loop = asyncio.get_running_loop()
+        done = self._executor().submit(_judge, *args)
+        counters = pipeline.counters
+
+        def teach(future: Future[BodyVerdict | None]) -> None:  # in the executor's thread
+            if counters is None or future.cancelled() or future.exception() is not None:
+                return
+            verdict = future.result()
+            if verdict is not None and verdict.lessons:
+                with contextlib.suppress(RuntimeError):  # the loop has closed
+                    loop.call_soon_threadsafe(counters.learn, verdict.lessons)
+
+        done.add_done_callback(teach)  # first: the lesson is scheduled before the waiter
+        return asyncio.wrap_future(done, loop=loop)
 
     async def count(self, route: Route, facts: RequestFacts, body: bytes) -> RequestFeatures | None:
         """The body's features with its exact count, made in the helper process (a hold's

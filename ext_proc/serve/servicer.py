@@ -44,7 +44,7 @@ from ext_proc.admit.stream import Stream
 from ext_proc.admit.truncation import finish_truncation
 from ext_proc.schemas import OPENAI_CHAT_FALLBACK
 from ext_proc.serve import render
-from ext_proc.serve.helper import Offload
+from ext_proc.serve.helper import Offload, Weight, weigh
 from ext_proc.serve.memtrim import Trimmer
 from ext_proc.serve.messages import (
     code_details,
@@ -305,11 +305,9 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         body's receipt, its scan and its judgement each take their own turn of the loop."""
         if len(data) > SMALL_BODY_BYTES:
             await asyncio.sleep(0)
-        heavy = (
-            self.offload is not None
-            and facts.adapter is not None
-            and (self.offload.is_heavy(data) or self.pipeline.needs_helper(data))
-        )
+        heavy: Weight = ""  # truthy: the helper lane ("size": tried in-process first)
+        if self.offload is not None and facts.adapter is not None:
+            heavy = weigh(self.offload, self.pipeline, data)
         lane: Lane = "helper" if heavy else "inline"
         if stream.ticket is None and facts.adapter is not None and facts.content_length is None:
             admitted = self._admit_at_body(route, facts, stream, len(data), lane)
@@ -355,7 +353,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         facts: RequestFacts,
         ticket: Ticket,
         data: bytes,
-        heavy: bool,
+        heavy: Weight,
         started: float,
         alone: bool,
     ) -> BodyVerdict | None:
@@ -371,7 +369,8 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             try:
                 await asyncio.sleep(0)  # the scan took this turn; the helper's is the next
                 verdict = await asyncio.wait_for(
-                    self.offload.on_body(self.pipeline, route, facts, data), max(0.0, budget)
+                    self.offload.on_body(self.pipeline, route, facts, data, heavy),
+                    max(0.0, budget),
                 )
             except TimeoutError:
                 telemetry.COARSE_VERDICTS.labels(route=route.name, why="budget").inc()
@@ -385,10 +384,10 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         return verdict
 
     async def _judge_now(
-        self, route: Route, facts: RequestFacts, data: bytes, heavy: bool
+        self, route: Route, facts: RequestFacts, data: bytes, heavy: Weight
     ) -> BodyVerdict | None:
         if heavy and self.offload is not None:
-            return await self.offload.on_body(self.pipeline, route, facts, data)
+            return await self.offload.on_body(self.pipeline, route, facts, data, heavy)
         return self.pipeline.on_body(route, facts, data)
 
     def _body_response(

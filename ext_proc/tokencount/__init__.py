@@ -48,6 +48,8 @@ Modules, in the order a request meets them:
   ``prepend_scheme: first``), the template's turn marker, and the adversarial texts a split
   must count exactly at load;
 - ``pieces``: ``PieceCounter`` (a rendered prompt counted piece by piece, from a cache);
+- ``newtext``: a bound on the new text a count may encode (``new_text_bound``) and the piece
+  counts one process teaches another (``Lesson``: digests and counts);
 - ``calibration``: the estimate's bounds (exact ÷ estimate) for this tokenizer, measured at
   load on a generated sample, which ``exact_count: needed`` trusts;
 - ``counter``: ``ExactCounter`` (loading, reading a request body, rendering, encoding);
@@ -56,13 +58,15 @@ Modules, in the order a request meets them:
 Invariants:
 - An ``ExactCounter`` is immutable after ``load``: every method may run in many threads at
   once (the Rust tokenizer is only read, and ``encode`` releases the GIL; each render gets its
-  own jinja context). A ``CounterRegistry`` is immutable too; there is no module state.
+  own jinja context). A ``CounterRegistry`` is immutable too; there is no module state but
+  ``newtext``'s context variables (a bound or notes, per thread or task, within a ``with``).
 - Counting by pieces equals counting the whole text (checked at load for the tokenizer and
   template at hand, else whole texts are counted); the truncation and padding a
   ``tokenizer.json`` may set are turned off, as transformers does when encoding.
 - Loading raises only ``TokenizerLoadError``, whose message names the file and the problem.
   Counting raises only ``TokenCountError`` (the template raised, or content it cannot
-  count): callers keep their estimate then; no other exception escapes for JSON input.
+  count): callers keep their estimate then; no other exception escapes for JSON input, but
+  ``NewTextOverBound`` inside a caller's ``newtext.new_text_bound``.
 """
 
 from __future__ import annotations

@@ -14,9 +14,14 @@ At load the counter also picks how to split a rendered prompt (``pieces``, ``spl
 given the schema adapters' estimate, measures the estimate's bounds for this tokenizer
 (``bounds``, ``calibration``).
 
-Invariants: an ``ExactCounter`` is immutable after ``load``, so every method may run in many
-threads at once (the Rust tokenizer is only read; each render gets its own jinja context).
-``load`` raises only ``TokenizerLoadError``; counting raises only ``TokenCountError``.
+Inside ``pieces.new_text_bound`` counting encodes at most that many new characters, else
+raises ``NewTextOverBound`` first; ``learn`` takes piece counts (``pieces.Lesson``) made by a
+counter ``load`` built from the same tokenizer (``pieces.tokenizer_identity``).
+
+Invariants: an ``ExactCounter`` is immutable after ``load`` (but for its piece cache), so
+every method may run in many threads at once (the Rust tokenizer is only read; each render
+gets its own jinja context). ``load`` raises only ``TokenizerLoadError``; counting raises
+only ``TokenCountError``, and ``NewTextOverBound`` inside a bound.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from ext_proc.tokencount.calibration import (
     Estimator,
     measure_bounds,
 )
+from ext_proc.tokencount.newtext import Lesson, NewTextOverBound, spend_new_text, tokenizer_identity
 from ext_proc.tokencount.pieces import DEFAULT_CACHE_BYTES, PieceCounter
 from ext_proc.tokencount.samples import SAMPLE_CONVERSATIONS, SAMPLE_TOOLS
 from ext_proc.tokencount.shaping import (
@@ -85,6 +91,7 @@ class ExactCounter:
         source: str,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
         estimate: Estimator | None = None,
+        identity: bytes = b"",
     ) -> None:
         # a tokenizer.json may truncate or pad; transformers turns both off when it encodes
         # without truncation or padding, as vLLM does
@@ -95,7 +102,7 @@ class ExactCounter:
         self._special = MappingProxyType(dict(special_tokens))
         self._template_kwargs = MappingProxyType(dict(template_kwargs))
         self.source = source
-        self._pieces = PieceCounter(tokenizer, cache_bytes)
+        self._pieces = PieceCounter(tokenizer, cache_bytes, identity)
         marker = None
         if self._templates:  # the text between every two turns: a place to cut without tokens
             marker = turn_marker(lambda m: self._render(m, None, False, False, None))
@@ -142,7 +149,10 @@ class ExactCounter:
             tokenizer.add_special_tokens(missing)
         templates = _compile(config, spec)
         kwargs = dict(spec.template_kwargs)
-        return cls(tokenizer, templates, special, kwargs, str(path), cache_bytes, estimate)
+        identity = tokenizer_identity(path.read_bytes(), tokenizer)
+        return cls(
+            tokenizer, templates, special, kwargs, str(path), cache_bytes, estimate, identity
+        )
 
     def _renders(self, conversations: Sequence[Sequence[Mapping[str, Any]]]) -> list[str]:
         """Each conversation rendered by each template (with and without tools, with and
@@ -180,6 +190,10 @@ class ExactCounter:
             else f"{pieces.split} at {pieces.boundary}"
         )
 
+    def learn(self, lesson: Lesson) -> int:
+        """Merge piece counts another process's counter of this tokenizer made (``pieces``)."""
+        return self._pieces.learn(lesson)
+
     @property
     def has_chat_template(self) -> bool:
         return bool(self._templates)
@@ -196,13 +210,17 @@ class ExactCounter:
         try:
             if not add_special_tokens:
                 return self._pieces.count(text)
+            spend_new_text(len(text))
             encoded = self._tokenizer.encode_batch_fast([text], add_special_tokens=True)
             return len(encoded[0])
+        except NewTextOverBound:
+            raise
         except Exception as e:  # e.g. a lone surrogate ("\ud800" in JSON) is no valid str
             raise TokenCountError(f"cannot tokenize the text: {e}") from None
 
     def token_ids(self, text: str) -> list[int]:
         """The ids of a rendered prompt (``render_chat``'s text: no special tokens added)."""
+        spend_new_text(len(text))
         try:
             return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
         except Exception as e:

@@ -26,6 +26,13 @@ per entry, oldest first out). Pieces under ``MIN_CACHED_CHARS`` (role names, "\n
 encoded once a call however often they recur. Uncached pieces are encoded together with
 ``encode_batch_fast`` (no offsets; the Rust side spreads a batch over the machine's cores).
 
+The ICE worker counts a long body on its event loop only when little of it is new
+(``ext_proc.serve.helper``): inside ``newtext.new_text_bound`` a count spends what it would
+encode (uncached pieces, distinct short ones, whole texts) before encoding anything, and
+inside ``newtext.noting_pieces`` it notes its cacheable pieces' (digest, count) pairs, which
+``learn`` merges into another process's counter of the same ``identity``
+(``newtext.tokenizer_identity``): the helper process teaches its worker.
+
 ``PieceCounter.verify`` checks the cut at load on the template's renders and on adversarial
 texts (``splits.adversarial_texts``); when no split counts them all as the whole text does,
 the counter counts whole texts (``mode`` ``whole``, ``reason`` says why), and says so in
@@ -35,8 +42,10 @@ Invariants: ``count(text) == len(encode(text, add_special_tokens=False))`` whene
 is ``pieces`` (tests/test_token_families.py checks it against transformers over generated
 conversations for every tokenizer family and template the tests build; test_token_splits.py
 for every normalizer and pre-tokenizer kind); the cache's entries ≤ cache_bytes /
-ENTRY_BYTES; thread-safe under the GIL (each dict operation is atomic; a lost update only
-costs a recount).
+ENTRY_BYTES, learned ones included; the cache and a lesson hold digests and counts, never
+text; a bounded count encodes nothing once its bound is passed; thread-safe under the GIL
+(each dict operation is atomic; a lost update only costs a recount; the bound and the notes
+live in context variables, so they belong to the thread or task that set them).
 """
 
 from __future__ import annotations
@@ -49,6 +58,13 @@ from typing import Literal
 
 from tokenizers import Tokenizer
 
+from ext_proc.tokencount.newtext import (
+    DIGEST_BYTES,
+    MAX_LESSON_PIECES,
+    Lesson,
+    current_notes,
+    spend_new_text,
+)
 from ext_proc.tokencount.splits import (
     Choice,
     Split,
@@ -69,6 +85,9 @@ MIN_CACHED_CHARS = 64
 
 Mode = Literal["pieces", "whole"]
 _WHICH = (b"\x00", b"\x01")  # a digest's first byte: the piece is encoded by T or by C
+_Todo = tuple[list[str], list[str]]  # by which tokenizer encodes them: T, C
+_Keys = tuple[list[bytes | None], list[bytes | None]]
+_Short = tuple[dict[str, int], dict[str, int]]
 
 
 def cut_tokens(tokenizer: Tokenizer) -> list[str]:
@@ -123,8 +142,12 @@ class _Cutter:
 class PieceCounter:
     """Counts texts for one tokenizer, piece by piece with a cache (see the module doc)."""
 
-    def __init__(self, tokenizer: Tokenizer, cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+    def __init__(
+        self, tokenizer: Tokenizer, cache_bytes: int = DEFAULT_CACHE_BYTES, identity: bytes = b""
+    ) -> None:
         self._tokenizer = tokenizer
+        # what another process's counter must have to teach this one (b"": learns nothing)
+        self.identity = identity
         self._continuation = continuation(tokenizer)
         cuts = cut_tokens(tokenizer)
         self._cut_re = _pattern(cuts)
@@ -190,6 +213,7 @@ class PieceCounter:
 
     def count_whole(self, text: str) -> int:
         """Tokens of ``text`` without the post-processor's special tokens."""
+        spend_new_text(len(text))
         return len(self._tokenizer.encode_batch_fast([text], add_special_tokens=False)[0])
 
     def count(self, text: str) -> int:
@@ -199,21 +223,14 @@ class PieceCounter:
         return self.count_whole(text)
 
     def _count_pieces(self, text: str, *, cache: bool, split: Split) -> int:
-        if self._marker is not None:
-            parts = _cut_inside(text, *self._marker)
-        else:
-            assert self._splitter is not None
-            parts = self._splitter.split(text)
-        if self._cuts_counted:
-            total = len(parts) // 2  # every odd part is a cut token: one token each
-            parts = parts[0::2]
-        else:  # zero-width cuts in the turn marker: every part is text
-            total = 0
+        parts, total = self._parts(text)
         # (piece, which tokenizer): 0 = T, 1 = C; only piece₀ keeps T when the split is "first"
-        todo: tuple[list[str], list[str]] = ([], [])
-        keys: tuple[list[bytes | None], list[bytes | None]] = ([], [])
+        todo: _Todo = ([], [])
+        keys: _Keys = ([], [])
         # short pieces (role names, "\n\n") are encoded once a call however often they recur
-        short: tuple[dict[str, int], dict[str, int]] = ({}, {})
+        short: _Short = ({}, {})
+        notes = current_notes(self.identity) if cache else None
+        hits = new = 0
         for i, piece in enumerate(parts):
             if not piece:
                 continue
@@ -221,18 +238,45 @@ class PieceCounter:
             key = None
             if len(piece) < MIN_CACHED_CHARS:
                 seen = short[which]
+                if piece not in seen:
+                    new += len(piece)
                 seen[piece] = seen.get(piece, 0) + 1
                 continue
             if cache:
                 key = _digest(piece, which)
                 known = self._cache.get(key)
                 if known is not None:
-                    self.hits += 1
+                    hits += 1
                     total += known
+                    if notes is not None and len(notes) < MAX_LESSON_PIECES:
+                        notes[key] = known
                     continue
-                self.misses += 1
+            new += len(piece)
             todo[which].append(piece)
             keys[which].append(key)
+        spend_new_text(new)  # before anything is encoded
+        if cache:
+            self.hits += hits
+            self.misses += len(todo[0]) + len(todo[1])
+        return total + self._encode(todo, keys, short, notes)
+
+    def _parts(self, text: str) -> tuple[list[str], int]:
+        """The text's pieces, and the tokens of the cut tokens between them."""
+        if self._marker is not None:
+            parts = _cut_inside(text, *self._marker)
+        else:
+            assert self._splitter is not None
+            parts = self._splitter.split(text)
+        if self._cuts_counted:  # every odd part is a cut token: one token each
+            return parts[0::2], len(parts) // 2
+        return parts, 0  # zero-width cuts in the turn marker: every part is text
+
+    def _encode(
+        self, todo: _Todo, keys: _Keys, short: _Short, notes: dict[bytes, int] | None
+    ) -> int:
+        """Tokens of the uncached and short pieces, each encoded once (uncached ones are
+        remembered, and noted when ``notes`` is given)."""
+        total = 0
         for which, tokenizer in ((0, self._tokenizer), (1, self._continuation)):
             if not todo[which] and not short[which]:
                 continue
@@ -247,7 +291,21 @@ class PieceCounter:
                 total += n * k
                 if key is not None:
                     self._remember(key, n)
+                    if notes is not None and len(notes) < MAX_LESSON_PIECES:
+                        notes[key] = n
         return total
+
+    def learn(self, lesson: Lesson) -> int:
+        """Merge the piece counts another process's counter of the same ``identity`` made
+        (its cache's bound kept); returns how many were new here (0: not the same)."""
+        if not self.identity or lesson.identity != self.identity or self.max_entries <= 0:
+            return 0
+        cache, added = self._cache, 0
+        for key, count in itertools.islice(lesson.pairs(), self.max_entries):
+            if len(key) == DIGEST_BYTES and key not in cache:
+                self._remember(key, count)
+                added += 1
+        return added
 
     def _remember(self, key: bytes, count: int) -> None:
         cache = self._cache
@@ -263,7 +321,7 @@ class PieceCounter:
 def _digest(piece: str, which: int) -> bytes:
     digest = hashlib.sha256(_WHICH[which])  # SHA-256 runs in hardware: faster than BLAKE2b
     digest.update(piece.encode("utf-8", "surrogatepass"))
-    return digest.digest()[:16]
+    return digest.digest()[:DIGEST_BYTES]
 
 
 def _cut_inside(text: str, marker: str, k: int) -> list[str]:

@@ -7,19 +7,23 @@ share one counter among models whose specs are equal (``TokenizerSpec.key``), an
 figure) each counter measures its estimate bounds at load (``calibration``); the load log
 names each model's split and bounds.
 
-Invariant: immutable after construction (a read-only mapping), so it is shared by threads;
-there is no module state but its logger.
+``learn`` merges the piece counts another process's counters made (``pieces.Lesson``: the
+helper process teaches its worker) into the counter of the same tokenizer.
+
+Invariant: immutable after construction (read-only mappings; only the counters' piece
+caches change), so it is shared by threads; there is no module state but its logger.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
 from ext_proc.tokencount.calibration import Estimator
 from ext_proc.tokencount.counter import ExactCounter
+from ext_proc.tokencount.newtext import Lesson
 from ext_proc.tokencount.pieces import DEFAULT_CACHE_BYTES
 from ext_proc.tokencount.spec import TokenizerLoadError, TokenizerSpec
 
@@ -30,7 +34,7 @@ class CounterRegistry:
     """Served model name → ``ExactCounter``, loaded once (eagerly, so a bad file stops
     start-up with ``TokenizerLoadError``). Models whose specs are equal share a counter."""
 
-    __slots__ = ("_counters",)
+    __slots__ = ("_counters", "_distinct")
 
     def __init__(
         self,
@@ -63,12 +67,18 @@ class CounterRegistry:
                 f" (lowest {b.worst_low}, highest {b.worst_high})" if b.worst_high else "",
             )
         self._counters = MappingProxyType(counters)
+        self._distinct = tuple(loaded.values())
 
     def counter_for(self, model: str | None) -> ExactCounter | None:
         """The counter for a request's ``model``, or None (then estimate)."""
         if model is None:
             return None
         return self._counters.get(model)
+
+    def learn(self, lessons: Iterable[Lesson]) -> int:
+        """Merge piece counts made elsewhere into the counters of the same identity (a
+        lesson for a tokenizer not loaded here is dropped); returns the entries added."""
+        return sum(c.learn(lesson) for lesson in lessons for c in self._distinct)
 
     def __len__(self) -> int:
         return len(self._counters)
