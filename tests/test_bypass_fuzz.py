@@ -10,14 +10,11 @@ checker or a tame generator cannot pass.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+from bench_module import load_bench  # type: ignore[import-not-found]
 
 from ext_proc.admit.outcome import Continue, Respond
 from ext_proc.admit.pipeline import BodyVerdict
@@ -25,18 +22,7 @@ from ext_proc.policy.decision import Downgrade, Pass, Reject
 from ext_proc.schemas import ADAPTERS, SCHEMAS
 from ext_proc.schemas.base import RequestFeatures
 
-
-def _load() -> ModuleType:
-    path = Path(__file__).resolve().parents[1] / "bench" / "bypass_fuzz.py"
-    spec = importlib.util.spec_from_file_location("bypass_fuzz", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-fuzz = _load()
+fuzz = load_bench("bypass_fuzz.py", "bypass_fuzz")
 SEED = 20240
 BODIES = 3000
 

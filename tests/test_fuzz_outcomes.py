@@ -5,24 +5,11 @@ change is an alteration (the 100k run flagged ICE's correct downgrade of
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
-from types import ModuleType
 
+from bench_module import load_bench  # type: ignore[import-not-found]
 
-def _load() -> ModuleType:
-    path = Path(__file__).resolve().parents[1] / "bench" / "fuzz.py"
-    spec = importlib.util.spec_from_file_location("fuzz_bench", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-fuzz = _load()
+fuzz = load_bench("fuzz.py", "fuzz_bench")
 
 
 def body(**doc: object) -> bytes:
