@@ -28,6 +28,7 @@ from ext_proc.tools.doctor import main
 from ext_proc.tools.doctor.backend import backend_checks
 from ext_proc.tools.doctor.dump import from_bootstrap, from_config_dump
 from ext_proc.tools.doctor.envoy import view_checks
+from ext_proc.tools.doctor.envoy_guards import body_limit
 from ext_proc.tools.doctor.expect import Expected, expected
 from ext_proc.tools.doctor.fetch import FetchError
 from ext_proc.tools.doctor.model import STATUSES, Check, render_text
@@ -80,6 +81,10 @@ def http_filter(dump: dict[str, Any], name: str) -> dict[str, Any]:
 
 def ext_proc(dump: dict[str, Any]) -> dict[str, Any]:
     return http_filter(dump, pieces.EXT_PROC)["typed_config"]
+
+
+def vhost(dump: dict[str, Any]) -> dict[str, Any]:
+    return hcm(dump)["route_config"]["virtual_hosts"][0]
 
 
 def route(dump: dict[str, Any], name: str) -> dict[str, Any]:
@@ -310,6 +315,18 @@ BROKEN = [
         set(),
     ),
     (
+        "virtual_host_buffer_below_the_listeners",
+        set_in(vhost, "request_body_buffer_limit", "1048576"),
+        "envoy.buffer_limit",
+        set(),
+    ),
+    (
+        "chat_route_buffer_below",
+        set_in(lambda d: route(d, "chat"), "per_request_buffer_limit_bytes", "65536"),
+        "envoy.buffer_limit",
+        set(),
+    ),
+    (
         "no_header_stripping",
         drop_filter(pieces.HEADER_MUTATION),
         "envoy.strip_spoofed_headers",
@@ -348,6 +365,56 @@ def test_broken_variant_fails_its_check(
     assert check in bad, render_text(got)
     assert bad <= {check} | also, render_text(got)
     assert all(c.fix for c in got if c.status == "FAIL")
+
+
+def test_a_small_listener_buffer_passes_when_the_virtual_host_buffers_the_body() -> None:
+    """Envoy reads 1 MiB per event from a client and the judged routes buffer 8 MiB (as
+    envoy/envoy.yaml is built): the body limit is the virtual host's."""
+    dump = copy.deepcopy(DUMP)
+    listener(dump)["per_connection_buffer_limit_bytes"] = 1024 * 1024
+    vhost(dump)["request_body_buffer_limit"] = str(pieces.MAX_BODY_BYTES)
+    (check,) = [c for c in envoy_of(dump) if c.name == "envoy.buffer_limit"]
+    assert check.status == "PASS", check
+    assert "virtual host request_body_buffer_limit 8388608" in check.detail
+
+
+@pytest.mark.parametrize(
+    ("route_part", "vhost_part", "want"),
+    [
+        ({}, {}, (1000, "per_connection_buffer_limit_bytes")),
+        (
+            {},
+            {"request_body_buffer_limit": "5000"},
+            (5000, "virtual host request_body_buffer_limit"),
+        ),
+        (
+            {},
+            {"per_request_buffer_limit_bytes": 5000},
+            (1000, "virtual host per_request_buffer_limit_bytes"),
+        ),
+        (
+            {},
+            {"per_request_buffer_limit_bytes": 400},
+            (400, "virtual host per_request_buffer_limit_bytes"),
+        ),
+        (
+            {"request_body_buffer_limit": 300},
+            {"request_body_buffer_limit": 5000},
+            (300, "route request_body_buffer_limit"),
+        ),
+        (
+            {"per_request_buffer_limit_bytes": 9000},
+            {"request_body_buffer_limit": 5000},
+            (1000, "route per_request_buffer_limit_bytes"),
+        ),
+    ],
+)
+def test_a_routes_body_limit_follows_envoys_precedence(
+    route_part: dict[str, Any], vhost_part: dict[str, Any], want: tuple[int, str]
+) -> None:
+    """Listener 1,000 bytes: the route's own setting, then the virtual host's, then the
+    listener's; per_request_buffer_limit_bytes is capped by the listener's."""
+    assert body_limit(1000, route_part, vhost_part) == want
 
 
 def test_truncating_profile_needs_max_message_timeout() -> None:

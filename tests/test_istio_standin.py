@@ -192,7 +192,7 @@ def test_the_destination_rule_gives_ices_cluster_the_local_settings_and_keeps_is
         assert cluster["connect_timeout"] == "1s"
         options = cluster["typed_extension_protocol_options"][meshes.H2_OPTIONS]
         assert options["explicit_http_config"]["http2_protocol_options"] == {
-            "max_concurrent_streams": 32
+            "max_concurrent_streams": 1024
         }
         assert options["common_http_protocol_options"] == {"idle_timeout": "3600s"}
         assert cluster["outlier_detection"]["consecutive_local_origin_failure"] == 1

@@ -29,7 +29,7 @@ from .harness import (
 
 MSGS = '[{"role": "user", "content": "hello"}]'
 ROUTES = {CHAT: "chat", MESSAGES: "messages"}
-LIMIT = 8 * 1024 * 1024  # ICE's --max-body-bytes and Envoy's per-connection buffer limit
+LIMIT = 8 * 1024 * 1024  # ICE's --max-body-bytes and the virtual host's request_body_buffer_limit
 
 
 def chat(max_tokens: str) -> bytes:

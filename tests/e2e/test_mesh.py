@@ -274,7 +274,7 @@ def _dumped(dump: dict[str, Any], kind: str, key: str) -> list[dict[str, Any]]:
 
 def test_ices_cluster_and_the_listener_hold_what_the_docs_promise(mesh: E2E) -> None:
     """docs/deploy-istio.md and docs/endpoints.md, read back from Envoy itself: ICE's cluster
-    connects within 1 s with at most 32 streams per HTTP/2 connection and ejects a refusing
+    connects within 1 s with up to 1,024 streams per HTTP/2 connection and ejects a refusing
     replica; the listener takes bodies up to 8 MiB."""
     name = FLAVOUR_OF[id(mesh)]
     _, listener_name, ice_name, _ = FLAVOURS[name]
@@ -284,7 +284,7 @@ def test_ices_cluster_and_the_listener_hold_what_the_docs_promise(mesh: E2E) -> 
     assert ice["connect_timeout"] == local["connect_timeout"] == "1s"
     options = ice["typed_extension_protocol_options"][meshes.H2_OPTIONS]
     h2 = options["explicit_http_config"]["http2_protocol_options"]
-    assert h2["max_concurrent_streams"] == 32
+    assert h2["max_concurrent_streams"] == 1024
     od = ice["outlier_detection"]
     assert od["consecutive_local_origin_failure"] == 1
     assert od["split_external_local_origin_errors"] is True

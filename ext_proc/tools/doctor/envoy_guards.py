@@ -8,7 +8,7 @@ counts when each judged route turns it on, as on Istio's shared gateway), ``norm
 (``normalize_path``, ``merge_slashes``, unescaped ``%2F``; a WARN, not a FAIL, on a shared
 proxy, ext_proc off by default, where every route to a backend in the judged paths' virtual
 host is an exact path: a path in another form gets the catch-all, never the backend) and
-``buffer_check`` (the listener's ``per_connection_buffer_limit_bytes`` at least ICE's
+``buffer_check`` (the body buffer of every judged route, ``body_limit``, at least ICE's
 ``--max-body-bytes``).
 
 Invariants: pure; a removal counts when its matcher is a prefix of the header (``prefix``),
@@ -25,7 +25,7 @@ from ext_proc.tools.doctor.dump import EXT_PROC_TYPE, FilterView, HcmView, as_di
 from ext_proc.tools.doctor.model import Check, fail
 from ext_proc.tools.doctor.routing import filter_on, route_to, select_vhost
 
-__all__ = ["buffer_check", "normalise_check", "strip_check"]
+__all__ = ["body_limit", "buffer_check", "normalise_check", "strip_check"]
 
 HEADER_MUTATION_TYPE = "envoy.extensions.filters.http.header_mutation.v3.HeaderMutation"
 GOOD_ESCAPED_SLASHES = ("UNESCAPE_AND_FORWARD", "UNESCAPE_AND_REDIRECT", "REJECT_REQUEST")
@@ -135,17 +135,42 @@ def strip_check(
     return Check("PASS", "envoy.strip_spoofed_headers", f"{where}: removed by {', '.join(used)}")
 
 
-def buffer_check(hcm: HcmView, where: str) -> Check:
-    limit, want = hcm.buffer_limit_bytes, X.MAX_BODY_BYTES
+def body_limit(listener_limit: int, route: Any, vhost: Any) -> tuple[int, str]:
+    """The request body a route buffers, and which setting says so. Envoy's precedence: the
+    route's own ``request_body_buffer_limit``, else its ``per_request_buffer_limit_bytes``
+    (capped by the listener's), then the same two on its virtual host, else the listener's
+    ``per_connection_buffer_limit_bytes``."""
+    for part, label in ((as_dict(route), "route"), (as_dict(vhost), "virtual host")):
+        if part.get("request_body_buffer_limit") is not None:
+            return int(part["request_body_buffer_limit"]), f"{label} request_body_buffer_limit"
+        if part.get("per_request_buffer_limit_bytes") is not None:
+            per = int(part["per_request_buffer_limit_bytes"])
+            return min(per, listener_limit), f"{label} per_request_buffer_limit_bytes"
+    return listener_limit, "per_connection_buffer_limit_bytes"
+
+
+def buffer_check(hcm: HcmView, where: str, judged: tuple[str, ...] = ()) -> Check:
+    """The smallest body buffer of the judged routes (``body_limit``; the listener's when no
+    judged route is found) against ICE's ``--max-body-bytes``."""
+    listener, want = hcm.buffer_limit_bytes, X.MAX_BODY_BYTES
     said = "" if hcm.buffer_limit_set else " (not set: Envoy's default)"
+    found = [
+        (*body_limit(listener, route, vhost), str(as_dict(route).get("name", "?")))
+        for route, vhost, _ in _judged_routes(hcm, judged)
+    ]
+    limit, which, name = min(found, default=(listener, "per_connection_buffer_limit_bytes", ""))
+    setting = f"{which} {limit}" + (said if which.startswith("per_connection") else "")
+    if name:
+        setting = f"route {name}: {setting}"
     if limit < want:
         return fail(
             "envoy.buffer_limit",
-            f"{where}: per_connection_buffer_limit_bytes {limit}{said} < ICE's --max-body-bytes "
-            f"{want}: larger bodies get Envoy's 413 before ICE sees them",
-            f"per_connection_buffer_limit_bytes: {want} on the listener",
+            f"{where}: {setting} < ICE's --max-body-bytes {want}: larger bodies get Envoy's "
+            "413 before ICE sees them",
+            f"request_body_buffer_limit: {want} on the judged routes' virtual host (or "
+            f"per_connection_buffer_limit_bytes: {want} on the listener)",
         )
-    return Check("PASS", "envoy.buffer_limit", f"{where}: {limit} bytes ≥ {want}")
+    return Check("PASS", "envoy.buffer_limit", f"{where}: {setting} ≥ {want}")
 
 
 def _exact_only(hcm: HcmView, judged: tuple[str, ...]) -> bool:

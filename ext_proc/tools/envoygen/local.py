@@ -203,7 +203,14 @@ def _retry_once(*, status_503: bool = False) -> RetryPolicy:
 def _ingress(
     port: int, name: str, routes: list[Route], *, retry: bool, local_reply: bool, log: bool
 ) -> Listener:
-    vhost = VirtualHost(name=name, domains=["*"], routes=routes)
+    # Buffered request bodies up to 8 MiB (ICE's --max-body-bytes matches; larger → 413),
+    # while Envoy reads at most LISTENER_READ_BYTES from one client per read event.
+    vhost = VirtualHost(
+        name=name,
+        domains=["*"],
+        routes=routes,
+        request_body_buffer_limit=pieces.MAX_BODY_BYTES,
+    )
     if retry:
         vhost.retry_policy = _retry_once()
     config = RouteConfiguration(
@@ -214,8 +221,7 @@ def _ingress(
     return Listener(
         name="ingress",
         address=_address(port),
-        # Buffered request bodies up to 8 MiB (ICE's --max-body-bytes matches); larger → 413.
-        per_connection_buffer_limit_bytes=pieces.MAX_BODY_BYTES,
+        per_connection_buffer_limit_bytes=pieces.LISTENER_READ_BYTES,
         filter_chains=[
             FilterChain(
                 filters=[_hcm("ingress", config, http_filters(), local_reply=local_reply, log=log)]

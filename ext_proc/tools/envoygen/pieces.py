@@ -106,6 +106,8 @@ __all__ = [
     "ECHOED_HEADERS",
     "EXT_PROC",
     "HEADER_MUTATION",
+    "ICE_STREAMS_PER_CONNECTION",
+    "LISTENER_READ_BYTES",
     "MAX_BODY_BYTES",
     "RESPONSE_ATTRIBUTES",
     "ROUTER",
@@ -131,6 +133,19 @@ HEADER_MUTATION = "envoy.filters.http.header_mutation"
 BUFFER = "envoy.filters.http.buffer"
 ROUTER = "envoy.filters.http.router"
 MAX_BODY_BYTES = 8 * 1024 * 1024  # ICE's --max-body-bytes default; Envoy's buffer limit
+# What Envoy reads from one downstream connection per read event (the listener's
+# per_connection_buffer_limit_bytes; the routes buffer up to MAX_BODY_BYTES through their
+# virtual host's request_body_buffer_limit). Under a flood of long uploads Envoy's workers
+# read every ready client in one pass of their loop, and the ext_proc messages of other
+# requests wait for the pass to end. 512 clients × 2.76 MB at once (with 1,024 streams per
+# ICE connection) let some through unjudged in 2 runs of 5 at 8 MiB, in 1 of 10 at 1 MiB
+# (Envoy's default), in none of 14 at 256 KiB (bench/flood.py, docs/flood.md).
+LISTENER_READ_BYTES = 256 * 1024
+# Streams per HTTP/2 connection to one ICE address: as many as Envoy's default circuit
+# breaker lets the cluster have in flight (1,024), so a flood never waits for new
+# connections to ICE (at 32, Envoy opened them while its workers were busy and new
+# requests' headers waited behind that; docs/flood.md).
+ICE_STREAMS_PER_CONNECTION = 1024
 ROUTE_TIMEOUT = datetime.timedelta(seconds=600)  # a long generation, streamed or not
 MESSAGE_TIMEOUT = datetime.timedelta(seconds=1)  # ICE's --message-timeout-ms default
 # ICE extends one message's timeout for truncation (deadline_ms + 1 s) and for a queued
@@ -341,11 +356,11 @@ def verdict_response_headers() -> list[HeaderValueOption]:
 def ice_cluster(
     name: str, addresses: Sequence[str], *, dns: bool = False, standby: bool = False
 ) -> Cluster:
-    """ICE's gRPC cluster: HTTP/2 with at most 32 streams per connection (a flood spreads over
-    several connections, so a new request's headers do not wait behind other requests'
-    bodies), a 1 s connect timeout (0.25 s ejected pending streams under a flood), and gRPC
-    health checks (a worker that stops answering is left out). ``dns``: STRICT_DNS (a
-    Kubernetes Service name) instead of STATIC addresses.
+    """ICE's gRPC cluster: HTTP/2 with up to ``ICE_STREAMS_PER_CONNECTION`` streams per
+    connection (one connection per Envoy worker and ICE address carries a flood: no stream
+    waits for a connection to open), a 1 s connect timeout (0.25 s ejected pending streams
+    under a flood), and gRPC health checks (a worker that stops answering is left out).
+    ``dns``: STRICT_DNS (a Kubernetes Service name) instead of STATIC addresses.
 
     ``standby``: active-passive. Address i gets priority i: every Envoy sends every stream to
     the first healthy address in order, so one ICE judges and keeps the whole in-flight
@@ -358,7 +373,9 @@ def ice_cluster(
     fails open at once instead of waiting on a dead address."""
     h2 = HttpProtocolOptions(
         explicit_http_config=HttpProtocolOptionsExplicitHttpConfig(
-            http2_protocol_options=Http2ProtocolOptions(max_concurrent_streams=32)
+            http2_protocol_options=Http2ProtocolOptions(
+                max_concurrent_streams=ICE_STREAMS_PER_CONNECTION
+            )
         )
     )
     return Cluster(
