@@ -45,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=DEFAULT_MAX_INFLIGHT_BYTES,
         help="body bytes a worker asks Envoy for at once; past it, requests are judged from "
-        "their headers (README: Under a flood)",
+        "their headers (docs/flood.md)",
     )
     s.add_argument(
         "--message-timeout-ms",

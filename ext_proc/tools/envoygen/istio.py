@@ -16,7 +16,7 @@ whole. So:
   patch: the gateway's listener by its pods' port (``gateway.target_port``), the sidecar's
   ``virtualInbound``;
 - ICE's cluster (``outbound|PORT||ice.NS.svc.cluster.local``) is not patched: DestinationRule
-  ``ice`` gives it the local cluster's connect timeout (1 s), at most 32 streams per HTTP/2
+  ``ice`` gives it the local cluster's connect timeout (1 s), up to 1,024 streams per HTTP/2
   connection and outlier detection, which istiod merges with what it builds (a MERGE would
   replace the HTTP protocol options entry, dropping istiod's and other rules' settings).
 
@@ -80,7 +80,7 @@ HEADER = [
     "and in the inference pods' sidecars (EnvoyFilter `ice-sidecar`). Use one of the two, or",
     "both (a request judged at the gateway is judged again in the sidecar: give the sidecar a",
     "profile without shedding, or drop its EnvoyFilter); DestinationRule `ice` sets ICE's",
-    "cluster (1 s connect, 32 streams per connection) and ejects a dead ICE pod at once.",
+    "cluster (1 s connect, 1,024 streams per connection) and ejects a dead ICE pod at once.",
     "Istio 1.29 or later (Envoy 1.37). How: docs/deploy-istio.md; why each piece is there:",
     "ext_proc/tools/envoygen/istio.py. Remove an EnvoyFilter to roll back.",
 ]
@@ -323,7 +323,7 @@ def ice_destination_rule(spec: MeshSpec) -> dict[str, Any]:
     """ICE's cluster belongs to istiod: its settings come from a DestinationRule, which
     istiod merges into the cluster it builds (an EnvoyFilter MERGE would replace the HTTP
     protocol options entry whole). As the local cluster (``pieces.ice_cluster``): a 1 s
-    connect timeout, at most 32 streams per HTTP/2 connection (the Service's port is
+    connect timeout, up to 1,024 streams per HTTP/2 connection (the Service's port is
     ``appProtocol: grpc``), and outlier detection: the first refused or reset connection
     ejects a replica (local-origin failures apart), so a dead ICE pod gets no second stream
     while Kubernetes takes it out of the endpoints."""

@@ -80,7 +80,7 @@ __all__ = ["bench_bootstrap", "local_bootstrap", "read_only_name"]
 
 HCM = "envoy.filters.network.http_connection_manager"
 HEAP = "envoy.resource_monitors.fixed_heap"
-# Envoy's heap limit for the overload manager (README "Under a flood"): set it to ~80 % of
+# Envoy's heap limit for the overload manager (docs/flood.md): set it to ~80 % of
 # the container's memory limit.
 MAX_HEAP_BYTES = 1 << 30
 
