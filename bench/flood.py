@@ -540,7 +540,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--message-timeout-ms", type=int, default=1000, help="Envoy's ext_proc message_timeout"
     )
     ap.add_argument(
-        "--envoy-concurrency", type=int, default=2, help="Envoy worker threads (README: 1 vs 2)"
+        "--envoy-concurrency",
+        type=int,
+        default=2,
+        help="Envoy worker threads (docs/flood.md: 1 vs 2)",
     )
     ap.add_argument("--envoy-stats", help="print Envoy's non-zero stats matching this regex")
     return ap.parse_args(argv)

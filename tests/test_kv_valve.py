@@ -1,7 +1,7 @@
 """vLLM's own admission valve behind ICE (ext_proc.kv.valve): hand-computed figures on the
-README's example (Llama-3.1-8B bf16, 1,952 blocks of 16 tokens, max_model_len 20,000) and on
-the geometry kinds whose token ceiling differs (sliding-only, hybrid), and a check that the
-recommended values never refuse what ICE itself admits.
+`ice plan` example in docs/kv-arithmetic.md (Llama-3.1-8B bf16, 1,952 blocks of 16 tokens,
+max_model_len 20,000) and on the geometry kinds whose token ceiling differs (sliding-only,
+hybrid), and a check that the recommended values never refuse what ICE itself admits.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from ext_proc.kv.valve import valve_advice
 
 DATA = Path(__file__).parent / "data" / "kv"
 GiB = 2**30
-README_BYTES = 1952 * 2 * 2**20  # 1,952 blocks of 2 MiB (the README's 3.8125GiB)
+README_BYTES = 1952 * 2 * 2**20  # 1,952 blocks of 2 MiB (docs/kv-arithmetic.md's 3.8125GiB)
 
 
 def _plan(
@@ -34,8 +34,9 @@ def _plan(
 
 # (config, available, max_model_len, workload, dp, reqs, tokens)
 CASES = [
-    # The README's example: avg 2000 → ceil(2000 / 16) = 125 blocks; (1952 − 1) // 125 = 15
-    # safe → 2 × 15 = 30; tokens 1952 × 16 = 31,232 (= vLLM's KV cache size here).
+    # docs/kv-arithmetic.md's example: avg 2000 → ceil(2000 / 16) = 125 blocks;
+    # (1952 − 1) // 125 = 15 safe → 2 × 15 = 30; tokens 1952 × 16 = 31,232 (= vLLM's KV
+    # cache size here).
     ("llama-3.1-8b", README_BYTES, 20000, {"avg_seq_len": 2000}, 1, 30, 31_232),
     # avg 3000 → 188 blocks; 1951 // 188 = 10 → 20.
     ("llama-3.1-8b", README_BYTES, 20000, {"avg_seq_len": 3000}, 1, 20, 31_232),

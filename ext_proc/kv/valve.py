@@ -25,8 +25,8 @@ from ``ext_proc.kv.capacity``):
   running plus as many waiting; a request beyond that would wait longer than one full
   batch's service. ``max_num_seqs_safe`` comes from ``avg_seq_len`` (or ``lengths``); without
   either: None. Not from max_model_len: at full length only the *fewest* requests ICE ever
-  admits fit (1 on the README's example, where 2,000-token requests run 15 at a time), so a
-  valve sized there would refuse ordinary traffic behind ICE.
+  admits fit (1 on docs/kv-arithmetic.md's example, where 2,000-token requests run 15 at a
+  time), so a valve sized there would refuse ordinary traffic behind ICE.
 - max_num_queued_tokens = dp × max(num_blocks × block_size, kv_cache_tokens): prompts queued
   beyond one full cache's worth cannot all start before the cache has turned over. For full
   attention (and full/sliding hybrids, where a request holds ≥ ceil(L / block_size) blocks

@@ -5,7 +5,7 @@ prompt, the window a stored-context sequence fills, whether the backend reads it
 cache for it). ``KvFit``: one endpoint's free and usable blocks, and how many blocks a
 sequence needs (``blocks``: the first sample of a prompt; ``sibling``: another sample of it,
 its full prompt blocks shared; ``cold``: a sample that reads no cached block). The formulas
-are in ``ext_proc.policy.evaluate``'s docstring and the README ("The decision ladder").
+are in ``ext_proc.policy.evaluate``'s docstring and docs/decision-ladder.md.
 
 Samples share prompt blocks only where vLLM reads the prefix cache: not when the pool has
 caching off (``sibling`` is None), and not for a request that asks for prompt logprobs

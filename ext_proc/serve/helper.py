@@ -33,8 +33,8 @@ turn whose history's pieces are in the worker's cache is counted on the event lo
 ms), where the hop to the helper cost 12–20 ms for 1.3 MB. When the bound trips (a cold
 body), nothing was encoded and the body goes to the helper; the wasted decode, render and
 digests cost about what a cached next turn does (13–22 ms for 1.3 MB on 2 loaded cores,
-README "Token counts"; 5–7 % of the helper's cold count). Attempts take one turn of the event loop
-each (``_turn``). With ``prefix_tracking`` on the worker does not try (a sampled request's
+docs/token-counts.md; 5–7 % of the helper's cold count). Attempts take one turn of the event
+loop each (``_turn``). With ``prefix_tracking`` on the worker does not try (a sampled request's
 exact ids need a whole encode). The helper process teaches its worker: the (digest, count)
 pairs of the pieces it counted for a body come back with the verdict
 (``BodyVerdict.lessons``, at most ``newtext.MAX_LESSON_PIECES`` a tokenizer, never text) and go into

@@ -212,12 +212,11 @@ def strip_spoofed_headers_on_route() -> HeaderMutationPerRoute:
 
 
 def ext_proc_config(cluster: str) -> ExternalProcessor:
-    """ICE's ext_proc settings (README "Round trips"): two messages per inference request,
-    headers (answered at once) then the buffered body (the verdict); responses not sent
-    unless ICE asks for them per request (``allow_mode_override``: a third message, the
-    response headers, with ``RESPONSE_ATTRIBUTES``), and ICE may turn the body phase off;
-    fail-open; ICE may extend one message's timeout for truncation and queueing up to
-    ``MAX_MESSAGE_TIMEOUT``."""
+    """ICE's ext_proc settings (docs/performance.md, "Round trips"): two messages per inference
+    request, headers (answered at once) then the buffered body (the verdict); responses not sent
+    unless ICE asks for them per request (``allow_mode_override``: a third message, the response
+    headers, with ``RESPONSE_ATTRIBUTES``), and ICE may turn the body phase off; fail-open; ICE
+    may extend one message's timeout for truncation and queueing up to ``MAX_MESSAGE_TIMEOUT``."""
     return ExternalProcessor(
         grpc_service=GrpcService(
             envoy_grpc=GrpcServiceEnvoyGrpc(cluster_name=cluster),
