@@ -383,6 +383,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--quantile", type=float, default=None, help="with --admission forecast")
     ap.add_argument("--margin", type=float, default=None, help="with --admission forecast")
     ap.add_argument(
+        "--start-within-s",
+        type=float,
+        default=None,
+        help="with --admission forecast: forecast.start_within_s (admit what starts by then)",
+    )
+    ap.add_argument(
         "--history",
         type=int,
         default=0,
@@ -478,7 +484,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "policy": str(args.policy),
         "admission": args.admission,
         "history": args.history,
-        "forecast": {"quantile": args.quantile, "margin": args.margin},
+        "forecast": {
+            "quantile": args.quantile,
+            "margin": args.margin,
+            "start_within_s": args.start_within_s,
+        },
         "modes": [a.name for a in arms],
         "rounds": args.rounds,
         "ice_workers": args.ice_workers,
@@ -516,7 +526,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 read_floors=args.limits != "client",
                 forecast={
                     k: v
-                    for k, v in (("quantile", args.quantile), ("margin", args.margin))
+                    for k, v in (
+                        ("quantile", args.quantile),
+                        ("margin", args.margin),
+                        ("start_within_s", args.start_within_s),
+                    )
                     if v is not None
                 },
             )

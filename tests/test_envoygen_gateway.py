@@ -356,7 +356,7 @@ def test_the_ice_cluster_settings_are_pieces(profiled: MeshSpec) -> None:
     cluster = as_dict(pieces.ice_cluster("x", ["127.0.0.1:1"]))
     (check,) = cluster["health_checks"]
     assert settings["timeout"]["tcp"]["connectTimeout"] == cluster["connect_timeout"]
-    assert settings["http2"]["maxConcurrentStreams"] == 32
+    assert settings["http2"]["maxConcurrentStreams"] == pieces.ICE_STREAMS_PER_CONNECTION == 1024
     active = settings["healthCheck"]["active"]
     assert (active["type"], active["timeout"], active["interval"]) == ("GRPC", "1s", "500ms")
     assert (check["timeout"], check["interval"]) == ("1s", "0.500s")  # the same, in Go's words
@@ -367,8 +367,12 @@ def test_the_bootstrap_normalises_and_buffers_as_the_local_bootstrap() -> None:
     local_hcm = local_listener["filter_chains"][0]["filters"][0]["typed_config"]
     (listener,) = _bootstrap(SPEC)["static_resources"]["listeners"]
     hcm = _hcm(_bootstrap(SPEC))
+    # both buffer bodies up to 8 MiB: Envoy Gateway's listener whole, the local bootstrap on
+    # its virtual host, reading 256 KiB per event from a client (docs/flood.md)
     assert listener["per_connection_buffer_limit_bytes"] == pieces.MAX_BODY_BYTES
-    assert local_listener["per_connection_buffer_limit_bytes"] == pieces.MAX_BODY_BYTES
+    (vhost,) = local_hcm["route_config"]["virtual_hosts"]
+    assert vhost["request_body_buffer_limit"] == pieces.MAX_BODY_BYTES
+    assert local_listener["per_connection_buffer_limit_bytes"] == pieces.LISTENER_READ_BYTES
     for key in ("normalize_path", "merge_slashes", "path_with_escaped_slashes_action"):
         assert hcm[key] == local_hcm[key], key
 

@@ -298,15 +298,68 @@ def test_forecast_without_a_history_admits_as_reserve() -> None:
 # --- the policy -----------------------------------------------------------------------------
 
 
+def decoding(usage: float) -> BackendSignals:
+    """A backend decoding at 100 tokens/s a sequence (``itl_mean_s`` 0.01), first token at
+    once (no TTFT figure)."""
+    return BackendSignals(
+        url="u",
+        kv_cache_usage=usage,
+        num_requests_running=1,
+        num_gpu_blocks=101,
+        block_size=16,
+        output_lengths=LENGTHS,
+        itl_mean_s=0.01,
+        derived=Derived(window_s=10.0),
+    )
+
+
+@pytest.mark.parametrize(("wait_s", "fits"), [(0.0, False), (0.5, False), (2.0, True)])
+def test_a_request_that_fits_once_a_running_one_ends_is_admitted_within_the_wait(
+    wait_s: float, fits: bool
+) -> None:
+    profile = Profile(
+        name="p",
+        admission="forecast",
+        forecast=ForecastSpec(quantile=0.9, margin=0.1, start_within_s=wait_s),
+    )
+    book = ForecastBook()
+    # one running request: 40 prompt blocks, limit 100 (its total: the limit binds); at
+    # 100 tok/s it ends 1 s after its start
+    book.add("pool", "e", Trajectory(time.monotonic(), 40, 1, 100))
+    base = KvFit(free_blocks=60, usable_blocks=100, block_size=16, blocks=blocks16)
+    fit = book.fit(profile, "pool", "e", 1, decoding(0.4), base, unseen=0, others=0)
+    # used 40 = ICE's 40: other 0; budget floor(100 × 0.9) = 90; peak 40 + ceil(100/16)
+    # = 47; free 43
+    assert fit.free_blocks == 43
+    # a 700-token prompt, limit 100: 44 blocks (4 free slots in the last); beside the
+    # running one: 40 + 7 + 44 + ceil((100 − 4)/16) = 97 > 90, charge 97 − 47 = 50 > 43.
+    # Once the running one ends (1 s): 44 + 6 = 50 ≤ 90 and its 44 start blocks ≤
+    # min(90, 60 free + 40 freed): it starts within a wait of 2 s, not of 0.5 s
+    charge = fit.charge(Shape.single(700), 100)
+    assert charge == (43 if fits else 50)
+    assert (charge <= fit.free_blocks) is fits
+
+
+def test_without_a_decode_rate_nothing_is_admitted_for_later() -> None:
+    profile = Profile(
+        name="p", admission="forecast", forecast=ForecastSpec(0.9, 0.1, start_within_s=10.0)
+    )
+    book = ForecastBook()
+    book.add("pool", "e", Trajectory(time.monotonic(), 40, 1, 100))
+    base = KvFit(free_blocks=60, usable_blocks=100, block_size=16, blocks=blocks16)
+    slow = book.fit(profile, "pool", "e", 1, backend(0.4), base, unseen=0, others=0)
+    assert slow.charge(Shape.single(700), 100) > slow.free_blocks  # r = 0: no end is known
+
+
 def test_the_policy_reads_admission_and_forecast_settings() -> None:
     policy = parse_policy(
         "profiles: {default: {admission: forecast, default_output_tokens: 512, "
         "forecast: {quantile: 0.8, margin: 0.1, recovery_s: 5, min_observations: 3, "
-        "read_floors: false}}}\n"
+        "read_floors: false, start_within_s: 1.5}}}\n"
     )
     p = policy.profiles["default"]
     assert p.admission == "forecast" and p.default_output_tokens == 512
-    assert p.forecast == ForecastSpec(0.8, 0.1, 5.0, 3, read_floors=False)
+    assert p.forecast == ForecastSpec(0.8, 0.1, 5.0, 3, read_floors=False, start_within_s=1.5)
     assert parse_policy("profiles: {default: {}}\n").profiles["default"].admission == "reserve"
 
 
@@ -315,6 +368,7 @@ def test_bad_admission_settings_are_refused_by_name() -> None:
         ("admission: guess", "admission"),
         ("forecast: {quantile: 0.05}", "forecast.quantile"),
         ("forecast: {margin: 0.9}", "forecast.margin"),
+        ("forecast: {start_within_s: 61}", "forecast.start_within_s"),
         ("default_output_tokens: 0", "default_output_tokens"),
     ):
         with pytest.raises(PolicyError, match=name):

@@ -749,6 +749,7 @@ class Forecast(_message.Message):
     RECOVERY_S_FIELD_NUMBER: _builtins.int
     MIN_OBSERVATIONS_FIELD_NUMBER: _builtins.int
     READ_FLOORS_FIELD_NUMBER: _builtins.int
+    START_WITHIN_S_FIELD_NUMBER: _builtins.int
     quantile: _builtins.float
     """The quantile of the pool's output-length distribution taken as a running request's
     total output, given what it has generated (the risk knob: higher admits less). 0.1..1,
@@ -767,6 +768,11 @@ class Forecast(_message.Message):
     predicted output from below. Default true; the client-like bench turns it off, since it
     sets min_tokens to make vLLM generate the length it drew.
     """
+    start_within_s: _builtins.float
+    """Seconds within which a request that does not fit now may be admitted because the
+    forecast says it will start by then (running requests' ends free its blocks; vLLM
+    keeps it in its queue until they do). 0..60, default 0: it must fit now.
+    """
     def __init__(
         self,
         *,
@@ -775,10 +781,11 @@ class Forecast(_message.Message):
         recovery_s: _builtins.float | None = ...,
         min_observations: _builtins.int | None = ...,
         read_floors: _builtins.bool | None = ...,
+        start_within_s: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_margin", b"_margin", "_min_observations", b"_min_observations", "_quantile", b"_quantile", "_read_floors", b"_read_floors", "_recovery_s", b"_recovery_s", "margin", b"margin", "min_observations", b"min_observations", "quantile", b"quantile", "read_floors", b"read_floors", "recovery_s", b"recovery_s"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_margin", b"_margin", "_min_observations", b"_min_observations", "_quantile", b"_quantile", "_read_floors", b"_read_floors", "_recovery_s", b"_recovery_s", "_start_within_s", b"_start_within_s", "margin", b"margin", "min_observations", b"min_observations", "quantile", b"quantile", "read_floors", b"read_floors", "recovery_s", b"recovery_s", "start_within_s", b"start_within_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_margin", b"_margin", "_min_observations", b"_min_observations", "_quantile", b"_quantile", "_read_floors", b"_read_floors", "_recovery_s", b"_recovery_s", "margin", b"margin", "min_observations", b"min_observations", "quantile", b"quantile", "read_floors", b"read_floors", "recovery_s", b"recovery_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_margin", b"_margin", "_min_observations", b"_min_observations", "_quantile", b"_quantile", "_read_floors", b"_read_floors", "_recovery_s", b"_recovery_s", "_start_within_s", b"_start_within_s", "margin", b"margin", "min_observations", b"min_observations", "quantile", b"quantile", "read_floors", b"read_floors", "recovery_s", b"recovery_s", "start_within_s", b"start_within_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__margin: _TypeAlias = _typing.Literal["margin"]  # noqa: Y015
     _WhichOneofArgType__margin: _TypeAlias = _typing.Literal["_margin", b"_margin"]  # noqa: Y015
@@ -790,6 +797,8 @@ class Forecast(_message.Message):
     _WhichOneofArgType__read_floors: _TypeAlias = _typing.Literal["_read_floors", b"_read_floors"]  # noqa: Y015
     _WhichOneofReturnType__recovery_s: _TypeAlias = _typing.Literal["recovery_s"]  # noqa: Y015
     _WhichOneofArgType__recovery_s: _TypeAlias = _typing.Literal["_recovery_s", b"_recovery_s"]  # noqa: Y015
+    _WhichOneofReturnType__start_within_s: _TypeAlias = _typing.Literal["start_within_s"]  # noqa: Y015
+    _WhichOneofArgType__start_within_s: _TypeAlias = _typing.Literal["_start_within_s", b"_start_within_s"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__margin) -> _WhichOneofReturnType__margin | None: ...
     @_typing.overload
@@ -800,6 +809,8 @@ class Forecast(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__read_floors) -> _WhichOneofReturnType__read_floors | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__recovery_s) -> _WhichOneofReturnType__recovery_s | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__start_within_s) -> _WhichOneofReturnType__start_within_s | None: ...
 
 Global___Forecast: _TypeAlias = Forecast  # noqa: Y015
 

@@ -50,6 +50,7 @@ __all__ = ["ForecastBook"]
 
 log = logging.getLogger("ice.forecast")
 REUSE_S = 0.005
+LATER_POINTS = 32  # predicted ends within the wait that a request is tried against
 
 
 class ForecastBook:
@@ -127,20 +128,56 @@ class ForecastBook:
         return out
 
     def _states(
-        self, pool: str, endpoint: str, endpoints: int, look: Outlook, now: float
+        self,
+        pool: str,
+        endpoint: str,
+        endpoints: int,
+        look: Outlook,
+        at: float,
+        ends: Mapping[int, float] | None = None,
     ) -> list[tuple[int, int, int, int]]:
-        """(blocks now, tokens ahead, sequences, free slots of the last block) of this
-        worker's requests at ``endpoint``, those Envoy places counting 1/``endpoints`` each."""
+        """(blocks, tokens ahead, sequences, free slots of the last block) at time ``at`` of
+        this worker's requests at ``endpoint``, those Envoy places counting 1/``endpoints``
+        each; ``ends`` (id → predicted end): those ended by ``at`` are left out."""
         mine = self.items.get(pool, {})
         states: list[tuple[int, int, int, int]] = []
-        for t in mine.get(endpoint, {}).values():
-            blocks, left, room = look.state(t, now)
-            states.append((blocks, left, t.seqs, room))
         share = 1.0 / max(1, endpoints)
-        for t in mine.get("", {}).values():
-            blocks, left, room = look.state(t, now)
-            states.append((math.ceil(blocks * share), left, math.ceil(t.seqs * share), room))
+        for where, part in ((endpoint, 1.0), ("", share)):
+            for t in mine.get(where, {}).values():
+                if ends is not None and ends.get(id(t), math.inf) <= at:
+                    continue
+                blocks, left, room = look.state(t, at)
+                states.append((math.ceil(blocks * part), left, math.ceil(t.seqs * part), room))
         return states
+
+    def _later(
+        self,
+        pool: str,
+        endpoint: str,
+        endpoints: int,
+        look: Outlook,
+        now: float,
+        others: int,
+        wait_s: float,
+    ) -> list[tuple[Peaks, int]]:
+        """The endpoint at each predicted end of a running request within ``wait_s``: the
+        peaks of what still runs then (``others`` flat), and the blocks freed by then."""
+        mine = self.items.get(pool, {})
+        ends: dict[int, float] = {}
+        for where in (endpoint, ""):
+            for t in mine.get(where, {}).values():
+                end = look.end_s(t, now)
+                if end is not None:
+                    ends[id(t)] = end
+        # each end rounded up to 10 ms (never before the end: the request is gone by then)
+        at = sorted({math.ceil(e * 100) / 100 for e in ends.values() if now < e <= now + wait_s})
+        bs = look.block_size
+        held = Peaks(self._states(pool, endpoint, endpoints, look, now), bs, others).now_blocks
+        out = []
+        for e in at[:LATER_POINTS]:
+            then = Peaks(self._states(pool, endpoint, endpoints, look, e, ends), bs, others)
+            out.append((then, max(0, held - then.now_blocks)))
+        return out
 
     def fit(
         self,
@@ -177,16 +214,43 @@ class ForecastBook:
         telemetry.FORECAST_PEAK.labels(pool=pool, endpoint=endpoint).set(peaks.peak)
         telemetry.FORECAST_CAUTION.labels(pool=pool, endpoint=endpoint).set(look.caution)
         read_floors = profile.forecast.read_floors
+        wait_s = profile.forecast.start_within_s
+        later: list[list[tuple[Peaks, int]]] = []  # built at the first request that needs it
 
         def charge(shape: Shape, limit: int) -> int:
             start = base.need(shape, 1) if limit > 0 else base.need(shape, 0)
             total = look.total(0, limit, min(shape.floor, limit) if read_floors else 0)
             tokens = slot_tokens(shape, profile)
             room = 0 if tokens is None else -tokens % base.block_size
-            added = peaks.with_new(base.need(shape, 0), total, shape.sequences, room)
-            added -= peaks.peak
-            return max(added, start + gap)
+            prompt = base.need(shape, 0)
+            added = peaks.with_new(prompt, total, shape.sequences, room) - peaks.peak
+            now_charge = max(added, start + gap)
+            if now_charge <= free or wait_s <= 0 or not look.rate:
+                return now_charge
+            if not later:
+                later.append(self._later(pool, endpoint, endpoints, look, now, others, wait_s))
+            new = (prompt, total, shape.sequences, room)
+            if _starts_later(later[0], new, start, budget, max(0, f - unseen)):
+                return free  # it starts within the wait: fits, at what is left now
+            return now_charge
 
         fit = replace(base, free_blocks=free, forecast=charge)
         self._last[(pool, endpoint)] = (inputs, now, fit)
         return fit
+
+
+def _starts_later(
+    later: list[tuple[Peaks, int]],
+    new: tuple[int, int, int, int],
+    start: int,
+    budget: int,
+    physical: int,
+) -> bool:
+    """A request (prompt blocks, tokens ahead, sequences, free slots of its last block) that
+    takes ``start`` blocks when it runs fits at one of the ``later`` points: the peak with it
+    within ``budget``, its start within the forecast's room then and the free blocks now
+    (``physical``) plus those freed by then."""
+    for then, freed in later:
+        if then.with_new(*new) <= budget and start <= min(budget - then.peak, physical + freed):
+            return True
+    return False

@@ -111,6 +111,7 @@ class ForecastSpec:
     recovery_s: float = 10.0  # half-life of the caution a preemption raises
     min_observations: int = 20  # finished requests before the distribution is trusted
     read_floors: bool = True  # min_tokens / ignore_eos bound the prediction from below
+    start_within_s: float = 0.0  # admit what will start within this wait (0: fits now)
 
 
 @dataclass(frozen=True, slots=True)
