@@ -5,6 +5,7 @@ judged against, each against hand-computed values."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -299,18 +300,9 @@ def test_forecast_without_a_history_admits_as_reserve() -> None:
 
 
 def decoding(usage: float) -> BackendSignals:
-    """A backend decoding at 100 tokens/s a sequence (``itl_mean_s`` 0.01), first token at
-    once (no TTFT figure)."""
-    return BackendSignals(
-        url="u",
-        kv_cache_usage=usage,
-        num_requests_running=1,
-        num_gpu_blocks=101,
-        block_size=16,
-        output_lengths=LENGTHS,
-        itl_mean_s=0.01,
-        derived=Derived(window_s=10.0),
-    )
+    """A backend decoding at 100 tokens/s a sequence (``itl_mean_s`` 0.01, no window rate),
+    first token at once (no TTFT figure)."""
+    return dataclasses.replace(backend(usage), itl_mean_s=0.01, derived=Derived(window_s=10.0))
 
 
 @pytest.mark.parametrize(("wait_s", "fits"), [(0.0, False), (0.5, False), (2.0, True)])
