@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from ext_proc.admit.headeronly import (
     H_JUDGED,
     TEMPLATE_SLACK_TOKENS,
@@ -22,6 +24,7 @@ from ext_proc.admit.outcome import Continue, Respond
 from ext_proc.admit.pipeline import Pipeline, RequestFacts
 from ext_proc.admit.queue import queueable
 from ext_proc.policy.decision import Pass, Reject
+from ext_proc.policy.evaluate import Case
 from ext_proc.policy.load import parse_policy
 from ext_proc.policy.model import Profile
 from ext_proc.schemas import BY_NAME
@@ -33,6 +36,7 @@ profiles:
   default: {max_model_len: 32768, output_buffer_tokens: 512, min_output_tokens: 16}
   ignore: {max_model_len: 32768, output_buffer_tokens: 512, on_kv_shortfall: ignore}
   unbounded: {output_buffer_tokens: 512}
+  defaulted: {output_buffer_tokens: 512, default_output_tokens: 600}
   queued:
     max_model_len: 32768
     output_buffer_tokens: 512
@@ -41,6 +45,7 @@ routes:
   chat: {profile: default}
   ignore: {profile: ignore}
   unbounded: {profile: unbounded}
+  defaulted: {profile: defaulted}
   queued: {profile: queued}
 """
 )
@@ -126,6 +131,27 @@ def test_a_level_with_an_output_cap_refuses_an_unread_body_whatever_the_room() -
         assert (decision.status, decision.reason) == (429, "memory_pressure")
         assert "capped at 1024 tokens" in decision.message
         assert decision.retry_after_s is not None
+
+
+def test_the_retry_after_of_an_unread_body_counts_the_output_the_backend_will_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Retry-After is sized from the tokens the refused request needs: its output is what the
+    backend runs without a limit (``backend_output``: the profile's
+    ``default_output_tokens``), not ``min_output_tokens``, as in the full verdict."""
+    needs: list[int] = []
+    real = Case.retry_after
+
+    def record(self: Case, need_tokens: int) -> int:
+        needs.append(need_tokens)
+        return real(self, need_tokens)
+
+    monkeypatch.setattr(Case, "retry_after", record)
+    for route in ("unbounded", "defaulted"):
+        _, verdict = judge(100, snap(0.97, blocks=10**7, waiting=3), route_name=route)
+        assert reject_of(verdict).reason == "memory_pressure"
+    # the same 16 sequences of the same prompt bound: 16 × (600 − 16) tokens more
+    assert needs[1] - needs[0] == 16 * (600 - 16)
 
 
 def test_critical_is_never_refused_for_room_and_ignore_never_checks_it() -> None:

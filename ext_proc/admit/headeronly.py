@@ -65,6 +65,7 @@ import math
 from ext_proc.policy.decision import Decision, Reject
 from ext_proc.policy.evaluate import Case, Rule, shed_by_priority
 from ext_proc.policy.model import Profile
+from ext_proc.policy.output import backend_output
 from ext_proc.schemas import RequestFeatures, SchemaAdapter
 
 __all__ = [
@@ -127,7 +128,7 @@ def refuse_unread_cap(case: Case) -> Decision | None:
     cap = case.profile.max_tokens_cap.get(p.level)
     if cap is None:
         return None
-    retry = case.retry_after(case.shape.tokens(f.max_tokens or case.profile.min_output_tokens))
+    retry = case.retry_after(case.shape.tokens(backend_output(f, case.profile)))
     return Reject(
         pressure=p,
         status=429,
