@@ -74,6 +74,7 @@ from ext_proc.lab.stack import (  # noqa: E402
     render_envoy_config,
 )
 from ext_proc.tokencount import ExactCounter, TokenizerSpec  # noqa: E402
+from ext_proc.tokencount.calibration import SAMPLE_WORDS  # noqa: E402
 
 PATH = "/v1/chat/completions"
 TEMPLATE = REPO / "tests" / "data" / "tokens" / "deepseek_chat.jinja"
@@ -291,18 +292,7 @@ def alternating(counter: ExactCounter, tokens: int, seed: int = 7) -> list[dict[
     """``conversation``'s turns without the system prompt, user and assistant alternating,
     user first and last (what every family's template takes)."""
     rng = random.Random(seed)
-    words = [
-        "memory",
-        "cache",
-        "block",
-        "token",
-        "prefix",
-        "request",
-        "server",
-        "queue",
-        "model",
-        "gateway",
-    ]
+    words = SAMPLE_WORDS
     messages: list[dict[str, str]] = []
     while True:
         for _ in range(21 if not messages else 20):

@@ -32,6 +32,7 @@ from ext_proc.schemas import BY_NAME
 from ext_proc.serve.helper import Offload, weigh
 from ext_proc.serve.servicer import ExtProcServicer
 from ext_proc.tokencount import ExactCounter, TokenizerSpec
+from ext_proc.tokencount.calibration import SAMPLE_WORDS
 from ext_proc.tokencount.newtext import NewTextOverBound, lessons, new_text_bound, noting_pieces
 from ext_proc.tokencount.pieces import ENTRY_BYTES
 
@@ -53,18 +54,7 @@ def tiny(cache_bytes: int = 32 * 1024 * 1024) -> ExactCounter:
 
 def history(mark: str, turns: int = 40) -> list[dict[str, str]]:
     """``turns`` alternating turns of ~1.5 KB each (60 KB: over the bound when new)."""
-    words = [
-        "memory",
-        "cache",
-        "block",
-        "token",
-        "prefix",
-        "request",
-        "server",
-        "queue",
-        "model",
-        "gateway",
-    ]
+    words = SAMPLE_WORDS
     out = []
     for i in range(turns):
         text = " ".join(words[(i + j) % len(words)] for j in range(250))

@@ -43,6 +43,7 @@ __all__ = [
     "DEFAULT_HIGH",
     "DEFAULT_LOW",
     "MARGIN",
+    "SAMPLE_WORDS",
     "EstimateBounds",
     "Estimator",
     "calibration_requests",
@@ -79,8 +80,8 @@ class EstimateBounds:
 
 DEFAULT_BOUNDS = EstimateBounds(DEFAULT_LOW, DEFAULT_HIGH)
 
-_WORDS = [
-    "the",
+# Words of the serving domain, also the filler of the long-context bench and its tests.
+SAMPLE_WORDS = (
     "memory",
     "cache",
     "block",
@@ -91,6 +92,11 @@ _WORDS = [
     "queue",
     "model",
     "gateway",
+)
+
+_WORDS = [
+    "the",
+    *SAMPLE_WORDS,
     "budget",
     "batch",
     "was",
