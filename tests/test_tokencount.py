@@ -812,7 +812,8 @@ def test_estimator_undercounts_the_tiny_tokenizer_within_known_bands(
 # --- live: a real vLLM server (and re-recording) ------------------------------------------------
 
 
-def _post(url: str, payload: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+def post_json(url: str, payload: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """POST ``payload`` as JSON: (status, the JSON answer), an HTTP error's included."""
     req = urllib.request.Request(
         url,
         data=json.dumps(payload).encode(),
@@ -853,7 +854,7 @@ def run_cases() -> list[dict[str, Any]]:
                 if tmpl != template:
                     continue
                 payload = {"model": server.cfg.served_model_name, "max_tokens": 1, **request}
-                status, body = _post(server.base_url + endpoint, payload)
+                status, body = post_json(server.base_url + endpoint, payload)
                 row: dict[str, Any] = {
                     "name": name,
                     "template": template,

@@ -40,14 +40,13 @@ import json
 import os
 import random
 import subprocess
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from test_token_families import conversation
+from test_tokencount import post_json
 from token_families import Family, build, reference, reference_count
 
 from ext_proc.admit.carry import estimate_request
@@ -262,22 +261,6 @@ def test_vllm_renders_and_tokenizes_every_conversation_to_ices_count(
     assert not differences, json.dumps(differences, indent=1, ensure_ascii=False)
 
 
-def _post(url: str, payload: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    req = urllib.request.Request(
-        url,
-        data=json.dumps(payload).encode(),
-        headers={"content-type": "application/json"},
-        method="POST",
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=120) as resp:
-            return int(resp.status), json.loads(resp.read())
-    except urllib.error.HTTPError as e:
-        body = json.loads(e.read() or b"{}")
-        e.close()
-        return int(e.code), body
-
-
 def test_a_served_vllm_tokenize_endpoint_returns_the_same_ids_and_ices_count(
     counted: dict[str, Counted],
 ) -> None:
@@ -294,7 +277,7 @@ def test_a_served_vllm_tokenize_endpoint_returns_the_same_ids_and_ices_count(
     with vl.start_server(cfg, timeout_s=600) as server:
         for i, messages in enumerate(c.conversations):
             payload = {"model": cfg.served_model_name, "messages": messages}
-            status, body = _post(server.base_url + "/tokenize", payload)
+            status, body = post_json(server.base_url + "/tokenize", payload)
             ice = c.counter.count_chat(messages)
             if status != 200 or body["tokens"] != c.vllm["tokenize"][i] or body["count"] != ice:
                 differences.append(
