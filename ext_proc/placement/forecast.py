@@ -207,6 +207,11 @@ class Peaks:
         self.peak = (max(self._points) if self._points else 0) + fixed
         self._fixed = fixed
 
+    @property
+    def fixed(self) -> int:
+        """Blocks held by others (left 0), counted in every point."""
+        return self._fixed
+
     def with_new(self, blocks: int, left: int, seqs: int, room: int = 0) -> int:
         """The peak with one more request of ``blocks`` now, ``left`` tokens per sequence
         ahead, ``seqs`` sequences and ``room`` free slots in each one's last block."""

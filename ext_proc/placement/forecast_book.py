@@ -157,11 +157,12 @@ class ForecastBook:
         endpoints: int,
         look: Outlook,
         now: float,
-        others: int,
         wait_s: float,
+        current: Peaks,
     ) -> list[tuple[Peaks, int]]:
         """The endpoint at each predicted end of a running request within ``wait_s``: the
-        peaks of what still runs then (``others`` flat), and the blocks freed by then."""
+        peaks of what still runs then (the others' holds flat, as in ``current``, the fit's
+        peaks now), and the blocks freed by then."""
         mine = self.items.get(pool, {})
         ends: dict[int, float] = {}
         for where in (endpoint, ""):
@@ -172,11 +173,11 @@ class ForecastBook:
         # each end rounded up to 10 ms (never before the end: the request is gone by then)
         at = sorted({math.ceil(e * 100) / 100 for e in ends.values() if now < e <= now + wait_s})
         bs = look.block_size
-        held = Peaks(self._states(pool, endpoint, endpoints, look, now), bs, others).now_blocks
         out = []
         for e in at[:LATER_POINTS]:
-            then = Peaks(self._states(pool, endpoint, endpoints, look, e, ends), bs, others)
-            out.append((then, max(0, held - then.now_blocks)))
+            states = self._states(pool, endpoint, endpoints, look, e, ends)
+            then = Peaks(states, bs, current.fixed)
+            out.append((then, max(0, current.now_blocks - then.now_blocks)))
         return out
 
     def fit(
@@ -228,7 +229,7 @@ class ForecastBook:
             if now_charge <= free or wait_s <= 0 or not look.rate:
                 return now_charge
             if not later:
-                later.append(self._later(pool, endpoint, endpoints, look, now, others, wait_s))
+                later.append(self._later(pool, endpoint, endpoints, look, now, wait_s, peaks))
             new = (prompt, total, shape.sequences, room)
             if _starts_later(later[0], new, start, budget, max(0, f - unseen)):
                 return free  # it starts within the wait: fits, at what is left now
