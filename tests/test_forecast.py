@@ -5,7 +5,6 @@ judged against, each against hand-computed values."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import time
@@ -80,6 +79,44 @@ def test_caution_moves_the_total_towards_the_limit() -> None:
     # 775 + 0.5 × (5000 − 775) = 2887.5 → 2888
     assert remaining_total(LENGTHS, 0.9, 0, 5000, caution=0.5) == 2888
     assert remaining_total(LENGTHS, 0.9, 0, 5000, caution=1.0) == 5000
+
+
+def test_a_share_of_requests_that_ran_to_their_limit_lengthens_the_total() -> None:
+    # p 0.2, q 0.5: target = 0.5 × (100 + 100 × 0.2 / 0.8) = 62.5 → 100 + 900 × 2.5/40
+    # = 156.25 → 157 (78 with p = 0)
+    assert remaining_total(LENGTHS, 0.5, 0, 5000, limit_share=0.2) == 157
+    # p 0.5: target = 0.5 × (100 + 100) = 100 → the last observation's bucket bound, 1000
+    assert remaining_total(LENGTHS, 0.5, 0, 5000, limit_share=0.5) == 1000
+    # p 0.6: target = 0.5 × (100 + 150) = 125 > 100: in the mass at the limit
+    assert remaining_total(LENGTHS, 0.5, 0, 5000, limit_share=0.6) == 5000
+    assert remaining_total(LENGTHS, 0.5, 0, 300, limit_share=1.0) == 300
+    # given g 200: F(200) = 64.44, target = 64.44 + 0.5 × (35.56 + 25) = 94.72 →
+    # 100 + 900 × 34.72/40 = 881.25 → 882
+    assert remaining_total(LENGTHS, 0.5, 200, 5000, limit_share=0.2) == 882
+    # past the history a request that may be one of those at their limit is taken there;
+    # with p = 0 it runs as long again
+    assert remaining_total(LENGTHS, 0.5, 1500, 5000, limit_share=0.2) == 5000
+    assert remaining_total(LENGTHS, 0.5, 1500, 5000) == 3000
+
+
+def test_the_limit_share_is_length_over_the_requests_that_ended_by_themselves_or_it() -> None:
+    page = (
+        "# TYPE vllm:request_success_total counter\n"
+        'vllm:request_success_total{finished_reason="stop",model_name="m"} 3.0\n'
+        'vllm:request_success_total{finished_reason="length",model_name="m"} 1.0\n'
+        'vllm:request_success_total{finished_reason="abort",model_name="m"} 5.0\n'
+        'vllm:request_success_total{finished_reason="error",model_name="m"} 2.0\n'
+    )
+    scrape = parse_engine("vllm", "u", page, 1.0)
+    assert scrape.request_success == 11.0
+    assert dict(scrape.finished_by_reason) == {"stop": 3, "length": 1, "abort": 5, "error": 2}
+    b = backend_signals(scrape, None)
+    assert b.limit_share == 0.25  # aborted and failed requests say nothing of their length
+    look = ForecastBook().outlook(Profile(name="p"), "pool", b, 16)
+    assert look.limit_share == 0.25
+    # an unlabelled counter (SGLang's, or an older page) gives no share
+    plain = parse_engine("vllm", "u", "vllm:request_success_total 4.0\n", 1.0)
+    assert backend_signals(plain, None).limit_share is None
 
 
 # --- the peak -------------------------------------------------------------------------------
@@ -297,50 +334,6 @@ def test_forecast_without_a_history_admits_as_reserve() -> None:
 
 
 # --- the policy -----------------------------------------------------------------------------
-
-
-def decoding(usage: float) -> BackendSignals:
-    """A backend decoding at 100 tokens/s a sequence (``itl_mean_s`` 0.01, no window rate),
-    first token at once (no TTFT figure)."""
-    return dataclasses.replace(backend(usage), itl_mean_s=0.01, derived=Derived(window_s=10.0))
-
-
-@pytest.mark.parametrize(("wait_s", "fits"), [(0.0, False), (0.5, False), (2.0, True)])
-def test_a_request_that_fits_once_a_running_one_ends_is_admitted_within_the_wait(
-    wait_s: float, fits: bool
-) -> None:
-    profile = Profile(
-        name="p",
-        admission="forecast",
-        forecast=ForecastSpec(quantile=0.9, margin=0.1, start_within_s=wait_s),
-    )
-    book = ForecastBook()
-    # one running request: 40 prompt blocks, limit 100 (its total: the limit binds); at
-    # 100 tok/s it ends 1 s after its start
-    book.add("pool", "e", Trajectory(time.monotonic(), 40, 1, 100))
-    base = KvFit(free_blocks=60, usable_blocks=100, block_size=16, blocks=blocks16)
-    fit = book.fit(profile, "pool", "e", 1, decoding(0.4), base, unseen=0, others=0)
-    # used 40 = ICE's 40: other 0; budget floor(100 × 0.9) = 90; peak 40 + ceil(100/16)
-    # = 47; free 43
-    assert fit.free_blocks == 43
-    # a 700-token prompt, limit 100: 44 blocks (4 free slots in the last); beside the
-    # running one: 40 + 7 + 44 + ceil((100 − 4)/16) = 97 > 90, charge 97 − 47 = 50 > 43.
-    # Once the running one ends (1 s): 44 + 6 = 50 ≤ 90 and its 44 start blocks ≤
-    # min(90, 60 free + 40 freed): it starts within a wait of 2 s, not of 0.5 s
-    charge = fit.charge(Shape.single(700), 100)
-    assert charge == (43 if fits else 50)
-    assert (charge <= fit.free_blocks) is fits
-
-
-def test_without_a_decode_rate_nothing_is_admitted_for_later() -> None:
-    profile = Profile(
-        name="p", admission="forecast", forecast=ForecastSpec(0.9, 0.1, start_within_s=10.0)
-    )
-    book = ForecastBook()
-    book.add("pool", "e", Trajectory(time.monotonic(), 40, 1, 100))
-    base = KvFit(free_blocks=60, usable_blocks=100, block_size=16, blocks=blocks16)
-    slow = book.fit(profile, "pool", "e", 1, backend(0.4), base, unseen=0, others=0)
-    assert slow.charge(Shape.single(700), 100) > slow.free_blocks  # r = 0: no end is known
 
 
 def test_the_policy_reads_admission_and_forecast_settings() -> None:

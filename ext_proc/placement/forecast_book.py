@@ -26,6 +26,12 @@ a request is judged against (``ext_proc.placement.forecast`` has the formulas).
   the new request (its prompt blocks now, its predicted total ahead, its sequences), and
   start = ``KvFit.need(shape, 1)``, the blocks it takes the moment it starts: so a request
   is admitted only when the forecast peak fits the budget *and* it fits the free blocks now.
+- **The wait** (``forecast.start_within_s`` W > 0): a request whose start does not fit the
+  free blocks now is admitted when, at the first predicted end within W where it does (the
+  backend starts a waiting request as soon as its blocks fit), the peak with it fits the
+  budget (``_starts_later``); its trajectory runs from there (``Trajectory.runs_s``), and
+  until then it is one of the requests waiting by plan (``waiting``) that the pressure
+  score's queue term leaves out (``PoolViews.unplanned``).
 
 Invariant: a trajectory is added by ``PoolViews.hold`` and removed by ``release`` /
 ``unhold``, once; the clock is ``time.monotonic()``.
@@ -51,6 +57,8 @@ __all__ = ["ForecastBook"]
 log = logging.getLogger("ice.forecast")
 REUSE_S = 0.005
 LATER_POINTS = 32  # predicted ends within the wait that a request is tried against
+PLANNED_FOR_S = 1.0  # a start planned by a fit is taken by a hold within this
+PLANNED_KEPT = 256  # planned starts kept before the old ones are dropped
 
 
 class ForecastBook:
@@ -64,6 +72,9 @@ class ForecastBook:
         # (pool, endpoint) → (inputs, time, fit): the judgements of one request (the
         # estimate's two bounds, the shared ledger's check) within REUSE_S share one fit
         self._last: dict[tuple[str, str], tuple[tuple[object, ...], float, KvFit]] = {}
+        # (pool, shape, output limit) → (predicted start, when judged): the requests the fit
+        # admitted to start within the wait, until ``PoolViews.hold`` takes their start
+        self._planned: dict[tuple[str, Shape, int], tuple[float, float]] = {}
 
     def add(self, pool: str, endpoint: str, t: Trajectory) -> None:
         self.items.setdefault(pool, {}).setdefault(endpoint, {})[id(t)] = t
@@ -76,6 +87,30 @@ class ForecastBook:
     def changed(self) -> None:
         """A trajectory in the book changed (``PoolViews.shrink``): fits are computed again."""
         self._version += 1
+
+    def _plan(self, key: tuple[str, Shape, int], runs_s: float, now_s: float) -> None:
+        if len(self._planned) >= PLANNED_KEPT:  # judged but never held (refused after all)
+            old = [k for k, (_, t) in self._planned.items() if now_s - t > PLANNED_FOR_S]
+            for k in old:
+                del self._planned[k]
+        self._planned[key] = (runs_s, now_s)
+
+    def planned_start(self, pool: str, shape: Shape, limit: int, now_s: float) -> float | None:
+        """When a request of ``shape`` passed now at ``limit`` starts running, if the fit
+        just admitted it to start within the wait (``Trajectory.runs_s``); None: at once."""
+        got = self._planned.pop((pool, shape, limit), None)
+        if got is None or now_s - got[1] > PLANNED_FOR_S or got[0] <= now_s:
+            return None
+        return got[0]
+
+    def waiting(self, pool: str, endpoint: str, endpoints: int, at_s: float) -> float:
+        """W_e: this worker's requests at ``endpoint`` (those Envoy places counting
+        1/``endpoints`` each) admitted by ``at_s`` to start within the wait and planned to be
+        still waiting then (``Trajectory.waiting_at``)."""
+        mine = self.items.get(pool, {})
+        here = sum(t.waiting_at(at_s) for t in mine.get(endpoint, {}).values())
+        anywhere = sum(t.waiting_at(at_s) for t in mine.get("", {}).values())
+        return here + anywhere / max(1, endpoints)
 
     def caution(
         self, pool: str, b: BackendSignals, recovery_s: float, now_s: float, busy: bool = True
@@ -103,7 +138,7 @@ class ForecastBook:
         spec = profile.forecast
         busy = any(self.items.get(pool, {}).values())
         c = self.caution(pool, b, spec.recovery_s, now, busy)
-        return Outlook(rate, b.output_lengths, c, bs, spec, delay)
+        return Outlook(rate, b.output_lengths, c, bs, spec, delay, b.limit_share or 0.0)
 
     def fits(
         self,
@@ -159,10 +194,10 @@ class ForecastBook:
         now: float,
         wait_s: float,
         current: Peaks,
-    ) -> list[tuple[Peaks, int]]:
+    ) -> list[tuple[float, Peaks, int]]:
         """The endpoint at each predicted end of a running request within ``wait_s``: the
-        peaks of what still runs then (the others' holds flat, as in ``current``, the fit's
-        peaks now), and the blocks freed by then."""
+        time, the peaks of what still runs then (the others' holds flat, as in ``current``,
+        the fit's peaks now), and the blocks freed by then."""
         mine = self.items.get(pool, {})
         ends: dict[int, float] = {}
         for where in (endpoint, ""):
@@ -177,7 +212,7 @@ class ForecastBook:
         for e in at[:LATER_POINTS]:
             states = self._states(pool, endpoint, endpoints, look, e, ends)
             then = Peaks(states, bs, current.fixed)
-            out.append((then, max(0, current.now_blocks - then.now_blocks)))
+            out.append((e, then, max(0, current.now_blocks - then.now_blocks)))
         return out
 
     def fit(
@@ -216,7 +251,7 @@ class ForecastBook:
         telemetry.FORECAST_CAUTION.labels(pool=pool, endpoint=endpoint).set(look.caution)
         read_floors = profile.forecast.read_floors
         wait_s = profile.forecast.start_within_s
-        later: list[list[tuple[Peaks, int]]] = []  # built at the first request that needs it
+        later: list[list[tuple[float, Peaks, int]]] = []  # built when a request first needs it
 
         def charge(shape: Shape, limit: int) -> int:
             start = base.need(shape, 1) if limit > 0 else base.need(shape, 0)
@@ -226,14 +261,19 @@ class ForecastBook:
             prompt = base.need(shape, 0)
             added = peaks.with_new(prompt, total, shape.sequences, room) - peaks.peak
             now_charge = max(added, start + gap)
+            key = (pool, shape, limit)
             if now_charge <= free or wait_s <= 0 or not look.rate:
+                self._planned.pop(key, None)
                 return now_charge
             if not later:
                 later.append(self._later(pool, endpoint, endpoints, look, now, wait_s, peaks))
             new = (prompt, total, shape.sequences, room)
-            if _starts_later(later[0], new, start, budget, max(0, f - unseen)):
-                return free  # it starts within the wait: fits, at what is left now
-            return now_charge
+            runs = _starts_later(later[0], new, start, budget, max(0, f - unseen))
+            if runs is None:
+                self._planned.pop(key, None)
+                return now_charge
+            self._plan(key, runs, now)
+            return free  # it starts within the wait: fits, at what is left now
 
         fit = replace(base, free_blocks=free, forecast=charge)
         self._last[(pool, endpoint)] = (inputs, now, fit)
@@ -241,17 +281,25 @@ class ForecastBook:
 
 
 def _starts_later(
-    later: list[tuple[Peaks, int]],
+    later: list[tuple[float, Peaks, int]],
     new: tuple[int, int, int, int],
     start: int,
     budget: int,
     physical: int,
-) -> bool:
-    """A request (prompt blocks, tokens ahead, sequences, free slots of its last block) that
-    takes ``start`` blocks when it runs fits at one of the ``later`` points: the peak with it
-    within ``budget``, its start within the forecast's room then and the free blocks now
-    (``physical``) plus those freed by then."""
-    for then, freed in later:
-        if then.with_new(*new) <= budget and start <= min(budget - then.peak, physical + freed):
-            return True
-    return False
+) -> float | None:
+    """When a request (prompt blocks, tokens ahead, sequences, free slots of its last block)
+    that takes ``start`` blocks when it runs will start, if it fits then; None otherwise.
+
+    The backend, not ICE, starts a waiting request: vLLM schedules it as soon as its blocks
+    fit the free ones. So it starts at the first of the ``later`` points where ``start`` fits
+    the free blocks now (``physical``) plus those freed by then, and the peak with it there
+    must stay within ``budget``: a request whose start fits now would start now (the charge
+    now judges it), and one that would start before the forecast has room for it is not
+    admitted for later."""
+    if start <= physical:
+        return None
+    for at, then, freed in later:
+        if start <= physical + freed:
+            fits = then.with_new(*new) <= budget and start <= budget - then.peak
+            return at if fits else None
+    return None

@@ -66,6 +66,7 @@ class Holding:
             at, fit.need(shape, 0), shape.sequences, output, floor, None, tokens
         )
         if profile.admission == "forecast":  # held at its predicted total (ForecastBook)
+            trajectory.runs_s = self.book.planned_start(pool.pool, shape, output, at)
             look = self.book.outlook(profile, pool.pool, pool.backends[0], fit.block_size)
             return fit.need(shape, look.total(0, output, floor)), trajectory
         trajectory.whole = fit.need(shape, output)

@@ -1,7 +1,9 @@
 """What a pool's snapshot says for a profile, each figure computed once per snapshot, and the
 worker's ledger of requests in flight.
 
-- ``pressure``: ``mem_pressure_score`` and level under the profile's model;
+- ``pressure``: ``mem_pressure_score`` and level under the profile's model (under
+  ``admission: forecast`` with a wait, the queue term leaves out the requests ICE admitted
+  to wait: ``unplanned``);
 - ``efficiency``: ``cache_efficiency_ratio`` (the prefix-cache hit ratio over the window);
 - ``drain``: the inputs of the drain-rate Retry-After;
 - ``room``: the KV room (``KvFit``: free and usable blocks, blocks a request needs; a
@@ -108,7 +110,9 @@ class PoolViews(Holding):
         # pool → endpoint ("" anywhere) → KV blocks reserved by this worker's live requests
         # (shared with the views of a reloaded policy, whose holds release into it)
         self.live: dict[str, dict[str, int]] = {} if live is None else live
-        self._pressure: dict[tuple[str, PressureModel], tuple[PoolSnapshot, Pressure | None]] = {}
+        self._pressure: dict[
+            tuple[str, PressureModel, bool], tuple[PoolSnapshot, Pressure | None]
+        ] = {}
         self._drain: dict[str, tuple[PoolSnapshot, DrainInputs | None]] = {}
         self._efficiency: dict[str, tuple[PoolSnapshot, float | None]] = {}
         self._kv: dict[tuple[str, str], tuple[PoolSnapshot, tuple[Endpoint, ...]]] = {}
@@ -124,13 +128,30 @@ class PoolViews(Holding):
         """The pool's pressure under the profile's model."""
         if snapshot is None:
             return None
-        key = (snapshot.pool, profile.pressure)
+        planned = profile.admission == "forecast" and profile.forecast.start_within_s > 0
+        key = (snapshot.pool, profile.pressure, planned)
         cached = self._pressure.get(key)
         if cached is not None and cached[0] is snapshot:
             return cached[1]
-        pressure = pressure_of(snapshot, profile.pressure)
+        pressure = pressure_of(self.unplanned(snapshot) if planned else snapshot, profile.pressure)
         self._pressure[key] = (snapshot, pressure)
         return pressure
+
+    def unplanned(self, snapshot: PoolSnapshot) -> PoolSnapshot:
+        """``snapshot`` with each backend's waiting count less the requests this worker
+        admitted to start within the wait and planned to be waiting there when it was taken
+        (``ForecastBook.waiting``): q_e = max(0, waiting_e − W_e). Those wait by the
+        forecast's plan, within the wait the policy allows; a queue beyond them is what the
+        pressure score's queue term measures (``ext_proc.policy.pressure``)."""
+        n = len(snapshot.backends)
+        at = snapshot.taken_at_s
+        backends = []
+        for address, b in zip(self.addresses(snapshot), snapshot.backends, strict=True):
+            waiting = b.num_requests_waiting
+            planned = self.book.waiting(snapshot.pool, address, n, at) if waiting else 0.0
+            less = max(0.0, (waiting or 0.0) - planned)
+            backends.append(replace(b, num_requests_waiting=less) if waiting and planned else b)
+        return replace(snapshot, backends=tuple(backends))
 
     def drain(self, snapshot: PoolSnapshot | None) -> DrainInputs | None:
         """The pool's drain-rate inputs (None without rates)."""

@@ -11,12 +11,24 @@ the quantile ``q`` of the lengths *longer than what it has generated*:
 
     F(x)     the count of observations ≤ x (interpolated)
     N        the count of all observations
-    target   = F(g) + q × (N − F(g))
-    T        = the x with F(x) = target (interpolated in its bucket)
+    p        the share of finished requests that ran to their output limit (vLLM's
+             ``request_success_total`` by ``finished_reason``: length ÷ (length + stop +
+             repetition); ``BackendSignals.limit_share``; 0 when unknown)
+    target   = F(g) + q × (N − F(g) + N × p / (1 − p))
+    T        = the x with F(x) = target (interpolated in its bucket);
+               the limit when p > 0 and target > N, or p = 1
     total    = min(limit, max(floor, g, ceil(T)))
 
 so a request that has outlived most of its peers is expected to run longer (the
-conditional quantile rises with g). ``limit`` is the request's own output limit (what the
+conditional quantile rises with g). The limit term: a request either stops on its own, at a
+length drawn from the histogram, or runs to its own limit, with probability p. Given that it
+has generated g, P(total ≤ x) = (1 − p)(F(x) − F(g)) / [(1 − p)(N − F(g)) + p N] for x
+below its limit; solving for q gives the target above, and when the target passes N the
+quantile lies in the mass at the limit. Where clients' limits are what their requests
+really generate (p → 1) every request is expected to reach its limit; where requests stop
+on their own (p = 0) the histogram alone decides. The histogram also holds the lengths of
+the requests that ran to their limit, so the stopping lengths it stands for err long (more
+blocks held, not fewer). ``limit`` is the request's own output limit (what the
 backend will never exceed), ``floor`` what it must generate (``min_tokens``; the limit
 itself with ``ignore_eos``). With fewer than ``min_observations`` observations the total is
 the limit: ICE then holds the request as ``admission: reserve`` would. Past the history —
@@ -83,14 +95,20 @@ def remaining_total(
     floor: int = 0,
     min_observations: int = 20,
     caution: float = 0.0,
+    limit_share: float = 0.0,
 ) -> int:
     """The total output (tokens per sequence) a running request is expected to reach (see
-    the module docstring)."""
+    the module docstring); ``limit_share``: p."""
     total = limit
-    if h is not None and h.counts and h.counts[-1] >= min_observations:
+    p = min(1.0, max(0.0, limit_share))
+    if h is not None and h.counts and h.counts[-1] >= min_observations and p < 1.0:
         n = h.counts[-1]
         f_g = cdf_at(h, generated)
-        x = _inverse(h, f_g + q * (n - f_g)) if n - f_g > 0 else None
+        target = f_g + q * (n - f_g + n * p / (1.0 - p))
+        if p > 0.0 and target > n:  # in the mass at the limit
+            x: float | None = float(limit)
+        else:
+            x = _inverse(h, target) if n - f_g > 0 else None
         if x is None:  # past the history: as long again
             x = 2.0 * max(generated, _last_bound(h))
         total = min(limit, max(floor, generated, math.ceil(x - 1e-9)))

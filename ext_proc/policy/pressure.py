@@ -15,7 +15,11 @@ Formula (``mem_pressure_score``, 0-100; it rises as memory fills up, never with 
                     (``vllm:admission_rejections_total`` rose): the valve refuses exactly
                     when its queue is at its cap, so that queue counts as saturated
                     (a backend that reports no waiting count but rejected counts as
-                    saturated too; one that reports neither drops out of the mean)
+                    saturated too; one that reports neither drops out of the mean);
+                    under ``admission: forecast`` with a wait (``start_within_s`` > 0)
+                    waiting_i is first less W_i, the requests ICE admitted to start within
+                    the wait and planned to be waiting when the view was taken:
+                    max(0, waiting_i − W_i) (``PoolViews.unplanned``; they wait by plan)
     score   = 100 × (w_kv × s_kv + w_pcie × s_pcie + w_queue × s_queue) / (w_kv + w_pcie + w_queue)
 
 Only signals the pool actually reports take part: a missing signal drops out of both the

@@ -27,6 +27,7 @@ from typing import Any
 
 from ext_proc.signals.model import Derived, EngineScrape, GpuScrape, Histogram
 from ext_proc.signals.parse import SourceParseError, detect_kind, parse_dcgm, parse_engine
+from ext_proc.signals.poolbuild import limit_share
 from ext_proc.signals.window import derive, histogram_quantile
 
 __all__ = ["main"]
@@ -140,6 +141,8 @@ def _engine_table(s: EngineScrape) -> list[tuple[str, str]]:
         ("prompt_tokens (total)", _num(s.prompt_tokens)),
         ("generation_tokens (total)", _num(s.generation_tokens)),
         ("request_success (total)", _num(s.request_success)),
+        ("finished_by_reason", ", ".join(f"{r}={_num(v)}" for r, v in s.finished_by_reason) or "-"),
+        ("limit_share (since start)", _num(limit_share(s.finished_by_reason))),
         ("admission_rejections (total)", _num(s.admission_rejections)),
         ("ttft_s (since start)", _hist(s.ttft_s)),
         ("queue_time_s (since start)", _hist(s.queue_time_s)),

@@ -167,6 +167,10 @@ def engine_from_samples(
     reasons: dict[str, float] = defaultdict(float)
     for labels, value in series.rows("waiting_by_reason"):
         reasons[labels.get("reason", "")] += value
+    finished: dict[str, float] = defaultdict(float)
+    for labels, value in series.rows("request_success"):
+        if "finished_reason" in labels:
+            finished[labels["finished_reason"]] += value
     total = series.total
     return EngineScrape(
         source=source,
@@ -188,6 +192,7 @@ def engine_from_samples(
         prompt_tokens=total("prompt_tokens"),
         generation_tokens=total("generation_tokens"),
         request_success=total("request_success"),
+        finished_by_reason=tuple(sorted(finished.items())),
         admission_rejections=total("admission_rejections"),
         ttft_s=series.histogram("ttft_s"),
         queue_time_s=series.histogram("queue_time_s"),

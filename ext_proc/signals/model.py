@@ -64,6 +64,9 @@ class EngineScrape:
     prompt_tokens: float | None = None
     generation_tokens: float | None = None
     request_success: float | None = None
+    # finished requests by vllm:request_success_total's finished_reason (stop, length, abort,
+    # …), when the page splits the counter by it
+    finished_by_reason: tuple[tuple[str, float], ...] = ()
     # requests the API server's own valve answered 503 (vLLM --max-num-queued-reqs /
     # --max-num-queued-tokens: vllm:admission_rejections_total, every reason summed)
     admission_rejections: float | None = None

@@ -42,6 +42,7 @@ __all__ = [
     "backend_from_scrape",
     "backend_signals",
     "gpu_join",
+    "limit_share",
     "pool_gpus",
     "saturated",
 ]
@@ -88,8 +89,18 @@ def backend_signals(
             else None
         ),
         preemptions=scrape.preemptions,
+        limit_share=limit_share(scrape.finished_by_reason),
         age_s=age_s,
     )
+
+
+def limit_share(finished: tuple[tuple[str, float], ...]) -> float | None:
+    """length ÷ (length + stop + repetition) of vLLM's finished requests by reason: the share
+    that ran to their output limit (aborted and failed ones say nothing of their length);
+    None when none finished yet, or the page does not split them."""
+    by = dict(finished)
+    ended = by.get("length", 0.0) + by.get("stop", 0.0) + by.get("repetition", 0.0)
+    return by.get("length", 0.0) / ended if ended > 0 else None
 
 
 def saturated(url: str, last: BackendSignals | None) -> BackendSignals:

@@ -39,6 +39,10 @@ class BackendSignals:
     # preemptions (the forecast: ext_proc.placement.forecast)
     output_lengths: Histogram | None = None
     preemptions: float | None = None
+    # of the requests that finished on their own or at their limit (vllm:request_success_total
+    # by finished_reason: length ÷ (length + stop + repetition)), the share that ran to their
+    # output limit; None when the page does not split finished requests by reason
+    limit_share: float | None = None
     # mean seconds between two output tokens of a running request, since the server started
     # (vllm:inter_token_latency_seconds' sum ÷ count): the forecast's decode rate is 1 / it
     itl_mean_s: float | None = None
