@@ -769,9 +769,11 @@ class Forecast(_message.Message):
     sets min_tokens to make vLLM generate the length it drew.
     """
     start_within_s: _builtins.float
-    """Seconds within which a request that does not fit now may be admitted because the
-    forecast says it will start by then (running requests' ends free its blocks; vLLM
-    keeps it in its queue until they do). 0..60, default 0: it must fit now.
+    """Seconds within which a request that does not fit now may be admitted to wait in
+    vLLM's queue: judged at the first predicted end of a running request where its blocks
+    fit the free ones (vLLM starts it there), the peak with it must fit the budget; while
+    it waits by plan the pressure score's queue term leaves it out. 0..60, default 0: it
+    must fit now.
     """
     def __init__(
         self,
