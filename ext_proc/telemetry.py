@@ -23,6 +23,7 @@ __all__ = [
     "ERRORS",
     "FORECAST_CAUTION",
     "FORECAST_PEAK",
+    "FORECAST_WAITS",
     "HOLD_RECOUNTS",
     "INPUT_TOKENS",
     "JUDGE_ERRORS",
@@ -177,6 +178,13 @@ HOLD_RECOUNTS = Counter(
     "the answer, by outcome: shrunk, unchanged, ended (the stream ended first), skipped "
     "(a long body with no helper process), failed.",
     ["outcome"],
+)
+
+FORECAST_WAITS = Counter(
+    "ice_forecast_waits",
+    "admission: forecast with start_within_s: requests passed to wait in the backend's "
+    "queue, planned to start at a running request's predicted end.",
+    ["pool"],
 )
 
 FORECAST_CAUTION = Gauge(

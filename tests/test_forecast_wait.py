@@ -9,6 +9,7 @@ import dataclasses
 import time
 
 import pytest
+from prometheus_client import REGISTRY
 
 from ext_proc.placement.forecast import Outlook, Trajectory
 from ext_proc.placement.forecast_book import ForecastBook
@@ -134,7 +135,9 @@ def test_the_hold_of_a_request_admitted_for_later_carries_its_start() -> None:
     late, now = Shape.single(1000), Shape.single(100)
     assert fit.charge(late, 100) == fit.free_blocks == 43  # as above: starts at the end
     assert fit.charge(now, 100) < fit.free_blocks
+    waits = REGISTRY.get_sample_value("ice_forecast_waits_total", {"pool": "pool"}) or 0.0
     held = [views.hold(profile, snap, shape, 100, endpoint) for shape in (late, now)]
+    assert REGISTRY.get_sample_value("ice_forecast_waits_total", {"pool": "pool"}) == waits + 1
     assert held[0] is not None and held[0].trajectory is not None
     runs = held[0].trajectory.runs_s
     assert runs is not None and started + 1.0 <= runs <= started + 1.011

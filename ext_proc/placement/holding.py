@@ -28,6 +28,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from ext_proc import telemetry
 from ext_proc.placement.forecast import Trajectory, slot_tokens
 from ext_proc.placement.forecast_book import ForecastBook
 from ext_proc.placement.inflight import Endpoint, Entries, Hold
@@ -67,6 +68,8 @@ class Holding:
         )
         if profile.admission == "forecast":  # held at its predicted total (ForecastBook)
             trajectory.runs_s = self.book.planned_start(pool.pool, shape, output, at)
+            if trajectory.runs_s is not None:
+                telemetry.FORECAST_WAITS.labels(pool=pool.pool).inc()
             look = self.book.outlook(profile, pool.pool, pool.backends[0], fit.block_size)
             return fit.need(shape, look.total(0, output, floor)), trajectory
         trajectory.whole = fit.need(shape, output)
