@@ -88,7 +88,12 @@ class ForecastBook:
         """A trajectory in the book changed (``PoolViews.shrink``): fits are computed again."""
         self._version += 1
 
-    def _plan(self, key: tuple[str, Shape, int], runs_s: float, now_s: float) -> None:
+    def _plan(self, key: tuple[str, Shape, int], runs_s: float | None, now_s: float) -> None:
+        """Remember that a request judged now starts at ``runs_s`` (None: at once, or not
+        admitted: forget any earlier plan for its key)."""
+        if runs_s is None:
+            self._planned.pop(key, None)
+            return
         if len(self._planned) >= PLANNED_KEPT:  # judged but never held (refused after all)
             old = [k for k, (_, t) in self._planned.items() if now_s - t > PLANNED_FOR_S]
             for k in old:
@@ -263,17 +268,14 @@ class ForecastBook:
             now_charge = max(added, start + gap)
             key = (pool, shape, limit)
             if now_charge <= free or wait_s <= 0 or not look.rate:
-                self._planned.pop(key, None)
+                self._plan(key, None, now)
                 return now_charge
             if not later:
                 later.append(self._later(pool, endpoint, endpoints, look, now, wait_s, peaks))
             new = (prompt, total, shape.sequences, room)
             runs = _starts_later(later[0], new, start, budget, max(0, f - unseen))
-            if runs is None:
-                self._planned.pop(key, None)
-                return now_charge
             self._plan(key, runs, now)
-            return free  # it starts within the wait: fits, at what is left now
+            return now_charge if runs is None else free  # starts within the wait: what is left
 
         fit = replace(base, free_blocks=free, forecast=charge)
         self._last[(pool, endpoint)] = (inputs, now, fit)
