@@ -46,9 +46,11 @@ Arms (``--modes``, default ``direct,ice``, comma-separated, each once):
 - ``ice``: through Envoy + ICE with ``--policy``;
 - ``queue``: through a second Envoy + a second ICE whose policy is ``--policy`` with
   ``queue: {enabled: true, max_queue_wait_ms: --queue-wait-ms, max_queue_length:
-  --queue-length, tenant_header: x-tenant, max_tenants: 16}`` in every profile: a request ICE
-  would refuse (429 ``memory_pressure`` / ``kv_exhausted``) waits for room and then passes
-  with ``x-ice-queued-ms``, or gets 429 ``queue_timeout`` / ``queue_full``. Only started when
+  --queue-length, tenant_header: x-tenant, max_tenants: 16, critical: --queue-critical}`` in
+  every profile: a request ICE would refuse (429 ``memory_pressure`` / ``kv_exhausted``) waits
+  for room and then passes with ``x-ice-queued-ms``, or gets 429 ``queue_timeout`` /
+  ``queue_full`` (with ``--queue-critical wait`` a ``critical`` one whose blocks do not fit
+  waits too, and passes at the deadline: never refused). Only started when
   asked; an ICE whose policy schema has no ``queue`` fails at once (before vLLM starts);
 - ``valve:reqs=N`` / ``valve:tokens=T``: straight to a vLLM started with vLLM 0.32's own
   admission valve, checked in its API server before the request is rendered, 503 either way:
@@ -430,6 +432,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--queue-length", type=int, default=QUEUE_LENGTH, help="queue mode: max_queue_length"
     )
     ap.add_argument(
+        "--queue-critical",
+        choices=("pass", "wait"),
+        default="pass",
+        help="queue mode: the queue's critical (wait: critical requests wait for room too)",
+    )
+    ap.add_argument(
         "--ttft-slo-s", type=float, default=TTFT_SLO_S, help="goodput counts TTFT ≤ this"
     )
     ap.add_argument(
@@ -498,7 +506,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "tenant_header": TENANT_HEADER,
         "vllm_args": list(args.vllm_arg),
         **(
-            {"queue_wait_ms": args.queue_wait_ms, "queue_length": args.queue_length}
+            {
+                "queue_wait_ms": args.queue_wait_ms,
+                "queue_length": args.queue_length,
+                "queue_critical": args.queue_critical,
+            }
             if queue
             else {}
         ),
@@ -551,6 +563,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ice_workers=args.ice_workers,
                 queue_wait_ms=args.queue_wait_ms,
                 queue_length=args.queue_length,
+                queue_critical=args.queue_critical,
                 tenant_header=TENANT_HEADER,
                 history=history_of(args),
             )

@@ -826,9 +826,10 @@ class Queue(_message.Message):
     TENANT_HEADER_FIELD_NUMBER: _builtins.int
     MAX_TENANTS_FIELD_NUMBER: _builtins.int
     POLL_MS_FIELD_NUMBER: _builtins.int
+    CRITICAL_FIELD_NUMBER: _builtins.int
     enabled: _builtins.bool
     """Turns the admission queue on for this profile's requests. Critical requests are never
-    queued (they are never shed either).
+    shed; they wait here only under critical: wait.
     """
     max_queue_wait_ms: _builtins.int
     """The longest a request waits; then 429 queue_timeout with Retry-After. Default 3000;
@@ -851,6 +852,12 @@ class Queue(_message.Message):
     """How often a worker with requests waiting re-reads the pool's view (milliseconds).
     Default 20.
     """
+    critical: _builtins.str
+    """What a critical request whose blocks do not fit does: "pass" (the default: it goes to
+    the backend at once, over the room) or "wait" (it waits in its own band, ahead of every
+    other, until its blocks fit, and passes at max_queue_wait_ms, or at once when the queue
+    is full or ICE is stopping: never refused).
+    """
     def __init__(
         self,
         *,
@@ -860,10 +867,11 @@ class Queue(_message.Message):
         tenant_header: _builtins.str = ...,
         max_tenants: _builtins.int | None = ...,
         poll_ms: _builtins.int | None = ...,
+        critical: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_max_queue_length", b"_max_queue_length", "_max_queue_wait_ms", b"_max_queue_wait_ms", "_max_tenants", b"_max_tenants", "_poll_ms", b"_poll_ms", "max_queue_length", b"max_queue_length", "max_queue_wait_ms", b"max_queue_wait_ms", "max_tenants", b"max_tenants", "poll_ms", b"poll_ms"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_queue_length", b"_max_queue_length", "_max_queue_wait_ms", b"_max_queue_wait_ms", "_max_tenants", b"_max_tenants", "_poll_ms", b"_poll_ms", "enabled", b"enabled", "max_queue_length", b"max_queue_length", "max_queue_wait_ms", b"max_queue_wait_ms", "max_tenants", b"max_tenants", "poll_ms", b"poll_ms", "tenant_header", b"tenant_header"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_queue_length", b"_max_queue_length", "_max_queue_wait_ms", b"_max_queue_wait_ms", "_max_tenants", b"_max_tenants", "_poll_ms", b"_poll_ms", "critical", b"critical", "enabled", b"enabled", "max_queue_length", b"max_queue_length", "max_queue_wait_ms", b"max_queue_wait_ms", "max_tenants", b"max_tenants", "poll_ms", b"poll_ms", "tenant_header", b"tenant_header"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_queue_length: _TypeAlias = _typing.Literal["max_queue_length"]  # noqa: Y015
     _WhichOneofArgType__max_queue_length: _TypeAlias = _typing.Literal["_max_queue_length", b"_max_queue_length"]  # noqa: Y015

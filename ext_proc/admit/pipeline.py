@@ -287,7 +287,7 @@ class Pipeline:
                     values = body.doc.values
                     features = exact_count(self.counters, features, values, len(body.raw))
             with judging("judge"):
-                decision, placement = self.judge(route, facts, features, LADDER, body.prefix)
+                decision, placement = self.judge(route, facts, features, LADDER, body.prefix, True)
         if route.profile.mode == "shadow":
             would = (decision.decision, decision.reason)
             return shadowed(would, features, adapter, body, placement, decision.pressure)
@@ -315,8 +315,8 @@ class Pipeline:
         bounds give the same one (``ext_proc.admit.counting``); None: count exactly."""
         counter = self.counters.counter_for(features.model)  # one: the caller's `counted`
         lo, hi = bounds(features, len(body.raw), counter.bounds.factors)
-        low, _ = self.judge(route, facts, lo, LADDER, body.prefix)
-        high = self.judge(route, facts, hi, LADDER, body.prefix)
+        low, _ = self.judge(route, facts, lo, LADDER, body.prefix, True)
+        high = self.judge(route, facts, hi, LADDER, body.prefix, True)
         return (hi, high) if same_verdict(low, high[0]) else None
 
     def judge(
@@ -326,10 +326,12 @@ class Pipeline:
         features: RequestFeatures,
         ladder: tuple[Rule, ...],
         prefix: str | None = None,
+        waits: bool = False,
     ) -> tuple[Decision, Placement]:
         """Place the request (``ext_proc.placement.placer``) and run ``ladder`` against one
         read of the pool's snapshot (``PoolViews`` figures) and the placement's KV room; a
-        pool whose every endpoint sleeps answers 503 ``backend_asleep``."""
+        pool whose every endpoint sleeps answers 503 ``backend_asleep``. ``waits``: a critical
+        request that does not fit may be sent to wait (``Profile.critical_waits``)."""
         snapshot = self.lookup(route.pool)
         views = self.views
         if snapshot is not None and snapshot.asleep:  # every endpoint sleeps: nowhere to go
@@ -352,18 +354,22 @@ class Pipeline:
             views.drain(snapshot),
             ladder=ladder,
             cache_efficiency=views.efficiency(snapshot) if route.profile.truncation else None,
+            critical_waits=waits and route.profile.critical_waits,
         )
         return decision, placement
 
-    def rejudge(self, route: Route, facts: RequestFacts, first: BodyVerdict) -> BodyVerdict:
+    def rejudge(
+        self, route: Route, facts: RequestFacts, first: BodyVerdict, waits: bool = False
+    ) -> BodyVerdict:
         """A request judged again (the admission queue, the shared ledger): its features as
         first judged, on its body's one decode, against the pool's view now, with the ladder
-        less history truncation (a verdict judged without its body: the coarse ladder)."""
+        less history truncation (a verdict judged without its body: the coarse ladder);
+        ``waits``: a critical one may still wait (``judge``)."""
         features, adapter, body = first.features, facts.adapter, first.body
         assert features is not None and adapter is not None
         ladder = COARSE_LADDER if body is None else LADDER_AFTER_TRUNCATION
         prefix = body.prefix if body is not None else None
-        decision, placement = self.judge(route, facts, features, ladder, prefix)
+        decision, placement = self.judge(route, facts, features, ladder, prefix, waits)
         verdict = make_verdict(decision, features, adapter, body, placement)
         for key, value in first.outcome.headers:
             if key in (H_TOKENS, H_JUDGED):

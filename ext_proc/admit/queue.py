@@ -9,9 +9,14 @@ Order (``tick``, every ``poll_ms`` while anything waits, and at the earliest dea
 
 1. A waiter whose deadline (enqueued + ``max_queue_wait_ms``) has passed gets 429
    ``queue_timeout`` with the first verdict's Retry-After (the pool's drain estimate).
-2. Bands by priority: ``standard``, then ``sheddable`` (``critical`` is never shed, so never
-   queued). A lower band is tried only when no request of a higher band is left waiting: a
-   request of a higher band that does not fit holds back the lower ones.
+2. Bands by priority: ``critical``, ``standard``, then ``sheddable``. A lower band is tried
+   only when no request of a higher band is left waiting: a request of a higher band that
+   does not fit holds back the lower ones. ``critical`` is never shed, so it waits only on a
+   profile whose queue has ``critical: wait`` (``Profile.critical_waits``: the ladder's rule
+   4 then answers a critical request whose blocks do not fit with the 429 that queues it),
+   and it is never refused: at its deadline, when the queue is full and when ICE stops, it is
+   judged once more without the wait (``Pipeline.rejudge``) and goes upstream as that
+   verdict says (outcome ``passed``), over the room, as it would have without the queue.
 3. Within a band, tenants take turns, FIFO within a tenant: the tenant with the fewest
    requests in flight goes first (``started`` / ``ended``: a request of a queue-enabled
    profile that went upstream, queued or not, until its stream ends), and among equals the
@@ -27,7 +32,8 @@ Order (``tick``, every ``poll_ms`` while anything waits, and at the earliest dea
 
 Refused at once (429 ``queue_full``): a request when its pool's queue in this worker holds
 ``max_queue_length`` requests, or ``max_queue_bytes`` of bodies. When ICE shuts down
-(``close``), every waiter, and every request offered after, gets 429 ``queue_shutdown``.
+(``close``), every waiter, and every request offered after, gets 429 ``queue_shutdown``
+(``critical`` ones pass, above).
 
 Tenants: the value of the profile's ``tenant_header`` (else the route's name), printable
 ASCII only, at most ``MAX_TENANT_CHARS`` characters. At most ``max_tenants`` tenants have a
@@ -51,13 +57,13 @@ import logging
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ext_proc import telemetry
-from ext_proc.admit.headeronly import H_JUDGED
+from ext_proc.admit.queue_answers import H_QUEUED_MS, refusal, with_queued_ms
 from ext_proc.admit.stream import Stream
-from ext_proc.admit.verdict import BodyVerdict, RequestFacts, make_verdict, with_header
+from ext_proc.admit.verdict import BodyVerdict, RequestFacts
 from ext_proc.policy.decision import Downgrade, Pass, Reject, Truncated
 from ext_proc.policy.model import QueueSpec
 
@@ -79,10 +85,9 @@ __all__ = [
 log = logging.getLogger("ice.queue")
 
 QUEUE_REASONS = frozenset({"memory_pressure", "kv_exhausted"})
-H_QUEUED_MS = "x-ice-queued-ms"
 OTHER_TENANT = "other"
 MAX_TENANT_CHARS = 64
-BANDS = ("standard", "sheddable")
+BANDS = ("critical", "standard", "sheddable")
 DEFAULT_MAX_QUEUE_BYTES = 64 * 1024 * 1024
 
 
@@ -217,9 +222,15 @@ class AdmissionQueue:
         refused = self._refused_at_once(pool, spec, nbytes)
         if refused is not None:
             outcome, reason, message = refused
+            if facts.priority == "critical":  # never refused: it goes as it would have
+                telemetry.QUEUE_OUTCOMES.labels(
+                    pool=route.pool, tenant=label, outcome="passed"
+                ).inc()
+                return pipeline.rejudge(route, facts, first)
             telemetry.QUEUE_OUTCOMES.labels(pool=route.pool, tenant=label, outcome=outcome).inc()
             return refusal(pipeline, route, facts, first, reason, message)
-        band = pool.bands[facts.priority if facts.priority in BANDS else BANDS[0]]
+        band_name = facts.priority if facts.priority in BANDS else "standard"
+        band = pool.bands[band_name]
         if tenant not in band.tenants and len(band.tenants) >= spec.max_tenants:
             tenant = OTHER_TENANT
         now = self._clock()
@@ -231,7 +242,7 @@ class AdmissionQueue:
             first,
             tenant,
             label,
-            facts.priority if facts.priority in BANDS else BANDS[0],
+            band_name,
             now,
             now + spec.max_queue_wait_ms / 1000,
             asyncio.get_running_loop().create_future(),
@@ -274,7 +285,10 @@ class AdmissionQueue:
                 for q in list(band.tenants.values()):
                     for w in [w for w in q if w.deadline_s <= now]:
                         self._remove(w)
-                        self._resolve(w, self._timed_out(w, now), "timeout", now)
+                        if w.band == "critical":
+                            self._pass(w, now)
+                        else:
+                            self._resolve(w, self._timed_out(w, now), "timeout", now)
             for name in BANDS:
                 band = pool.bands[name]
                 self._admit(pool_name, band, now)
@@ -291,11 +305,10 @@ class AdmissionQueue:
             for tenant, q in turns:
                 w = q[0]
                 try:
-                    verdict = w.pipeline.rejudge(w.route, w.facts, w.first)
+                    verdict = w.pipeline.rejudge(w.route, w.facts, w.first, w.band == "critical")
                 except Exception as e:  # fail the stream (its fail_mode decides), not the queue
                     self._remove(w)
-                    if not w.future.done():
-                        w.future.set_exception(e)
+                    _fail(w, e)
                     progress = True
                     break
                 if queueable(w.route, verdict):
@@ -306,6 +319,15 @@ class AdmissionQueue:
                 self._resolve(w, verdict, "admitted", now)
                 progress = True
                 break
+
+    def _pass(self, w: Waiter, now: float) -> None:
+        """A critical waiter (out of its queue) goes upstream as judged without the wait."""
+        try:
+            verdict = w.pipeline.rejudge(w.route, w.facts, w.first)
+        except Exception as e:
+            _fail(w, e)
+            return
+        self._resolve(w, verdict, "passed", now)
 
     def _timed_out(self, w: Waiter, now: float) -> BodyVerdict:
         waited = now - w.enqueued_s
@@ -386,6 +408,9 @@ class AdmissionQueue:
         now = self._clock()
         for w in self._waiters():
             self._remove(w)
+            if w.band == "critical":
+                self._pass(w, now)
+                continue
             verdict = refusal(
                 w.pipeline,
                 w.route,
@@ -397,30 +422,7 @@ class AdmissionQueue:
             self._resolve(w, verdict, "shutdown", now)
 
 
-def with_queued_ms(verdict: BodyVerdict, waited_s: float) -> BodyVerdict:
-    """The verdict with ``x-ice-queued-ms`` (to the backend and the client)."""
-    headers = [*verdict.outcome.headers, (H_QUEUED_MS, str(round(waited_s * 1000)))]
-    return replace(verdict, outcome=replace(verdict.outcome, headers=headers))
-
-
-def refusal(
-    pipeline: Pipeline,
-    route: Route,
-    facts: RequestFacts,
-    first: BodyVerdict,
-    reason: str,
-    message: str,
-) -> BodyVerdict:
-    """A 429 ``reason`` for a queued (or queue-refused) request, with the first verdict's
-    Retry-After and the pool's pressure now."""
-    d = first.decision
-    assert isinstance(d, Reject) and first.features is not None and facts.adapter is not None
-    assert first.placement is not None
-    pressure = pipeline.views.pressure(route.profile, pipeline.lookup(route.pool))
-    retry = d.retry_after_s
-    text = f"{message} Retry after {retry} s." if retry is not None else message
-    decision = Reject(pressure, 429, reason, text, retry_after_s=retry)
-    verdict = make_verdict(decision, first.features, facts.adapter, None, first.placement)
-    if first.body is None:  # a coarse verdict's refusal says so (x-ice-judged: headers)
-        verdict = with_header(verdict, H_JUDGED, "headers")
-    return verdict
+def _fail(w: Waiter, e: Exception) -> None:
+    """Fail a waiter's stream (its fail_mode decides), not the queue."""
+    if not w.future.done():
+        w.future.set_exception(e)

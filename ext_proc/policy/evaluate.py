@@ -28,9 +28,11 @@ The ladder, first match wins:
    profile's shedding level for the request's priority (``critical`` is never shed).
    Retry-After comes from the pool's drain rate (``policy/scores.py``), bounded by the
    profile's retry_after_min_s..retry_after_max_s.
-4. ``shed_on_kv_shortfall`` → 429 ``kv_exhausted`` (never for ``critical``) when the input
-   plus min_output_tokens needs more blocks than its endpoint has free, or, with
-   ``on_kv_shortfall: shed``, when the client's requested output does not fit them.
+4. ``shed_on_kv_shortfall`` → 429 ``kv_exhausted`` when the input plus min_output_tokens
+   needs more blocks than its endpoint has free, or, with ``on_kv_shortfall: shed``, when
+   the client's requested output does not fit them. Never for ``critical``, unless
+   ``critical_waits`` (a profile whose queue has ``critical: wait``): then the 429 sends the
+   request to wait in the queue, which never refuses it (``ext_proc.admit.queue``).
 5. ``cap_output_tokens`` → ``Downgrade`` when the requested output exceeds
        limit = min(safe, cap[level], kv_fit)
    where safe = max(min(min_output_tokens, max_model_len - input),
@@ -107,6 +109,7 @@ class Case:
     drain: DrainInputs | None = None
     cache_efficiency: float | None = None
     shape: Shape = _NO_SHAPE
+    critical_waits: bool = False  # a critical request that does not fit waits in the queue
 
     def retry_after(self, need_tokens: int) -> int:
         """Retry-After for this request from the pool's drain rate (see policy/scores.py)."""
@@ -240,7 +243,7 @@ def reject_beyond_kv_capacity(case: Case) -> Decision | None:
 def shed_on_kv_shortfall(case: Case) -> Decision | None:
     kv = case.kv
     mode = case.profile.on_kv_shortfall
-    if kv is None or mode == "ignore" or case.priority == "critical":
+    if kv is None or mode == "ignore" or (case.priority == "critical" and not case.critical_waits):
         return None
     f = case.features
     min_out = case.profile.min_output_tokens if f.generates else 0
@@ -398,10 +401,13 @@ def evaluate(
     drain: DrainInputs | None = None,
     ladder: tuple[Rule, ...] = LADDER,
     cache_efficiency: float | None = None,
+    critical_waits: bool = False,
 ) -> Decision:
     """Judge one request; the first rule of the ladder that decides wins, else ``Pass``."""
     shape = Shape.of(features, profile)
-    case = Case(features, pressure, profile, priority, kv, drain, cache_efficiency, shape)
+    case = Case(
+        features, pressure, profile, priority, kv, drain, cache_efficiency, shape, critical_waits
+    )
     for rule in ladder:
         decision = rule(case)
         if decision is not None:

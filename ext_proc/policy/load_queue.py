@@ -44,7 +44,11 @@ def queue_spec(msg: policy_pb2.Queue, where: str) -> QueueSpec | None:
     header = msg.tenant_header.strip().lower()
     if header and not _HEADER.match(header):
         raise PolicyError(f"{where}.tenant_header: not a header name: {msg.tenant_header!r}")
+    critical = msg.critical.strip() or d.critical
+    if critical not in ("pass", "wait"):
+        raise PolicyError(f"{where}.critical: must be pass or wait, got {msg.critical!r}")
     return QueueSpec(
+        critical="wait" if critical == "wait" else "pass",
         max_queue_wait_ms=wait,
         max_queue_length=length,
         tenant_header=header,

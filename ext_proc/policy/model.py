@@ -20,6 +20,7 @@ __all__ = [
     "PRIORITIES",
     "Admission",
     "ClientPriority",
+    "CriticalInQueue",
     "EmbeddingSpec",
     "FailMode",
     "ForecastSpec",
@@ -44,6 +45,7 @@ ClientPriority = Literal["cap", "trust", "ignore"]
 CLIENT_PRIORITIES: tuple[ClientPriority, ...] = ("cap", "trust", "ignore")
 FailMode = Literal["open", "closed"]
 KvShortfall = Literal["downgrade", "shed", "ignore"]
+CriticalInQueue = Literal["pass", "wait"]
 
 
 class Level(IntEnum):
@@ -163,6 +165,12 @@ class Profile:
     # ext_proc.policy.output)
     default_output_tokens: int | None = None
 
+    @property
+    def critical_waits(self) -> bool:
+        """A critical request whose blocks do not fit waits in the queue (``critical:
+        wait``; never in shadow mode, which changes nothing)."""
+        return self.queue is not None and self.queue.critical == "wait" and self.mode != "shadow"
+
 
 @dataclass(frozen=True, slots=True)
 class QueueSpec:
@@ -173,6 +181,9 @@ class QueueSpec:
     tenant_header: str = ""  # "" → the route's name is the tenant
     max_tenants: int = 16  # per pool and priority; the rest share OTHER_TENANT
     poll_ms: int = 20
+    # "wait": a critical request whose blocks do not fit waits (never refused); "pass": it
+    # goes upstream at once, over the room
+    critical: CriticalInQueue = "pass"
 
 
 StoredContext = Literal["full_window", "reject"]

@@ -83,9 +83,11 @@ def queue_policy(
     tenant_header: str = TENANT_HEADER,
     *,
     max_tenants: int = MAX_TENANTS,
+    critical: str = "pass",
 ) -> Path:
     """``template`` with ``queue:`` (on; ``wait_ms``, ``length``, ``tenant_header``,
-    ``max_tenants``) in every profile, replacing any it had; written to ``out``. Relative
+    ``max_tenants``, ``critical``: pass or wait) in every profile, replacing any it had;
+    written to ``out``. Relative
     paths stay relative to the policy's folder: give it a rendered policy (absolute paths) or
     an ``out`` beside ``template``."""
     policy: dict[str, Any] = yaml.safe_load(template.read_text())
@@ -96,6 +98,7 @@ def queue_policy(
             "max_queue_length": length,
             "tenant_header": tenant_header,
             "max_tenants": max_tenants,
+            "critical": critical,
         }
     out.write_text(yaml.safe_dump(policy, sort_keys=False))
     return out

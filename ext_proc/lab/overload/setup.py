@@ -182,14 +182,16 @@ def overload_setup(
     queue_wait_ms: int = QUEUE_WAIT_MS,
     queue_length: int = QUEUE_LENGTH,
     tenant_header: str = TENANT_HEADER,
+    queue_critical: str = "pass",
     valve: Valve | None = None,
     history: Sequence[Planned] = (),
 ) -> Iterator[Setup]:
     """Start vLLM (tiny model, 24 blocks), ICE with ``policy`` and Envoy; stop all on exit.
 
     ``queue``: also ICE with ``queue_policy`` of the rendered policy (``queue_wait_ms``,
-    ``queue_length``, ``tenant_header``) behind a second Envoy (``Setup.queue_url``); raises
-    ``QueuePolicyError`` before starting anything when that policy does not load.
+    ``queue_length``, ``tenant_header``, ``queue_critical``) behind a second Envoy
+    (``Setup.queue_url``); raises ``QueuePolicyError`` before starting anything when that
+    policy does not load.
     ``ice_workers``: ICE's ``--workers`` (each ICE; Envoy balances over them). ``valve``:
     ``vllm serve`` also gets ``valve.vllm_args`` (ValueError when ``vllm_args`` set a valve
     flag themselves: the runs' labels would not say so). Ports not given
@@ -209,7 +211,12 @@ def overload_setup(
     queued: Path | None = None
     if queue:
         queued = queue_policy(
-            rendered, workdir / "policy-queue.yaml", queue_wait_ms, queue_length, tenant_header
+            rendered,
+            workdir / "policy-queue.yaml",
+            queue_wait_ms,
+            queue_length,
+            tenant_header,
+            critical=queue_critical,
         )
         check_queue_policy(queued)
     with (
