@@ -87,7 +87,7 @@ def test_queue_policy_turns_the_queue_on_in_every_profile(tmp_path: Path) -> Non
     policy["profiles"]["second"] = {**policy["profiles"]["tiny"], "queue": {"enabled": False}}
     template = tmp_path / "two.yaml"
     template.write_text(yaml.safe_dump(policy, sort_keys=False))
-    out = queue_policy(template, tmp_path / "q.yaml", 1234, 7, "x-tenant")
+    out = queue_policy(template, tmp_path / "q.yaml", 1234, 7, "x-tenant", critical="wait")
     written = yaml.safe_load(out.read_text())
     want = {
         "enabled": True,
@@ -95,6 +95,7 @@ def test_queue_policy_turns_the_queue_on_in_every_profile(tmp_path: Path) -> Non
         "max_queue_length": 7,
         "tenant_header": "x-tenant",
         "max_tenants": 16,
+        "critical": "wait",
     }
     assert {name: p["queue"] for name, p in written["profiles"].items()} == {
         "tiny": want,

@@ -9,6 +9,7 @@ second does not fit."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 from test_queue import BODY, H_QUEUED_MS, POLICY, Rig, headers, outcome  # type: ignore[import-not-found]
@@ -163,3 +164,20 @@ def test_a_shadow_profile_never_holds_a_critical_request() -> None:
     assert verdict is not None and verdict.shadow is not None
     assert verdict.shadow[0] == "pass"  # what it would do: pass, as without the queue
     assert not queueable(route, verdict)
+
+
+def test_a_critical_verdict_judged_without_its_body_waits_as_standard_and_times_out() -> None:
+    async def run() -> None:
+        rig = waiting_rig()
+        rig.pass_one()
+        facts = rig.facts("critical")
+        # a coarse verdict (no body: the worker was busy) cannot be held to its output: it is
+        # refused as before, in the standard band, never passed over the room
+        first = dataclasses.replace(rig.judge(facts), body=None)
+        w = rig.queue.offer(rig.pipeline, rig.route, facts, rig.stream(facts), first)
+        assert isinstance(w, Waiter) and w.band == "standard"
+        rig.clock.now += 59.0
+        rig.queue.tick()
+        assert outcome(w) == "reject:queue_timeout"
+
+    asyncio.run(run())

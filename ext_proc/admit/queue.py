@@ -219,17 +219,17 @@ class AdmissionQueue:
             pool.labels.add(label)
         label = label or OTHER_TENANT
         nbytes = len(first.body.raw) if first.body is not None else 0
+        band_name = _band(route, facts, first)
         refused = self._refused_at_once(pool, spec, nbytes)
         if refused is not None:
             outcome, reason, message = refused
-            if facts.priority == "critical":  # never refused: it goes as it would have
+            if band_name == "critical":  # never refused: it goes as it would have
                 telemetry.QUEUE_OUTCOMES.labels(
                     pool=route.pool, tenant=label, outcome="passed"
                 ).inc()
                 return pipeline.rejudge(route, facts, first)
             telemetry.QUEUE_OUTCOMES.labels(pool=route.pool, tenant=label, outcome=outcome).inc()
             return refusal(pipeline, route, facts, first, reason, message)
-        band_name = facts.priority if facts.priority in BANDS else "standard"
         band = pool.bands[band_name]
         if tenant not in band.tenants and len(band.tenants) >= spec.max_tenants:
             tenant = OTHER_TENANT
@@ -420,6 +420,16 @@ class AdmissionQueue:
                 "The gateway's admission queue is shutting down; the backend had no room.",
             )
             self._resolve(w, verdict, "shutdown", now)
+
+
+def _band(route: Route, facts: RequestFacts, first: BodyVerdict) -> str:
+    """The band a request waits in: ``critical`` for one sent to wait by ``critical: wait``
+    (judged on its body); a coarse ``critical`` verdict (refused for the level's output cap,
+    which an unread body cannot be held to) waits in ``standard``, and is refused as one."""
+    if facts.priority == "critical":
+        waits = route.profile.critical_waits and first.body is not None
+        return "critical" if waits else "standard"
+    return facts.priority if facts.priority in BANDS else "standard"
 
 
 def _fail(w: Waiter, e: Exception) -> None:
