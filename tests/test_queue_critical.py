@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 
 import pytest
 from test_queue import BODY, H_QUEUED_MS, POLICY, Rig, headers, outcome  # type: ignore[import-not-found]
@@ -181,3 +182,39 @@ def test_a_critical_verdict_judged_without_its_body_waits_as_standard_and_times_
         assert outcome(w) == "reject:queue_timeout"
 
     asyncio.run(run())
+
+
+def test_a_request_that_fits_waits_behind_a_waiting_critical_one_and_goes_after_it() -> None:
+    async def run() -> None:
+        rig = waiting_rig()
+        rig.pass_one()  # 3 free blocks left
+        critical = rig.offer(rig.facts("critical"))  # needs 7: waits
+        # a small request (1 block) fits the 3 free blocks, but would take the room the
+        # critical one waits for: it waits behind it, in its own band
+        small = rig.facts("standard")
+        body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+        judged = rig.pipeline.on_body(rig.route, small, body.encode())
+        assert judged is not None and judged.decision is not None
+        assert judged.decision.decision == "pass"  # on its own it fits
+        behind = rig.queue.behind_critical(rig.route, small, judged)
+        assert behind is not None and queueable(rig.route, behind)
+        w = rig.queue.offer(rig.pipeline, rig.route, small, rig.stream(small), behind)
+        assert isinstance(w, Waiter) and w.band == "standard"
+        rig.queue.tick()
+        assert not critical.future.done() and not w.future.done()  # the band holds it back
+        rig.newer_view(usage=0.0)
+        rig.queue.tick()  # room for both (7 + 1 of 10): the critical one first, then it
+        assert outcome(critical) == "pass:ok" and outcome(w) == "pass:ok"
+
+    asyncio.run(run())
+
+
+def test_nothing_waits_behind_when_no_critical_request_waits_or_the_setting_is_pass() -> None:
+    rig = waiting_rig()
+    facts = rig.facts("standard")
+    judged = rig.judge(facts)
+    assert rig.queue.behind_critical(rig.route, facts, judged) is judged  # none waits
+    plain = Rig()  # critical: pass
+    plain.pass_one()
+    verdict = plain.judge(plain.facts("standard"))
+    assert plain.queue.behind_critical(plain.route, plain.facts(), verdict) is verdict

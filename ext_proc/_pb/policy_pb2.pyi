@@ -856,7 +856,8 @@ class Queue(_message.Message):
     """What a critical request whose blocks do not fit does: "pass" (the default: it goes to
     the backend at once, over the room) or "wait" (it waits in its own band, ahead of every
     other, until its blocks fit, and passes at max_queue_wait_ms, or at once when the queue
-    is full or ICE is stopping: never refused).
+    is full or ICE is stopping: never refused; while it waits, other requests of its pool
+    that would go upstream from the same worker wait behind it).
     """
     def __init__(
         self,

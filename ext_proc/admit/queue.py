@@ -17,6 +17,8 @@ Order (``tick``, every ``poll_ms`` while anything waits, and at the earliest dea
    and it is never refused: at its deadline, when the queue is full and when ICE stops, it is
    judged once more without the wait (``Pipeline.rejudge``) and goes upstream as that
    verdict says (outcome ``passed``), over the room, as it would have without the queue.
+   While one waits, a lower band's request that would go upstream waits behind it
+   (``behind_critical``): smaller ones arriving later do not take the room it waits for.
 3. Within a band, tenants take turns, FIFO within a tenant: the tenant with the fewest
    requests in flight goes first (``started`` / ``ended``: a request of a queue-enabled
    profile that went upstream, queued or not, until its stream ends), and among equals the
@@ -61,7 +63,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ext_proc import telemetry
-from ext_proc.admit.queue_answers import H_QUEUED_MS, refusal, with_queued_ms
+from ext_proc.admit.queue_answers import H_QUEUED_MS, behind_critical, refusal, with_queued_ms
 from ext_proc.admit.stream import Stream
 from ext_proc.admit.verdict import BodyVerdict, RequestFacts
 from ext_proc.policy.decision import Downgrade, Pass, Reject, Truncated
@@ -254,6 +256,15 @@ class AdmissionQueue:
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._pump())
         return waiter
+
+    def behind_critical(
+        self, route: Route, facts: RequestFacts, verdict: BodyVerdict | None
+    ) -> BodyVerdict | None:
+        """``verdict``, or the 429 queueing it behind a critical waiter of its pool here."""
+        pool = self._pools.get(route.pool)
+        if pool is None or not pool.bands["critical"].tenants:
+            return verdict
+        return behind_critical(route, facts, verdict)
 
     def _refused_at_once(
         self, pool: _Pool, spec: QueueSpec, nbytes: int

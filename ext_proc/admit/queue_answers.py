@@ -1,20 +1,23 @@
-"""The answers the admission queue (``ext_proc.admit.queue``) gives a request as it leaves:
-the 429 of one it refuses (its first verdict's Retry-After, the pool's pressure now), and the
-``x-ice-queued-ms`` header of one it admits. Pure functions of their arguments."""
+"""The answers the admission queue (``ext_proc.admit.queue``) gives a request: the 429 of one
+it refuses (its first verdict's Retry-After, the pool's pressure now), the ``x-ice-queued-ms``
+header of one it admits, and the 429 that sends a request to wait behind a critical one
+(``behind_critical``). Pure functions of their arguments."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from ext_proc.admit.counting import H_TOKENS
 from ext_proc.admit.headeronly import H_JUDGED
 from ext_proc.admit.verdict import BodyVerdict, RequestFacts, make_verdict, with_header
-from ext_proc.policy.decision import Reject
+from ext_proc.policy.decision import Downgrade, Pass, Reject
 
 if TYPE_CHECKING:
-    from ext_proc.admit.pipeline import Pipeline, Route
+    from ext_proc.admit.pipeline import Pipeline
+    from ext_proc.admit.routing import Route
 
-__all__ = ["H_QUEUED_MS", "refusal", "with_queued_ms"]
+__all__ = ["H_QUEUED_MS", "behind_critical", "refusal", "with_queued_ms"]
 
 H_QUEUED_MS = "x-ice-queued-ms"
 
@@ -46,3 +49,27 @@ def refusal(
     if first.body is None:  # a coarse verdict's refusal says so (x-ice-judged: headers)
         verdict = with_header(verdict, H_JUDGED, "headers")
     return verdict
+
+
+def behind_critical(
+    route: Route, facts: RequestFacts, verdict: BodyVerdict | None
+) -> BodyVerdict | None:
+    """For a request judged on its body that would go upstream (pass or downgrade) while a
+    critical request of its pool waits in the worker's queue (``critical: wait``; the caller
+    knows it waits), a 429 ``kv_exhausted`` the queue takes in the request's own, lower band,
+    so that smaller requests arriving later do not take the room the critical one waits for;
+    any other verdict as it is."""
+    if verdict is None or facts.priority == "critical" or not route.profile.critical_waits:
+        return verdict
+    d, f, placed = verdict.decision, verdict.features, verdict.placement
+    if not isinstance(d, Pass | Downgrade) or f is None or placed is None:
+        return verdict
+    if verdict.body is None or verdict.pending is not None or facts.adapter is None:
+        return verdict
+    text = "A critical request waits for room on this backend; this one waits behind it."
+    wait = Reject(d.pressure, 429, "kv_exhausted", text, retry_after_s=route.profile.retry_after_s)
+    behind = make_verdict(wait, f, facts.adapter, verdict.body, placed)
+    for key, value in verdict.outcome.headers:
+        if key == H_TOKENS:  # how its input was counted, as rejudge keeps it
+            behind = with_header(behind, key, value)
+    return behind

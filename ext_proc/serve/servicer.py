@@ -163,6 +163,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         """The body phase: timeout extensions while ICE waits (truncation's embeddings, the
         admission queue), then the answer, last."""
         verdict = await self._judge(route, facts, stream, data, started)
+        verdict = self.queue.behind_critical(route, facts, verdict)
         recorded = False
         if verdict is not None and verdict.pending is not None:
             # Truncation waits on the embedding worker: ask Envoy for the time first (a

@@ -38,15 +38,11 @@ def _reset(queued: E2E) -> None:
     queued.reset()
 
 
-def post(e2e: E2E) -> tuple[float, object]:
+def post(e2e: E2E, header: tuple[str, str] = ("x-tenant", "team-a")) -> tuple[float, object]:
+    """BODY through Envoy with ``header``: (seconds taken, the reply)."""
     start = time.monotonic()
-    reply = request(
-        e2e.envoy_port,
-        "POST",
-        CHAT,
-        json.dumps(BODY).encode(),
-        {"content-type": "application/json", "x-tenant": "team-a"},
-    )
+    headers = {"content-type": "application/json", header[0]: header[1]}
+    reply = request(e2e.envoy_port, "POST", CHAT, json.dumps(BODY).encode(), headers)
     return time.monotonic() - start, reply
 
 
