@@ -225,12 +225,11 @@ class AdmissionQueue:
         refused = self._refused_at_once(pool, spec, nbytes)
         if refused is not None:
             outcome, reason, message = refused
-            if band_name == "critical":  # never refused: it goes as it would have
-                telemetry.QUEUE_OUTCOMES.labels(
-                    pool=route.pool, tenant=label, outcome="passed"
-                ).inc()
-                return pipeline.rejudge(route, facts, first)
+            critical = band_name == "critical"  # never refused: it goes as it would have
+            outcome = "passed" if critical else outcome
             telemetry.QUEUE_OUTCOMES.labels(pool=route.pool, tenant=label, outcome=outcome).inc()
+            if critical:
+                return pipeline.rejudge(route, facts, first)
             return refusal(pipeline, route, facts, first, reason, message)
         band = pool.bands[band_name]
         if tenant not in band.tenants and len(band.tenants) >= spec.max_tenants:

@@ -1,7 +1,8 @@
 """The answers the admission queue (``ext_proc.admit.queue``) gives a request: the 429 of one
 it refuses (its first verdict's Retry-After, the pool's pressure now), the ``x-ice-queued-ms``
 header of one it admits, and the 429 that sends a request to wait behind a critical one
-(``behind_critical``). Pure functions of their arguments."""
+(``behind_critical``). Functions of their arguments; ``refusal`` also reads the pool's
+pressure now from the pipeline's views."""
 
 from __future__ import annotations
 
