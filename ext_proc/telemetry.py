@@ -22,6 +22,7 @@ __all__ = [
     "DECISIONS",
     "ERRORS",
     "FORECAST_CAUTION",
+    "FORECAST_LENGTH_FACTOR",
     "FORECAST_PEAK",
     "FORECAST_WAITS",
     "HOLD_RECOUNTS",
@@ -192,6 +193,14 @@ FORECAST_CAUTION = Gauge(
     "admission: forecast: how far an endpoint's predicted outputs are moved towards their "
     "limits after a preemption (1 at the preemption, halving every recovery_s).",
     ["pool", "endpoint"],
+    multiprocess_mode="max",
+)
+FORECAST_LENGTH_FACTOR = Gauge(
+    "ice_forecast_length_factor",
+    "admission: forecast, forecast.refine: the factor f_k the backend's output lengths are "
+    "stretched by for a kind of request (profile, limit bucket: its upper bound in tokens), "
+    "from the requests ICE saw finish (1: not enough seen, or the pool's average).",
+    ["pool", "profile", "limit"],
     multiprocess_mode="max",
 )
 PRESSURE = Gauge(

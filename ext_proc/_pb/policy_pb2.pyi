@@ -750,6 +750,7 @@ class Forecast(_message.Message):
     MIN_OBSERVATIONS_FIELD_NUMBER: _builtins.int
     READ_FLOORS_FIELD_NUMBER: _builtins.int
     START_WITHIN_S_FIELD_NUMBER: _builtins.int
+    REFINE_FIELD_NUMBER: _builtins.int
     quantile: _builtins.float
     """The quantile of the pool's output-length distribution taken as a running request's
     total output, given what it has generated (the risk knob: higher admits less). 0.1..1,
@@ -775,6 +776,12 @@ class Forecast(_message.Message):
     it waits by plan the pressure score's queue term leaves it out. 0..60, default 0: it
     must fit now.
     """
+    refine: _builtins.bool
+    """Whether the length distribution is refined per kind of request (this profile, and the
+    bucket of its output limit: 64, 256, 1024, 4096, 16384 tokens, above) from the requests
+    ICE saw finish: the backend's histogram stretched by the kind's mean output over the
+    pool's (docs/forecast.md, "Kinds of request"). Default true.
+    """
     def __init__(
         self,
         *,
@@ -784,10 +791,11 @@ class Forecast(_message.Message):
         min_observations: _builtins.int | None = ...,
         read_floors: _builtins.bool | None = ...,
         start_within_s: _builtins.float | None = ...,
+        refine: _builtins.bool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_margin", b"_margin", "_min_observations", b"_min_observations", "_quantile", b"_quantile", "_read_floors", b"_read_floors", "_recovery_s", b"_recovery_s", "_start_within_s", b"_start_within_s", "margin", b"margin", "min_observations", b"min_observations", "quantile", b"quantile", "read_floors", b"read_floors", "recovery_s", b"recovery_s", "start_within_s", b"start_within_s"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_margin", b"_margin", "_min_observations", b"_min_observations", "_quantile", b"_quantile", "_read_floors", b"_read_floors", "_recovery_s", b"_recovery_s", "_refine", b"_refine", "_start_within_s", b"_start_within_s", "margin", b"margin", "min_observations", b"min_observations", "quantile", b"quantile", "read_floors", b"read_floors", "recovery_s", b"recovery_s", "refine", b"refine", "start_within_s", b"start_within_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_margin", b"_margin", "_min_observations", b"_min_observations", "_quantile", b"_quantile", "_read_floors", b"_read_floors", "_recovery_s", b"_recovery_s", "_start_within_s", b"_start_within_s", "margin", b"margin", "min_observations", b"min_observations", "quantile", b"quantile", "read_floors", b"read_floors", "recovery_s", b"recovery_s", "start_within_s", b"start_within_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_margin", b"_margin", "_min_observations", b"_min_observations", "_quantile", b"_quantile", "_read_floors", b"_read_floors", "_recovery_s", b"_recovery_s", "_refine", b"_refine", "_start_within_s", b"_start_within_s", "margin", b"margin", "min_observations", b"min_observations", "quantile", b"quantile", "read_floors", b"read_floors", "recovery_s", b"recovery_s", "refine", b"refine", "start_within_s", b"start_within_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__margin: _TypeAlias = _typing.Literal["margin"]  # noqa: Y015
     _WhichOneofArgType__margin: _TypeAlias = _typing.Literal["_margin", b"_margin"]  # noqa: Y015
@@ -799,6 +807,8 @@ class Forecast(_message.Message):
     _WhichOneofArgType__read_floors: _TypeAlias = _typing.Literal["_read_floors", b"_read_floors"]  # noqa: Y015
     _WhichOneofReturnType__recovery_s: _TypeAlias = _typing.Literal["recovery_s"]  # noqa: Y015
     _WhichOneofArgType__recovery_s: _TypeAlias = _typing.Literal["_recovery_s", b"_recovery_s"]  # noqa: Y015
+    _WhichOneofReturnType__refine: _TypeAlias = _typing.Literal["refine"]  # noqa: Y015
+    _WhichOneofArgType__refine: _TypeAlias = _typing.Literal["_refine", b"_refine"]  # noqa: Y015
     _WhichOneofReturnType__start_within_s: _TypeAlias = _typing.Literal["start_within_s"]  # noqa: Y015
     _WhichOneofArgType__start_within_s: _TypeAlias = _typing.Literal["_start_within_s", b"_start_within_s"]  # noqa: Y015
     @_typing.overload
@@ -811,6 +821,8 @@ class Forecast(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__read_floors) -> _WhichOneofReturnType__read_floors | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__recovery_s) -> _WhichOneofReturnType__recovery_s | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__refine) -> _WhichOneofReturnType__refine | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__start_within_s) -> _WhichOneofReturnType__start_within_s | None: ...
 

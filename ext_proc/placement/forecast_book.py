@@ -26,6 +26,10 @@ a request is judged against (``ext_proc.placement.forecast`` has the formulas).
   the new request (its prompt blocks now, its predicted total ahead, its sequences), and
   start = ``KvFit.need(shape, 1)``, the blocks it takes the moment it starts: so a request
   is admitted only when the forecast peak fits the budget *and* it fits the free blocks now.
+- **Kinds** (``ext_proc.placement.lengths``): when a trajectory's stream ends, its ĝ at the
+  last outlook read for its endpoint is one observation of its kind (profile, limit
+  bucket); under ``forecast.refine`` an outlook's lengths of kind k are the backend's,
+  stretched by f_k.
 - **The wait** (``forecast.start_within_s`` W > 0): a request whose start does not fit the
   free blocks now is admitted when, at the first predicted end within W where it does (the
   backend starts a waiting request as soon as its blocks fit), the peak with it fits the
@@ -42,12 +46,13 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from ext_proc import telemetry
 from ext_proc.placement.forecast import Outlook, Peaks, Trajectory, slot_tokens
 from ext_proc.placement.inflight import Endpoint
+from ext_proc.placement.lengths import LIMIT_LABELS, Kind, ObservedLengths, limit_bucket
 from ext_proc.policy.kvfit import KvFit, Shape
 from ext_proc.policy.model import Profile
 from ext_proc.signals.snapshot import BackendSignals
@@ -75,6 +80,10 @@ class ForecastBook:
         # (pool, shape, output limit) → (predicted start, when judged): the requests the fit
         # admitted to start within the wait, until ``PoolViews.hold`` takes their start
         self._planned: dict[tuple[str, Shape, int], tuple[float, float]] = {}
+        self.lengths = ObservedLengths()  # what ICE saw finish, by kind
+        # (pool, endpoint) and (pool, None) → the last outlook read there: a finished
+        # trajectory's ĝ is read with it
+        self._looks: dict[tuple[str, str | None], Outlook] = {}
 
     def add(self, pool: str, endpoint: str, t: Trajectory) -> None:
         self.items.setdefault(pool, {}).setdefault(endpoint, {})[id(t)] = t
@@ -83,6 +92,16 @@ class ForecastBook:
     def remove(self, pool: str, endpoint: str, t: Trajectory) -> None:
         if self.items.get(pool, {}).get(endpoint, {}).pop(id(t), None) is not None:
             self._version += 1
+
+    def finished(self, pool: str, endpoint: str, t: Trajectory) -> None:
+        """``t``'s stream ended: its ĝ now, at the endpoint's last outlook (the pool's when
+        the endpoint has none), is one observation of its kind; none for a request held
+        whole or with the decode rate unknown."""
+        look = self._looks.get((pool, endpoint)) or self._looks.get((pool, None))
+        if t.whole is not None or look is None or not look.rate:
+            return
+        g = look.generated(t, time.monotonic())
+        self.lengths.observe(pool, (t.kind, limit_bucket(t.limit)), g)
 
     def changed(self) -> None:
         """A trajectory in the book changed (``PoolViews.shrink``): fits are computed again."""
@@ -132,7 +151,11 @@ class ForecastBook:
         self._caution[key] = (c0, t0, seen)
         return c0 * math.pow(2.0, -max(0.0, now_s - t0) / recovery_s) if c0 else 0.0
 
-    def outlook(self, profile: Profile, pool: str, b: BackendSignals, bs: int) -> Outlook:
+    def outlook(
+        self, profile: Profile, pool: str, b: BackendSignals, bs: int, endpoint: str | None = None
+    ) -> Outlook:
+        """The forecast's reading of backend ``b`` (at ``endpoint``; None: any) for
+        ``profile`` (the module docstring)."""
         now = time.monotonic()
         rate = 1.0 / b.itl_mean_s if b.itl_mean_s else None
         d = b.derived
@@ -143,7 +166,20 @@ class ForecastBook:
         spec = profile.forecast
         busy = any(self.items.get(pool, {}).values())
         c = self.caution(pool, b, spec.recovery_s, now, busy)
-        return Outlook(rate, b.output_lengths, c, bs, spec, delay, b.limit_share or 0.0)
+        factor = self._factor(pool, spec.min_observations) if spec.refine else None
+        share = b.limit_share or 0.0
+        look = Outlook(rate, b.output_lengths, c, bs, spec, delay, share, profile.name, factor)
+        self._looks[(pool, endpoint)] = self._looks[(pool, None)] = look
+        return look
+
+    def _factor(self, pool: str, min_observations: int) -> Callable[[Kind], float]:
+        def factor(kind: Kind) -> float:
+            f = self.lengths.factor(pool, kind, min_observations)
+            bucket = LIMIT_LABELS[kind[1]]
+            telemetry.FORECAST_LENGTH_FACTOR.labels(pool=pool, profile=kind[0], limit=bucket).set(f)
+            return f
+
+        return factor
 
     def fits(
         self,
@@ -239,7 +275,7 @@ class ForecastBook:
         last = self._last.get((pool, endpoint))
         if last is not None and last[0] == inputs and now - last[1] < REUSE_S:
             return last[2]
-        look = self.outlook(profile, pool, backend, base.block_size)
+        look = self.outlook(profile, pool, backend, base.block_size, endpoint)
         peaks = Peaks(self._states(pool, endpoint, endpoints, look, now), base.block_size, others)
         u, f = base.usable_blocks, base.free_blocks
         other = max(0, (u - f) - peaks.now_blocks)

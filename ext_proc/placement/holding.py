@@ -64,7 +64,7 @@ class Holding:
         floor = min(shape.floor, output) if profile.forecast.read_floors else 0
         tokens = slot_tokens(shape, profile)
         trajectory = Trajectory(
-            at, fit.need(shape, 0), shape.sequences, output, floor, None, tokens
+            at, fit.need(shape, 0), shape.sequences, output, floor, None, tokens, kind=profile.name
         )
         if profile.admission == "forecast":  # held at its predicted total (ForecastBook)
             trajectory.runs_s = self.book.planned_start(pool.pool, shape, output, at)
@@ -156,14 +156,17 @@ class Holding:
         if self.remote is not None:
             self.remote.released(hold.pool, hold.endpoint, total)
 
-    def release(self, hold: Hold) -> None:
-        """``hold``'s request is over (its stream ended): its blocks are no longer reserved.
-        Idempotent."""
+    def release(self, hold: Hold, finished: bool = True) -> None:
+        """``hold``'s request is over (its stream ended): its blocks are no longer reserved,
+        and its length (``finished``) is one observation of its kind. Idempotent."""
         if hold.released:
             return
         hold.released = True
-        if hold.trajectory is not None:
-            self.book.remove(hold.pool, hold.endpoint, hold.trajectory)
+        t = hold.trajectory
+        if t is not None:
+            self.book.remove(hold.pool, hold.endpoint, t)
+            if finished:
+                self.book.finished(hold.pool, hold.endpoint, t)
         if not hold.live:
             return
         pool = self.live.setdefault(hold.pool, {})
@@ -182,7 +185,7 @@ class Holding:
             self.shared.publish(key, time.monotonic(), -hold.blocks)
         remote, self.remote = self.remote, None  # the caller's next reservation says it
         try:
-            self.release(hold)
+            self.release(hold, finished=False)  # it never ran
         finally:
             self.remote = remote
 

@@ -45,6 +45,7 @@ def admission_settings(msg: policy_pb2.Profile, where: str) -> AdmissionSettings
         ),
         read_floors=f.read_floors if f.HasField("read_floors") else d.read_floors,
         start_within_s=_bounded(f, "start_within_s", d.start_within_s, 0.0, 60.0, where),
+        refine=f.refine if f.HasField("refine") else d.refine,
     )
     default = None
     if msg.HasField("default_output_tokens"):

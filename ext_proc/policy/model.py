@@ -114,6 +114,7 @@ class ForecastSpec:
     min_observations: int = 20  # finished requests before the distribution is trusted
     read_floors: bool = True  # min_tokens / ignore_eos bound the prediction from below
     start_within_s: float = 0.0  # admit what will start within this wait (0: fits now)
+    refine: bool = True  # lengths per profile and limit bucket (ext_proc.placement.lengths)
 
 
 @dataclass(frozen=True, slots=True)
