@@ -190,8 +190,8 @@ FORECAST_WAITS = Counter(
 
 FORECAST_CAUTION = Gauge(
     "ice_forecast_caution",
-    "admission: forecast: how far an endpoint's predicted outputs are moved towards their "
-    "limits after a preemption (1 at the preemption, halving every recovery_s).",
+    "admission: forecast: how far an endpoint's output quantile is raised towards 1 after a "
+    "preemption, q' = q + c(1 - q) (1 at the preemption, halving every recovery_s).",
     ["pool", "endpoint"],
     multiprocess_mode="max",
 )

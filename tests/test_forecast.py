@@ -77,8 +77,16 @@ def test_past_the_history_a_request_runs_as_long_again() -> None:
 
 def test_caution_moves_the_total_towards_the_limit() -> None:
     # 775 + 0.5 × (5000 − 775) = 2887.5 → 2888
-    assert remaining_total(LENGTHS, 0.9, 0, 5000, caution=0.5) == 2888
-    assert remaining_total(LENGTHS, 0.9, 0, 5000, caution=1.0) == 5000
+    # q' = 0.9 + 0.5 × 0.1 = 0.95: target 95 → 100 + 900 × 35/40 = 887.5 → 888
+    assert remaining_total(LENGTHS, 0.9, 0, 5000, caution=0.5) == 888
+    # c 1: q' 1, target 100: the top of the highest bucket observed (1000), not the limit
+    assert remaining_total(LENGTHS, 0.9, 0, 5000, caution=1.0) == 1000
+    # where requests run to their limits (p 0.2) the target passes N: the limit
+    assert remaining_total(LENGTHS, 0.9, 0, 5000, caution=1.0, limit_share=0.2) == 5000
+    # p 0.2, c 0.5: q' 0.95, target 0.95 × 125 = 118.75 > 100: the limit
+    assert remaining_total(LENGTHS, 0.9, 0, 5000, caution=0.5, limit_share=0.2) == 5000
+    # without a trusted history the limit either way
+    assert remaining_total(None, 0.5, 0, 5000, caution=0.5) == 5000
 
 
 def test_a_share_of_requests_that_ran_to_their_limit_lengthens_the_total() -> None:

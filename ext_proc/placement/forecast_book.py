@@ -13,9 +13,10 @@ a request is judged against (``ext_proc.placement.forecast`` has the formulas).
 - **Caution** c of an endpoint: 1 when its ``vllm:num_preemptions_total`` rose since the
   last view this worker read while requests it passed to the pool were running, then
   halving every ``forecast.recovery_s`` seconds:
-  c(t) = c₀ × 2^(−(t − t₀) / recovery_s). Predicted outputs move towards their limits by c
-  (``ext_proc.policy.outlen``): after a preemption ICE admits as ``reserve`` would, and
-  returns to the forecast as the endpoint stays calm.
+  c(t) = c₀ × 2^(−(t − t₀) / recovery_s). It raises the quantile of the predicted
+  outputs, q' = q + c × (1 − q) (``ext_proc.policy.outlen``): after a preemption ICE holds
+  each request at the longest the pool has run (its limit where requests run to their
+  limits), and returns to the forecast as the endpoint stays calm.
 - **The fit** of an endpoint e with usable U, free F (the view), unseen ledger blocks A
   (requests passed since the view, ``PoolViews``), the other workers' live holds O_e:
       budget = floor(U × (1 − margin)) − max(0, (U − F) − b_now − O_e)

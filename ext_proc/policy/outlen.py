@@ -37,9 +37,16 @@ as long again as it has (T = 2 × max(g, the largest finite bucket bound below t
 the remaining length of a heavy tail grows with its age), capped at the limit; jumping to
 the limit there held every long-running request at its whole limit (a bench run: forecast
 peaks of 33–41 blocks on a 23-block pool while vLLM used at most 23). ``caution``
-c ∈ [0, 1] (raised by preemptions, ``ext_proc.placement.forecast_book``) moves the total
-towards the limit:
-total' = total + c × (limit − total), rounded up.
+c ∈ [0, 1] (raised by preemptions, ``ext_proc.placement.forecast_book``) raises the
+quantile towards 1:
+
+    q' = q + c × (1 − q)
+
+so right after a preemption (c = 1) a request is expected to run as long as the longest
+the pool has run (the target is N: the top of the highest bucket holding an observation),
+or to its limit when requests do run to their limits (p > 0: the target passes N). Moving
+the total itself to the limit held a request without one at ``max_model_len`` − prompt:
+one preemption shut the gate to every such request for several half-lives.
 """
 
 from __future__ import annotations
@@ -101,6 +108,7 @@ def remaining_total(
     the module docstring); ``limit_share``: p."""
     total = limit
     p = min(1.0, max(0.0, limit_share))
+    q = q + min(1.0, max(0.0, caution)) * (1.0 - q)  # caution raises the quantile
     if h is not None and h.counts and h.counts[-1] >= min_observations and p < 1.0:
         n = h.counts[-1]
         f_g = cdf_at(h, generated)
@@ -112,6 +120,4 @@ def remaining_total(
         if x is None:  # past the history: as long again
             x = 2.0 * max(generated, _last_bound(h))
         total = min(limit, max(floor, generated, math.ceil(x - 1e-9)))
-    if caution > 0.0 and total < limit:
-        total = min(limit, math.ceil(total + min(1.0, caution) * (limit - total) - 1e-9))
     return max(0, total)
