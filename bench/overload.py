@@ -391,6 +391,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="with --admission forecast: forecast.start_within_s (admit what starts by then)",
     )
     ap.add_argument(
+        "--refine",
+        choices=("on", "off"),
+        default=None,
+        help="with --admission forecast: forecast.refine (lengths per kind of request)",
+    )
+    ap.add_argument(
         "--history",
         type=int,
         default=0,
@@ -496,6 +502,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "quantile": args.quantile,
             "margin": args.margin,
             "start_within_s": args.start_within_s,
+            "refine": args.refine,
         },
         "modes": [a.name for a in arms],
         "rounds": args.rounds,
@@ -542,6 +549,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         ("quantile", args.quantile),
                         ("margin", args.margin),
                         ("start_within_s", args.start_within_s),
+                        ("refine", None if args.refine is None else args.refine == "on"),
                     )
                     if v is not None
                 },
