@@ -402,3 +402,33 @@ def test_the_forecast_reads_lengths_decode_rate_and_preemptions_from_vllms_page(
     assert b.preemptions == 3.0
     look = ForecastBook().outlook(Profile(name="p"), "pool", b, 16)
     assert look.rate == pytest.approx(50.0)
+
+
+@pytest.mark.parametrize(
+    ("window_rate", "running", "rate"),
+    [
+        (None, 4.0, 50.0),  # no window: 1 / 20 ms
+        (120.0, 4.0, 30.0),  # 120 tok/s over 4 running sequences is slower than 50
+        (120.0, 1.0, 50.0),  # 120 over 1 is faster: the mean since start bounds it
+        (120.0, 0.0, 50.0),  # the running gauge counts at least 1
+    ],
+)
+def test_the_decode_rate_is_the_slower_of_the_mean_latency_and_the_window_rate_per_sequence(
+    window_rate: float | None, running: float, rate: float
+) -> None:
+    derived = Derived(window_s=10.0, generation_tokens_per_s=window_rate, ttft_p50_s=0.25)
+    b = BackendSignals(url="u", itl_mean_s=0.02, num_requests_running=running, derived=derived)
+    assert b.decode_rate == pytest.approx(rate)
+    assert b.first_token_delay_s == 0.25
+    look = ForecastBook().outlook(Profile(name="p"), "pool", b, 16)
+    assert (look.rate, look.delay_s) == (pytest.approx(rate), 0.25)
+
+
+def test_without_the_latency_histogram_there_is_no_decode_rate_and_no_delay_without_a_window() -> (
+    None
+):
+    assert (
+        BackendSignals(url="u", derived=Derived(10.0, generation_tokens_per_s=99.0)).decode_rate
+        is None
+    )
+    assert BackendSignals(url="u", itl_mean_s=0.02).first_token_delay_s == 0.0

@@ -24,7 +24,7 @@ DCGM = DATA / "signals" / "dcgm_metrics.txt"
 def test_table_for_a_saved_vllm_page(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([str(PREEMPTING)]) == 0
     out = capsys.readouterr().out
-    rows = dict(line.split(None, 1) for line in out.splitlines() if "(" not in line)
+    rows = dict(line.split(None, 1) for line in out.splitlines() if line and "(" not in line)
     assert rows["kind"] == "vllm" and rows["kv_cache_usage"] == "0.9565"
     assert rows["num_requests_waiting"] == "13" and rows["num_gpu_blocks"] == "24"
     assert "28 observations, p50 3.75 s" in out  # le=2.5 → 10, le=5 → 18: 2.5 + 2.5·4/8
@@ -185,3 +185,37 @@ def test_nvml_source_answers_or_says_why(capsys: pytest.CaptureFixture[str]) -> 
     rc = main(["nvml"])
     captured = capsys.readouterr()
     assert (rc, bool(captured.err)) in ((0, False), (1, True))
+
+
+def test_table_shows_what_the_forecast_reads(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(PREEMPTING)]) == 0
+    rows = _rows(capsys.readouterr().out)
+    # ITL sum 32.3095 s over 4,821 gaps: 6.70 ms, 149.2 tokens/s per sequence
+    assert rows["forecast: decode rate"] == (
+        "149.2 tok/s (1 / mean inter-token latency since start)"
+    )
+    assert rows["forecast: limit share"] == "1"  # 25 of 25 finished at their limit
+    # one page: no window, so neither the delay nor a preemption rise is known
+    assert rows["forecast: first-token delay"] == "-"
+    assert rows["forecast: caution"] == "-"
+
+
+def test_window_says_when_the_preemption_counter_rose(
+    served: tuple[str, list[bytes]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, pages = served
+    pages += [
+        (DATA / "vllm_cpu" / f"metrics_{n}.txt").read_bytes() for n in ("loaded", "preempting")
+    ]
+    assert main([url, "--json", "--window", "0.05"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    f, d = doc["forecast"], doc["derived"]
+    # 4,108 tokens within ~0.05 s over 3 running is far above 149.2: the mean latency binds
+    assert f["decode_rate_tok_per_s"] == pytest.approx(4821 / 32.30954410700042)
+    assert f["rate_from"] == "itl_mean"
+    assert f["first_token_delay_s"] == d["ttft_p50_s"] > 0
+    assert (f["preemptions_in_window"], f["caution_raised"]) == (2, True)  # 0 → 2
+    pages[:] = [PREEMPTING.read_bytes()]  # the same page twice: no rise
+    assert main([url, "--window", "0.05"]) == 0
+    rows = _rows(capsys.readouterr().out)
+    assert (rows["forecast: preemptions in window"], rows["forecast: caution"]) == ("0", "no rise")

@@ -2,7 +2,8 @@
 trajectories of the requests it passed, the caution preemptions raise, and the ``KvFit``
 a request is judged against (``ext_proc.placement.forecast`` has the formulas).
 
-- **Decode rate** r of an endpoint (tokens per second per running sequence): 1 ÷ the mean
+- **Decode rate** r of an endpoint (tokens per second per running sequence,
+  ``BackendSignals.decode_rate``): 1 ÷ the mean
   of its ``vllm:inter_token_latency_seconds`` since it started (the histogram's sum ÷
   count), or, when lower, its ``generation_tokens_per_s`` over the pool's window ÷
   max(1, ``num_requests_running``): the mean since start is mostly light load, and under
@@ -158,12 +159,7 @@ class ForecastBook:
         """The forecast's reading of backend ``b`` (at ``endpoint``; None: any) for
         ``profile`` (the module docstring)."""
         now = time.monotonic()
-        rate = 1.0 / b.itl_mean_s if b.itl_mean_s else None
-        d = b.derived
-        if rate is not None and d is not None and d.generation_tokens_per_s is not None:
-            # under load a sequence decodes slower than the mean since start says
-            rate = min(rate, d.generation_tokens_per_s / max(1.0, b.num_requests_running or 0))
-        delay = d.ttft_p50_s if d is not None and d.ttft_p50_s is not None else 0.0
+        rate, delay = b.decode_rate, b.first_token_delay_s
         spec = profile.forecast
         busy = any(self.items.get(pool, {}).values())
         c = self.caution(pool, b, spec.recovery_s, now, busy)

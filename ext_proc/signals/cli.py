@@ -6,7 +6,11 @@ the normalised record(s) as a table, or with ``--json`` every field as JSON (his
 as numbers, the last one ``"+Inf"``). ``--window S`` (URLs) scrapes twice, S seconds apart,
 and adds the rates and windowed quantiles ICE derives (among them vLLM's own valve:
 admission rejections per second, and whether it rejected any between the two scrapes).
-``sleep_state`` is vLLM's engine sleep state (anything but ``awake``: asleep).
+``sleep_state`` is vLLM's engine sleep state (anything but ``awake``: asleep). The
+``forecast`` rows are what ``admission: forecast`` reads of the source
+(``docs/forecast.md``): the decode rate r per running sequence, the first-token delay d, the
+limit share and, with ``--window``, whether the preemption counter rose (a worker with
+requests running there would raise its caution to 1).
 
 Exit status: 0 shown; 1 the source could not be read or parsed (one line on stderr);
 2 bad arguments.
@@ -27,7 +31,7 @@ from typing import Any
 
 from ext_proc.signals.model import Derived, EngineScrape, GpuScrape, Histogram
 from ext_proc.signals.parse import SourceParseError, detect_kind, parse_dcgm, parse_engine
-from ext_proc.signals.poolbuild import limit_share
+from ext_proc.signals.poolbuild import backend_signals, limit_share
 from ext_proc.signals.window import derive, histogram_quantile
 
 __all__ = ["main"]
@@ -169,6 +173,48 @@ def _derived_table(d: Derived) -> list[tuple[str, str]]:
     ]
 
 
+def _forecast(first: EngineScrape, newest: EngineScrape, derived: Derived | None) -> dict[str, Any]:
+    """What the forecast reads of the source (the module docstring)."""
+    b = backend_signals(newest, derived)
+    rose: float | None = None
+    if derived is not None and first.preemptions is not None and newest.preemptions is not None:
+        rose = max(0.0, newest.preemptions - first.preemptions)
+    return {
+        "decode_rate_tok_per_s": b.decode_rate,
+        "rate_from": (
+            None
+            if b.decode_rate is None
+            else "window"
+            if b.itl_mean_s and b.decode_rate < 1.0 / b.itl_mean_s
+            else "itl_mean"
+        ),
+        "first_token_delay_s": b.first_token_delay_s if derived is not None else None,
+        "limit_share": b.limit_share,
+        "preemptions_in_window": rose,
+        "caution_raised": None if rose is None else rose > 0,
+    }
+
+
+def _forecast_table(f: dict[str, Any], windowed: bool) -> list[tuple[str, str]]:
+    how = {
+        "itl_mean": "1 / mean inter-token latency since start",
+        "window": "window generation rate / running",
+    }.get(f["rate_from"] or "", "no inter-token latency histogram")
+    if f["caution_raised"] is None:
+        caution = "-" if not windowed else "- (no preemption counter)"
+    elif f["caution_raised"]:
+        caution = "rose: a worker with requests running here raises its caution to 1"
+    else:
+        caution = "no rise"
+    return [
+        ("forecast: decode rate", f"{_num(f['decode_rate_tok_per_s'], 'tok/s')} ({how})"),
+        ("forecast: first-token delay", _num(f["first_token_delay_s"], "s")),
+        ("forecast: limit share", _num(f["limit_share"])),
+        ("forecast: preemptions in window", _num(f["preemptions_in_window"])),
+        ("forecast: caution", caution),
+    ]
+
+
 def _table(rows: Sequence[tuple[str, str]]) -> str:
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
@@ -230,16 +276,20 @@ def _run(args: argparse.Namespace) -> int:
         text = _read(args.source, args.timeout)
         newest = parse_engine(kind, args.source, text, time.monotonic())
         derived = derive([first, newest], args.window + 1.0)
+    forecast = _forecast(first, newest, derived)
     if args.json:
         out: dict[str, Any] = {"scrape": _record(newest)}
         if derived is not None:
             out["derived"] = _record(derived)
+        out["forecast"] = _jsonable(forecast)
         print(json.dumps(out, indent=2))
     else:
         print(_table(_engine_table(newest)))
         if derived is not None:
             print()
             print(_table(_derived_table(derived)))
+        print()
+        print(_table(_forecast_table(forecast, derived is not None)))
     return 0
 
 

@@ -61,6 +61,29 @@ class BackendSignals:
         return self.derived is not None and self.derived.admission_rejected_recently is True
 
     @property
+    def decode_rate(self) -> float | None:
+        """Tokens a second one running sequence generates, as the forecast reads it
+        (``docs/forecast.md``): 1 ÷ ``itl_mean_s``, or, when lower, the window's
+        ``generation_tokens_per_s`` ÷ max(1, ``num_requests_running``). None without the
+        latency histogram (no window rate alone: it swings with the running gauge)."""
+        if not self.itl_mean_s:
+            return None
+        rate = 1.0 / self.itl_mean_s
+        d = self.derived
+        if d is not None and d.generation_tokens_per_s is not None:
+            # under load a sequence decodes slower than the mean since start says
+            running = max(1.0, self.num_requests_running or 0.0)
+            rate = min(rate, d.generation_tokens_per_s / running)
+        return rate
+
+    @property
+    def first_token_delay_s(self) -> float:
+        """d: seconds from a request's start to its first token, the window's TTFT p50
+        (0 when the window has none)."""
+        d = self.derived
+        return d.ttft_p50_s if d is not None and d.ttft_p50_s is not None else 0.0
+
+    @property
     def kv_capacity_tokens(self) -> int | None:
         if self.num_gpu_blocks is None or self.block_size is None:
             return None
