@@ -160,3 +160,12 @@ def test_a_histogram_scaled_keeps_the_inf_bucket() -> None:
     tail = Histogram(bounds=(10, math.inf), counts=(50, 100), count=100, sum=1000.0)
     got = scaled(tail, 2.0)
     assert got.bounds == (20, math.inf) and got.sum == 2000.0
+
+
+def test_outlooks_of_the_same_readings_are_equal_and_hashable_whatever_they_memoised() -> None:
+    factors = {("chat", 2): 0.5}
+    a = Outlook(10.0, LENGTHS, 0.0, 16, SPEC, profile="chat", factor=factors.__getitem__)
+    b = Outlook(10.0, LENGTHS, 0.0, 16, SPEC, profile="chat", factor=lambda k: 1.0)
+    a.lengths_of(("chat", 2))  # memoises the stretched histogram in ``a`` only
+    assert a == b and hash(a) == hash(b)
+    assert a != Outlook(20.0, LENGTHS, 0.0, 16, SPEC, profile="chat")

@@ -102,8 +102,11 @@ class Outlook:
     limit_share: float = 0.0  # p: finished requests that ran to their limit (outlen)
     # the profile judged, and f_k of a kind (``ext_proc.placement.lengths``; None: all 1)
     profile: str = ""
-    factor: Callable[[Kind], float] | None = None
-    _refined: dict[Kind, Histogram | None] = field(default_factory=dict, init=False, repr=False)
+    # not compared: two outlooks of the same readings are equal whatever they memoised
+    factor: Callable[[Kind], float] | None = field(default=None, compare=False)
+    _refined: dict[Kind, Histogram | None] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def lengths_of(self, kind: Kind) -> Histogram | None:
         """The length distribution of ``kind``: the backend's, bounds × f_k."""
