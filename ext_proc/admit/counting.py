@@ -22,6 +22,14 @@ The factors are the model's tokenizer's own (``ExactCounter.bounds``: measured a
 generated calibration sample, ``ext_proc.tokencount.calibration``, never narrower than
 ESTIMATE_LOW = 0.5 and ESTIMATE_HIGH = 2.0, which ``bounds`` uses when given none).
 
+A request the estimate refused and that waits in the admission queue (``exact_to_wait``) is
+counted exactly before it waits: the refusal was right (every count between the bounds is
+refused), but the queue judges it again as room comes, and at the upper bound a 120-token
+chat turn would wait for ~1,000 tokens of room (measured on the tiny model's byte-fallback
+tokenizer: 7–8 blocks of 128 for a 1-block prompt). Counting costs it nothing it would feel:
+it waits anyway. Bodies over ``exact_count_inline_bytes`` keep the estimate (their count
+belongs in the helper process).
+
 Invariant: pure functions; ``bounds`` never returns lo > hi.
 """
 
@@ -32,10 +40,19 @@ from dataclasses import replace
 from typing import Any
 
 from ext_proc.admit.headeronly import coarse_tokens
+from ext_proc.admit.verdict import BodyVerdict
 from ext_proc.policy.decision import Decision, Pass, Reject
 from ext_proc.schemas import RequestFeatures
 
-__all__ = ["ESTIMATE_HIGH", "ESTIMATE_LOW", "H_TOKENS", "bounds", "exact_count", "same_verdict"]
+__all__ = [
+    "ESTIMATE_HIGH",
+    "ESTIMATE_LOW",
+    "H_TOKENS",
+    "bounds",
+    "exact_count",
+    "exact_to_wait",
+    "same_verdict",
+]
 
 ESTIMATE_LOW = 0.5
 ESTIMATE_HIGH = 2.0
@@ -102,3 +119,20 @@ def exact_count(
         input_tokens_source="exact",
         count_mode=counter.count_mode,
     )
+
+
+def exact_to_wait(counters: Any, inline_bytes: int, first: BodyVerdict) -> BodyVerdict:
+    """``first`` (a verdict about to wait in the queue) with its features counted exactly,
+    and ``x-ice-tokens: exact``, when the estimate decided it and its body is at most
+    ``inline_bytes``; otherwise as it is (the module docstring)."""
+    f, body = first.features, first.body
+    if counters is None or f is None or body is None or f.input_tokens_source == "exact":
+        return first
+    if len(body.raw) > inline_bytes or counters.counter_for(f.model) is None:
+        return first
+    exact = exact_count(counters, f, body.doc.values, len(body.raw))
+    if exact.input_tokens_source != "exact":
+        return first
+    headers = [(k, v) for k, v in first.outcome.headers if k != H_TOKENS]
+    outcome = replace(first.outcome, headers=[*headers, (H_TOKENS, "exact")])
+    return replace(first, features=exact, outcome=outcome)

@@ -63,6 +63,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ext_proc import telemetry
+from ext_proc.admit.counting import exact_to_wait
 from ext_proc.admit.queue_answers import H_QUEUED_MS, behind_critical, refusal, with_queued_ms
 from ext_proc.admit.stream import Stream
 from ext_proc.admit.verdict import BodyVerdict, RequestFacts
@@ -220,6 +221,7 @@ class AdmissionQueue:
         if label:
             pool.labels.add(label)
         label = label or OTHER_TENANT
+        first = exact_to_wait(pipeline.counters, pipeline.policy.exact_count_inline_bytes, first)
         nbytes = len(first.body.raw) if first.body is not None else 0
         band_name = _band(route, facts, first)
         refused = self._refused_at_once(pool, spec, nbytes)
