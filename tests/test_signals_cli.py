@@ -8,6 +8,7 @@ import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -138,15 +139,23 @@ def served() -> Iterator[tuple[str, list[bytes]]]:
         server.server_close()
 
 
-def test_url_with_window_adds_rates(
+def _loaded_then_preempting(
     served: tuple[str, list[bytes]], capsys: pytest.CaptureFixture[str]
-) -> None:
+) -> dict[str, Any]:
+    """``--json --window`` over the tiny vLLM's loaded page, then its preempting one."""
     url, pages = served
     pages += [
         (DATA / "vllm_cpu" / f"metrics_{n}.txt").read_bytes() for n in ("loaded", "preempting")
     ]
     assert main([url, "--json", "--window", "0.05"]) == 0
-    doc = json.loads(capsys.readouterr().out)
+    doc: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return doc
+
+
+def test_url_with_window_adds_rates(
+    served: tuple[str, list[bytes]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = _loaded_then_preempting(served, capsys)
     assert doc["scrape"]["num_requests_waiting"] == 13  # the second page
     d = doc["derived"]
     assert d["window_s"] > 0 and d["preemptions_per_s"] > 0
@@ -204,11 +213,7 @@ def test_window_says_when_the_preemption_counter_rose(
     served: tuple[str, list[bytes]], capsys: pytest.CaptureFixture[str]
 ) -> None:
     url, pages = served
-    pages += [
-        (DATA / "vllm_cpu" / f"metrics_{n}.txt").read_bytes() for n in ("loaded", "preempting")
-    ]
-    assert main([url, "--json", "--window", "0.05"]) == 0
-    doc = json.loads(capsys.readouterr().out)
+    doc = _loaded_then_preempting(served, capsys)
     f, d = doc["forecast"], doc["derived"]
     # 4,108 tokens within ~0.05 s over 3 running is far above 149.2: the mean latency binds
     assert f["decode_rate_tok_per_s"] == pytest.approx(4821 / 32.30954410700042)
