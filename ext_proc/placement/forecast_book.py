@@ -2,15 +2,12 @@
 trajectories of the requests it passed, the caution preemptions raise, and the ``KvFit``
 a request is judged against (``ext_proc.placement.forecast`` has the formulas).
 
-- **Decode rate** r of an endpoint (tokens per second per running sequence,
-  ``BackendSignals.decode_rate``): 1 ÷ the mean
-  of its ``vllm:inter_token_latency_seconds`` since it started (the histogram's sum ÷
-  count), or, when lower, its ``generation_tokens_per_s`` over the pool's window ÷
-  max(1, ``num_requests_running``): the mean since start is mostly light load, and under
-  load a sequence decodes slower; neither alone is trusted upwards (the window rate ÷ the
-  running gauge swung 110–340 tok/s within a second on the bench). None when the page lacks
-  the latency histogram. The first token comes d = the window's TTFT p50 after the start
-  (0 unknown). A g estimated too high only moves a request's blocks from "ahead" to "now".
+- **Decode rate** r of an endpoint (tokens per second per running sequence) and the
+  first-token delay d: ``BackendSignals.decode_rate`` and ``first_token_delay_s`` (the
+  slower of 1 ÷ the mean inter-token latency since start and the window's generation rate
+  ÷ running: the window rate ÷ the running gauge swung 110–340 tok/s within a second on the
+  bench, so neither alone is trusted upwards; d the window's TTFT p50). A g estimated too
+  high only moves a request's blocks from "ahead" to "now".
 - **Caution** c of an endpoint: 1 when its ``vllm:num_preemptions_total`` rose since the
   last view this worker read while requests it passed to the pool were running, then
   halving every ``forecast.recovery_s`` seconds:

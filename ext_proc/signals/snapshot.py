@@ -71,7 +71,8 @@ class BackendSignals:
         rate = 1.0 / self.itl_mean_s
         d = self.derived
         if d is not None and d.generation_tokens_per_s is not None:
-            # under load a sequence decodes slower than the mean since start says
+            # under load a sequence decodes slower than the mean since start (mostly light
+            # load) says
             running = max(1.0, self.num_requests_running or 0.0)
             rate = min(rate, d.generation_tokens_per_s / running)
         return rate
