@@ -16,8 +16,9 @@
    ``pending`` set and the shell calls ``ext_proc.admit.truncation.finish_truncation``
    (async: it waits on the embedding worker, under the profile's deadline), which plans the
    truncation, edits the body and judges the shorter request with the rest of the ladder.
-5. ``record`` counts a verdict and holds the blocks of a request that goes on in the
-   in-flight ledger of its endpoint (or of the whole pool, when Envoy places it).
+5. ``record`` (``ext_proc.admit.recording``) counts a verdict and holds the blocks of a
+   request that goes on in the in-flight ledger of its endpoint (or of the whole pool, when
+   Envoy places it).
 
 Invariants: nothing reaches the backend on a path ICE does not judge unless the policy or
 the read-only list opens it; ``on_body`` returns ``None`` when the request passes untouched
@@ -29,7 +30,7 @@ a body is its API's 400 or a ``JudgeFault`` naming the stage (the shell's ``_fau
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -40,6 +41,7 @@ from ext_proc.admit.faults import judging
 from ext_proc.admit.headeronly import COARSE_LADDER, H_JUDGED, coarse_features
 from ext_proc.admit.headers import DEFAULT_MAX_BODY_BYTES, SPOOF_PREFIXES, HeaderRules
 from ext_proc.admit.outcome import Continue, Respond, reject_outcome
+from ext_proc.admit.recording import Recording, SnapshotLookup
 from ext_proc.admit.routing import Route, Router
 from ext_proc.admit.verdict import (
     BodyVerdict,
@@ -53,22 +55,18 @@ from ext_proc.admit.verdict import (
 )
 from ext_proc.media import media_cost
 from ext_proc.placement.endpoints import prefix_key
-from ext_proc.placement.inflight import Hold
 from ext_proc.placement.ledger_shm import LedgerHandle
 from ext_proc.placement.placer import Placement, Placer, asleep_answer
 from ext_proc.placement.poolview import PoolViews
 from ext_proc.policy.decision import (
     Decision,
-    Downgrade,
     Pass,
     Reject,
     Truncate,
-    Truncated,
     verdict_headers,
 )
-from ext_proc.policy.evaluate import LADDER, LADDER_AFTER_TRUNCATION, Rule, Shape, evaluate
+from ext_proc.policy.evaluate import LADDER, LADDER_AFTER_TRUNCATION, Rule, evaluate
 from ext_proc.policy.model import Policy
-from ext_proc.policy.output import backend_output
 from ext_proc.schemas import (
     OPENAI_CHAT_FALLBACK,
     BadRequest,
@@ -76,7 +74,6 @@ from ext_proc.schemas import (
     SchemaAdapter,
     rawjson,
 )
-from ext_proc.signals.snapshot import PoolSnapshot
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
@@ -90,18 +87,10 @@ __all__ = [
 
 log = logging.getLogger("ice.pipeline")
 
-SnapshotLookup = Callable[[str], PoolSnapshot | None]
 _MESSAGES = frozenset({"messages"})  # walked element by element when a profile truncates
 
 
-def _upstream(verdict: BodyVerdict) -> bool:
-    """The verdict sends the request on (pass, downgrade, or truncated)."""
-    return verdict.features is not None and isinstance(
-        verdict.decision, Pass | Downgrade | Truncated
-    )
-
-
-class Pipeline:
+class Pipeline(Recording):
     """Judges requests for one policy against snapshots from ``lookup``."""
 
     def __init__(
@@ -388,57 +377,6 @@ class Pipeline:
             if recounted.input_tokens_source == "exact":
                 return recounted
         return shorter
-
-    # --- after the verdict -------------------------------------------------------------
-
-    def record(self, route: Route, verdict: BodyVerdict) -> Hold | None:
-        """Count a body verdict in ICE's metrics (kept apart from ``on_body``, which may run
-        in the helper process); a request that goes upstream holds its KV blocks in the
-        ledger: its reservation, for ``views.release`` when its stream ends."""
-        self.count(route, verdict)
-        return self.hold_of(route, verdict)
-
-    def count(self, route: Route, verdict: BodyVerdict) -> None:
-        """``record``'s counting: the verdict's metrics, and the endpoint ICE picked."""
-        if verdict.shadow is not None:
-            telemetry.count_decision(route.name, *verdict.shadow, mode="shadow")
-        elif verdict.bad is not None:
-            telemetry.BAD_REQUESTS.labels(route=route.name, reason=verdict.bad).inc()
-        elif verdict.decision is not None:
-            telemetry.count_decision(route.name, verdict.decision.decision, verdict.decision.reason)
-        f = verdict.features
-        if f is not None:
-            telemetry.count_input_tokens(f.input_tokens_source)
-            if f.count_mode:
-                telemetry.TOKEN_COUNTS.labels(mode=f.count_mode).inc()
-            telemetry.count_shape(route.name, f.sequences, f.media_parts)
-        placed = verdict.placement
-        if _upstream(verdict) and placed is not None and placed.picked:
-            self.placer.sent(route.pool, placed)
-            telemetry.count_pick(route.pool, placed.endpoint or "")
-
-    def hold_of(self, route: Route, verdict: BodyVerdict) -> Hold | None:
-        """``record``'s holding: a request that goes upstream holds its blocks (all its
-        sequences) at its endpoint ("" when Envoy places it) in the in-flight ledger."""
-        f = verdict.features
-        if f is None or not _upstream(verdict):
-            return None
-        return self.views.hold(route.profile, *self.hold_terms(route, verdict, f))
-
-    def hold_terms(
-        self, route: Route, verdict: BodyVerdict, f: RequestFeatures
-    ) -> tuple[PoolSnapshot | None, Shape, int, str]:
-        """What ``verdict``'s request is held with, counted as ``f``: the view, its shape,
-        output tokens per sequence and endpoint ("": Envoy places it)."""
-        d = verdict.decision
-        then = d.then if isinstance(d, Truncated) else d
-        output = (
-            then.max_tokens if isinstance(then, Downgrade) else backend_output(f, route.profile)
-        )
-        placed = verdict.placement
-        endpoint = placed.endpoint if placed is not None and placed.endpoint else ""
-        seen = self.views.judged_view(route.profile, route.pool, self.lookup(route.pool))
-        return seen, Shape.of(f, route.profile), output, endpoint
 
     def exact_features(self, route: Route, facts: RequestFacts, raw: bytes) -> RequestFeatures:
         """The body's features with its exact count (a hold's recount in the helper process,

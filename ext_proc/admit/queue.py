@@ -57,9 +57,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ext_proc import telemetry
@@ -67,7 +66,19 @@ from ext_proc.admit.counting import exact_to_wait
 from ext_proc.admit.queue_answers import H_QUEUED_MS, behind_critical, refusal, with_queued_ms
 from ext_proc.admit.stream import Stream
 from ext_proc.admit.verdict import BodyVerdict, RequestFacts
-from ext_proc.policy.decision import Downgrade, Pass, Reject, Truncated
+from ext_proc.admit.waiters import (
+    BANDS,
+    MAX_TENANT_CHARS,
+    OTHER_TENANT,
+    QUEUE_REASONS,
+    Band,
+    PoolQueues,
+    Waiter,
+    band_of,
+    queueable,
+    tenant_key,
+)
+from ext_proc.policy.decision import Downgrade, Pass, Truncated
 from ext_proc.policy.model import QueueSpec
 
 if TYPE_CHECKING:
@@ -87,75 +98,7 @@ __all__ = [
 
 log = logging.getLogger("ice.queue")
 
-QUEUE_REASONS = frozenset({"memory_pressure", "kv_exhausted"})
-OTHER_TENANT = "other"
-MAX_TENANT_CHARS = 64
-BANDS = ("critical", "standard", "sheddable")
 DEFAULT_MAX_QUEUE_BYTES = 64 * 1024 * 1024
-
-
-def queueable(route: Route, verdict: BodyVerdict | None) -> bool:
-    """A verdict the profile's queue takes: a 429 for memory, on a full judgement or a
-    coarse one (``ext_proc.admit.headeronly``)."""
-    spec = route.profile.queue
-    if spec is None or verdict is None or route.profile.mode == "shadow":
-        return False
-    d = verdict.decision
-    if not isinstance(d, Reject) or d.status != 429 or d.reason not in QUEUE_REASONS:
-        return False
-    # a coarse verdict (judged by its size) waits too, and is judged again by the coarse
-    # ladder (``Pipeline.rejudge``)
-    return verdict.pending is None and verdict.features is not None
-
-
-def tenant_key(value: str, fallback: str) -> str:
-    """The tenant a header value names: printable ASCII, at most MAX_TENANT_CHARS."""
-    clean = "".join(c for c in value[: MAX_TENANT_CHARS * 4] if " " < c < "\x7f")
-    return clean[:MAX_TENANT_CHARS] or fallback
-
-
-@dataclass(eq=False)
-class Waiter:
-    """One queued request."""
-
-    pipeline: Pipeline
-    route: Route
-    facts: RequestFacts
-    stream: Stream  # its hold and slot, once it is admitted
-    first: BodyVerdict  # the 429 it would have had (with its body's one decode)
-    tenant: str  # its queue
-    label: str  # its metrics label
-    band: str
-    enqueued_s: float
-    deadline_s: float
-    future: asyncio.Future[BodyVerdict] = field(repr=False)
-
-    @property
-    def spec(self) -> QueueSpec:
-        assert self.route.profile.queue is not None
-        return self.route.profile.queue
-
-    @property
-    def nbytes(self) -> int:
-        """Its body's bytes, which count against ``max_queue_bytes``."""
-        return len(self.first.body.raw) if self.first.body is not None else 0
-
-
-class _Band:
-    """A priority band of one pool: tenant → FIFO, the tenant served longest ago first."""
-
-    __slots__ = ("tenants",)
-
-    def __init__(self) -> None:
-        self.tenants: OrderedDict[str, deque[Waiter]] = OrderedDict()
-
-
-@dataclass
-class _Pool:
-    bands: dict[str, _Band] = field(default_factory=lambda: {b: _Band() for b in BANDS})
-    length: int = 0
-    nbytes: int = 0
-    labels: set[str] = field(default_factory=set)  # tenants named in metrics
 
 
 class AdmissionQueue:
@@ -167,7 +110,7 @@ class AdmissionQueue:
         max_queue_bytes: int = DEFAULT_MAX_QUEUE_BYTES,
     ) -> None:
         self._clock = clock
-        self._pools: dict[str, _Pool] = {}
+        self._pools: dict[str, PoolQueues] = {}
         self._task: asyncio.Task[None] | None = None
         self.max_queue_bytes = max_queue_bytes
         self.closed = False
@@ -215,7 +158,7 @@ class AdmissionQueue:
         """Queue a ``queueable`` request, or its 429 ``queue_full`` (not recorded)."""
         spec = route.profile.queue
         assert spec is not None
-        pool = self._pools.setdefault(route.pool, _Pool())
+        pool = self._pools.setdefault(route.pool, PoolQueues())
         tenant = tenant_key(facts.queue_tenant, route.name)
         label = tenant if tenant in pool.labels or len(pool.labels) < spec.max_tenants else ""
         if label:
@@ -223,7 +166,7 @@ class AdmissionQueue:
         label = label or OTHER_TENANT
         first = exact_to_wait(pipeline.counters, pipeline.policy.exact_count_inline_bytes, first)
         nbytes = len(first.body.raw) if first.body is not None else 0
-        band_name = _band(route, facts, first)
+        band_name = band_of(route, facts, first)
         refused = self._refused_at_once(pool, spec, nbytes)
         if refused is not None:
             outcome, reason, message = refused
@@ -268,7 +211,7 @@ class AdmissionQueue:
         return behind_critical(route, facts, verdict)
 
     def _refused_at_once(
-        self, pool: _Pool, spec: QueueSpec, nbytes: int
+        self, pool: PoolQueues, spec: QueueSpec, nbytes: int
     ) -> tuple[str, str, str] | None:
         """(outcome label, reason, message) of a request the queue cannot take now."""
         if self.closed:
@@ -307,7 +250,7 @@ class AdmissionQueue:
                 if band.tenants:  # a higher band still waits: the lower ones wait too
                     break
 
-    def _admit(self, pool: str, band: _Band, now: float) -> None:
+    def _admit(self, pool: str, band: Band, now: float) -> None:
         progress = True
         inflight = self.inflight
         while progress and band.tenants:
@@ -432,16 +375,6 @@ class AdmissionQueue:
                 "The gateway's admission queue is shutting down; the backend had no room.",
             )
             self._resolve(w, verdict, "shutdown", now)
-
-
-def _band(route: Route, facts: RequestFacts, first: BodyVerdict) -> str:
-    """The band a request waits in: ``critical`` for one sent to wait by ``critical: wait``
-    (judged on its body); a coarse ``critical`` verdict (refused for the level's output cap,
-    which an unread body cannot be held to) waits in ``standard``, and is refused as one."""
-    if facts.priority == "critical":
-        waits = route.profile.critical_waits and first.body is not None
-        return "critical" if waits else "standard"
-    return facts.priority if facts.priority in BANDS else "standard"
 
 
 def _fail(w: Waiter, e: Exception) -> None:

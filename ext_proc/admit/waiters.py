@@ -1,0 +1,115 @@
+"""What waits in the admission queue (``ext_proc.admit.queue``): a queued request
+(``Waiter``), a pool's queues (``PoolQueues``: its priority ``Band``s, each tenant → FIFO),
+which verdicts queue (``queueable``), a request's tenant (``tenant_key``) and its band
+(``band_of``).
+
+Invariants: plain data and pure functions. The queue's order, its clock, and what tenants and
+bands mean live in ``ext_proc.admit.queue`` (its docstring).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ext_proc.admit.stream import Stream
+from ext_proc.admit.verdict import BodyVerdict, RequestFacts
+from ext_proc.policy.decision import Reject
+from ext_proc.policy.model import QueueSpec
+
+if TYPE_CHECKING:
+    from ext_proc.admit.pipeline import Pipeline, Route
+
+__all__ = [
+    "BANDS",
+    "MAX_TENANT_CHARS",
+    "OTHER_TENANT",
+    "QUEUE_REASONS",
+    "Band",
+    "PoolQueues",
+    "Waiter",
+    "band_of",
+    "queueable",
+    "tenant_key",
+]
+
+QUEUE_REASONS = frozenset({"memory_pressure", "kv_exhausted"})
+OTHER_TENANT = "other"
+MAX_TENANT_CHARS = 64
+BANDS = ("critical", "standard", "sheddable")
+
+
+def queueable(route: Route, verdict: BodyVerdict | None) -> bool:
+    """A verdict the profile's queue takes: a 429 for memory, on a full judgement or a
+    coarse one (``ext_proc.admit.headeronly``)."""
+    spec = route.profile.queue
+    if spec is None or verdict is None or route.profile.mode == "shadow":
+        return False
+    d = verdict.decision
+    if not isinstance(d, Reject) or d.status != 429 or d.reason not in QUEUE_REASONS:
+        return False
+    # a coarse verdict (judged by its size) waits too, and is judged again by the coarse
+    # ladder (``Pipeline.rejudge``)
+    return verdict.pending is None and verdict.features is not None
+
+
+def tenant_key(value: str, fallback: str) -> str:
+    """The tenant a header value names: printable ASCII, at most MAX_TENANT_CHARS."""
+    clean = "".join(c for c in value[: MAX_TENANT_CHARS * 4] if " " < c < "\x7f")
+    return clean[:MAX_TENANT_CHARS] or fallback
+
+
+@dataclass(eq=False)
+class Waiter:
+    """One queued request."""
+
+    pipeline: Pipeline
+    route: Route
+    facts: RequestFacts
+    stream: Stream  # its hold and slot, once it is admitted
+    first: BodyVerdict  # the 429 it would have had (with its body's one decode)
+    tenant: str  # its queue
+    label: str  # its metrics label
+    band: str
+    enqueued_s: float
+    deadline_s: float
+    future: asyncio.Future[BodyVerdict] = field(repr=False)
+
+    @property
+    def spec(self) -> QueueSpec:
+        assert self.route.profile.queue is not None
+        return self.route.profile.queue
+
+    @property
+    def nbytes(self) -> int:
+        """Its body's bytes, which count against ``max_queue_bytes``."""
+        return len(self.first.body.raw) if self.first.body is not None else 0
+
+
+class Band:
+    """A priority band of one pool: tenant → FIFO, the tenant served longest ago first."""
+
+    __slots__ = ("tenants",)
+
+    def __init__(self) -> None:
+        self.tenants: OrderedDict[str, deque[Waiter]] = OrderedDict()
+
+
+@dataclass
+class PoolQueues:
+    bands: dict[str, Band] = field(default_factory=lambda: {b: Band() for b in BANDS})
+    length: int = 0
+    nbytes: int = 0
+    labels: set[str] = field(default_factory=set)  # tenants named in metrics
+
+
+def band_of(route: Route, facts: RequestFacts, first: BodyVerdict) -> str:
+    """The band a request waits in: ``critical`` for one sent to wait by ``critical: wait``
+    (judged on its body); a coarse ``critical`` verdict (refused for the level's output cap,
+    which an unread body cannot be held to) waits in ``standard``, and is refused as one."""
+    if facts.priority == "critical":
+        waits = route.profile.critical_waits and first.body is not None
+        return "critical" if waits else "standard"
+    return facts.priority if facts.priority in BANDS else "standard"
