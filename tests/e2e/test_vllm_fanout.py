@@ -112,10 +112,23 @@ class Observed:
     used_seen: tuple[tuple[float, int], ...]  # (s since send, used) when the value changed
     polls: int
     polls_at_peak: int
+    polls_in_use: int  # polls that showed any block in use
     wall_s: float
     hit_tokens: float
     query_tokens: float
     completion_tokens: tuple[int, int]  # usage.completion_tokens, len(choices)
+
+    @property
+    def plateau(self) -> bool:
+        """The gauge followed the run: its peak held for ``PLATEAU_POLLS`` polls, and blocks
+        showed in use on at least half the polls. A slow engine step can leave the gauge at 0
+        for most of a run and show only its tail (a CI run once saw 3 of 12 blocks on the
+        last 7 of 4,347 polls of a 22 s run): that run is tried again, not compared."""
+        return (
+            self.peak_used > 0
+            and self.polls_at_peak >= PLATEAU_POLLS
+            and 2 * self.polls_in_use >= self.polls
+        )
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["prefix-caching", "no-prefix-caching"])
@@ -219,6 +232,7 @@ def _observe(server: Server, body: dict[str, Any], idle: str) -> Observed:
         used_seen=tuple(seen),
         polls=len(pages),
         polls_at_peak=sum(1 for u in used if u == peak),
+        polls_in_use=sum(1 for u in used if u > 0),
         wall_s=wall_s,
         hit_tokens=_counter(after, "vllm:prefix_cache_hits_total")
         - _counter(idle, "vllm:prefix_cache_hits_total"),
@@ -261,7 +275,7 @@ def test_ice_counts_the_blocks_vllm_holds(server: Server, case: Case) -> None:
         ice, snapshot = _ice_blocks(idle, server.vllm.base_url, body)
         assert snapshot.prefix_caching is server.prefix_caching, snapshot
         seen = _observe(server, body, idle)
-        if seen.peak_used > 0 and seen.polls_at_peak >= PLATEAU_POLLS:
+        if seen.plateau:
             break
         print(
             f"\n[fanout] {mode} {case.name}: attempt {attempt} seen in passing: peak "

@@ -27,7 +27,6 @@ from .test_vllm_fanout import (
     BLOCK,
     NUM_BLOCKS,
     OUTPUT,
-    PLATEAU_POLLS,
     PROMPT,
     Server,
     _ice_blocks,
@@ -73,7 +72,7 @@ def test_samples_that_read_no_cache_hold_their_own_blocks(
         ice, snapshot = _ice_blocks(idle, server.vllm.base_url, body)
         assert snapshot.prefix_caching is server.prefix_caching, snapshot
         seen = _observe(server, body, idle)
-        if seen.peak_used > 0 and seen.polls_at_peak >= PLATEAU_POLLS:
+        if seen.plateau:
             break
     line = (
         f"[fanout] {mode} {name}: 1 prompt of P={PROMPT} × n=4, O={OUTPUT}, B={BLOCK}: "
