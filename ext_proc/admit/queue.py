@@ -75,6 +75,7 @@ from ext_proc.admit.waiters import (
     PoolQueues,
     Waiter,
     band_of,
+    body_bytes,
     queueable,
     tenant_key,
 )
@@ -165,7 +166,7 @@ class AdmissionQueue:
             pool.labels.add(label)
         label = label or OTHER_TENANT
         first = exact_to_wait(pipeline.counters, pipeline.policy.exact_count_inline_bytes, first)
-        nbytes = len(first.body.raw) if first.body is not None else 0
+        nbytes = body_bytes(first)
         band_name = band_of(route, facts, first)
         refused = self._refused_at_once(pool, spec, nbytes)
         if refused is not None:

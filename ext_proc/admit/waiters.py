@@ -31,6 +31,7 @@ __all__ = [
     "PoolQueues",
     "Waiter",
     "band_of",
+    "body_bytes",
     "queueable",
     "tenant_key",
 ]
@@ -53,6 +54,11 @@ def queueable(route: Route, verdict: BodyVerdict | None) -> bool:
     # a coarse verdict (judged by its size) waits too, and is judged again by the coarse
     # ladder (``Pipeline.rejudge``)
     return verdict.pending is None and verdict.features is not None
+
+
+def body_bytes(verdict: BodyVerdict) -> int:
+    """The bytes of the body ``verdict`` was judged on (0: judged without it)."""
+    return len(verdict.body.raw) if verdict.body is not None else 0
 
 
 def tenant_key(value: str, fallback: str) -> str:
@@ -85,7 +91,7 @@ class Waiter:
     @property
     def nbytes(self) -> int:
         """Its body's bytes, which count against ``max_queue_bytes``."""
-        return len(self.first.body.raw) if self.first.body is not None else 0
+        return body_bytes(self.first)
 
 
 class Band:
