@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ext_proc.policy.model import EmbeddingSpec, TruncationSpec
-from ext_proc.schemas import adapter_for_path
+from ext_proc.schemas import schema_for_path
 from ext_proc.truncate.planner import Plan
 from ext_proc.truncate.runner import (
     LocalSimilarity,
@@ -50,7 +50,7 @@ def load(path: Path = DATA) -> list[dict[str, Any]]:
 async def _one(
     convo: dict[str, Any], ratio: float, spec: TruncationSpec, source: SimilaritySource | None
 ) -> dict[str, Any]:
-    adapter = adapter_for_path(PATHS[convo["schema"]])
+    adapter = schema_for_path(PATHS[convo["schema"]])
     assert adapter is not None
     body = convo["body"]
     tokens = adapter.features(body).input_tokens

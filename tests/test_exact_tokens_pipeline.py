@@ -11,7 +11,7 @@ import pytest
 
 from ext_proc.admit.pipeline import Pipeline, RequestFacts
 from ext_proc.policy.load import PolicyError, parse_policy
-from ext_proc.schemas import adapter_for_path
+from ext_proc.schemas import schema_for_path
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
 
 DATA = Path(__file__).parent / "data"
@@ -43,7 +43,7 @@ exact_count: {exact_count}
 def test_judged_input_tokens_equal_vllm_prompt_tokens(case: dict[str, object]) -> None:
     p = pipeline(4096)
     route = p.router.resolve([])
-    adapter = adapter_for_path(str(case["endpoint"]))
+    adapter = schema_for_path(str(case["endpoint"]))
     assert adapter is not None
     request = {"max_tokens": 1, **case["request"], "model": "tiny"}  # type: ignore[dict-item]
     body = json.dumps(request).encode()  # recorded with max_tokens 1
@@ -56,7 +56,7 @@ def test_judged_input_tokens_equal_vllm_prompt_tokens(case: dict[str, object]) -
 def test_exact_count_decides_the_context_budget() -> None:
     case = CASES[0]  # 22 prompt tokens by vLLM's count
     body = json.dumps({**case["request"], "model": "tiny", "max_tokens": 100}).encode()
-    adapter = adapter_for_path("/v1/chat/completions")
+    adapter = schema_for_path("/v1/chat/completions")
     # max_model_len 50, buffer 0: safe output = 50 − 22 = 28 exactly
     p = pipeline(50)
     verdict = p.on_body(p.router.resolve([]), RequestFacts(adapter=adapter), body)
@@ -68,7 +68,7 @@ def test_models_without_a_tokenizer_keep_the_estimate() -> None:
     p = pipeline(4096)
     body = b'{"model": "other", "messages": [{"role": "user", "content": "hi"}]}'
     verdict = p.on_body(
-        p.router.resolve([]), RequestFacts(adapter=adapter_for_path("/v1/chat/completions")), body
+        p.router.resolve([]), RequestFacts(adapter=schema_for_path("/v1/chat/completions")), body
     )
     assert verdict is not None and verdict.features is not None
     assert verdict.features.input_tokens_source == "estimate"

@@ -11,7 +11,7 @@ from ext_proc.schemas import (
     OPENAI_CHAT,
     OPENAI_COMPLETIONS,
     BadRequest,
-    adapter_for_path,
+    schema_for_path,
 )
 from ext_proc.schemas.anthropic_messages import ANTHROPIC_MESSAGES as ANTHROPIC_MESSAGES_FOR_TESTS
 
@@ -34,8 +34,8 @@ from ext_proc.schemas.anthropic_messages import ANTHROPIC_MESSAGES as ANTHROPIC_
         ("/health", None),
     ],
 )
-def test_adapter_for_path(path: str, name: str | None) -> None:
-    adapter = adapter_for_path(path)
+def test_schema_for_path(path: str, name: str | None) -> None:
+    adapter = schema_for_path(path)
     assert (adapter.name if adapter else None) == name
 
 

@@ -13,13 +13,14 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Literal
 
 import yaml
 from google.protobuf import json_format
 
 from ext_proc._pb import policy_pb2
 from ext_proc.policy.errors import PolicyError
+from ext_proc.policy.load_fields import opt
 from ext_proc.policy.load_forecast import admission_settings
 from ext_proc.policy.load_models import kv_model_spec, media_spec, tokenizer_specs
 from ext_proc.policy.load_pool import pool_spec, positive
@@ -92,10 +93,6 @@ def _schema_message(text: str) -> str:
     return (text[:cut] if cut >= 0 else text).replace("ice.policy.v1.", "").strip()
 
 
-def _opt(msg: Any, name: str, default: Any) -> Any:
-    return getattr(msg, name) if msg.HasField(name) else default
-
-
 def _level(text: str, where: str, *, allow_never: bool = False) -> Level | None:
     if allow_never and text == "never":
         return None
@@ -110,15 +107,15 @@ def _pressure(msg: policy_pb2.Pressure, where: str) -> PressureModel:
     d = PressureModel()
     t = msg.thresholds
     model = PressureModel(
-        weight_kv_cache=_opt(msg, "weight_kv_cache", d.weight_kv_cache),
-        weight_queue=_opt(msg, "weight_queue", d.weight_queue),
-        weight_pcie=_opt(msg, "weight_pcie", d.weight_pcie),
-        queue_saturation_requests=_opt(
+        weight_kv_cache=opt(msg, "weight_kv_cache", d.weight_kv_cache),
+        weight_queue=opt(msg, "weight_queue", d.weight_queue),
+        weight_pcie=opt(msg, "weight_pcie", d.weight_pcie),
+        queue_saturation_requests=opt(
             msg, "queue_saturation_requests", d.queue_saturation_requests
         ),
-        medium_at=_opt(t, "medium", d.medium_at),
-        high_at=_opt(t, "high", d.high_at),
-        critical_at=_opt(t, "critical", d.critical_at),
+        medium_at=opt(t, "medium", d.medium_at),
+        high_at=opt(t, "high", d.high_at),
+        critical_at=opt(t, "critical", d.critical_at),
     )
     for name in ("weight_kv_cache", "weight_queue", "weight_pcie"):
         value = getattr(model, name)
@@ -163,8 +160,8 @@ def _profile(name: str, msg: policy_pb2.Profile, base_dir: Path) -> Profile:
     return Profile(
         name=name,
         max_model_len=limits.max_model_len,
-        output_buffer_tokens=_opt(msg, "output_buffer_tokens", d.output_buffer_tokens),
-        min_output_tokens=max(1, _opt(msg, "min_output_tokens", d.min_output_tokens)),
+        output_buffer_tokens=opt(msg, "output_buffer_tokens", d.output_buffer_tokens),
+        min_output_tokens=max(1, opt(msg, "min_output_tokens", d.min_output_tokens)),
         default_priority=priority,
         client_priority=_client_priority(msg.client_priority, where) or d.client_priority,
         pressure=_pressure(msg.pressure, f"{where}.pressure"),
@@ -224,7 +221,7 @@ def _caps(msg: policy_pb2.Profile, d: Profile) -> dict[Level, int]:
         return dict(d.max_tokens_cap)
     caps: dict[Level, int] = {}
     for level in Level:
-        value = _opt(msg.max_tokens_cap, level.label, 0)
+        value = opt(msg.max_tokens_cap, level.label, 0)
         if value:
             caps[level] = value
     return caps
@@ -254,23 +251,23 @@ class _Limits:
 
 
 def _limits(msg: policy_pb2.Profile, d: Profile, where: str) -> _Limits:
-    ra_min = _opt(msg, "retry_after_min_s", d.retry_after_min_s)
-    ra_max = _opt(msg, "retry_after_max_s", d.retry_after_max_s)
+    ra_min = opt(msg, "retry_after_min_s", d.retry_after_min_s)
+    ra_max = opt(msg, "retry_after_max_s", d.retry_after_max_s)
     if not 1 <= ra_min <= ra_max:
         raise PolicyError(
             f"{where}.retry_after_max_s: must be ≥ retry_after_min_s ≥ 1, got {ra_min}..{ra_max}"
         )
-    max_model_len = _opt(msg, "max_model_len", None)
+    max_model_len = opt(msg, "max_model_len", None)
     if max_model_len == 0:
         raise PolicyError(f"{where}.max_model_len: must be > 0 (omit it for no context checks)")
-    retry_after_s = _opt(msg, "retry_after_s", d.retry_after_s)
+    retry_after_s = opt(msg, "retry_after_s", d.retry_after_s)
     if retry_after_s < 1:
         raise PolicyError(f"{where}.retry_after_s: must be ≥ 1, got {retry_after_s}")
     return _Limits(ra_min, ra_max, max_model_len, retry_after_s)
 
 
 def _backend_overload_status(msg: policy_pb2.Profile, d: Profile, where: str) -> int:
-    overload_status: int = _opt(msg, "backend_overload_status", d.backend_overload_status)
+    overload_status: int = opt(msg, "backend_overload_status", d.backend_overload_status)
     if overload_status not in BACKEND_OVERLOAD_STATUSES:
         raise PolicyError(
             f"{where}.backend_overload_status: must be 503, 429 or 0 (off), got {overload_status}"
@@ -282,7 +279,7 @@ def _per_request_caps(msg: policy_pb2.Profile, d: Profile, where: str) -> dict[s
     """``max_sequences``, ``max_media_parts`` and ``max_embedding_inputs``, each ≥ 1."""
     caps_per_request = {}
     for cap in ("max_sequences", "max_media_parts", "max_embedding_inputs"):
-        caps_per_request[cap] = _opt(msg, cap, getattr(d, cap))
+        caps_per_request[cap] = opt(msg, cap, getattr(d, cap))
         if caps_per_request[cap] < 1:
             raise PolicyError(f"{where}.{cap}: must be ≥ 1, got {caps_per_request[cap]}")
     return caps_per_request
@@ -314,9 +311,9 @@ def _build(msg: policy_pb2.Policy, base_dir: Path) -> Policy:
         priority_header=header,
         routes=MappingProxyType(routes),
         tokenizers=MappingProxyType(tokenizer_specs(msg, base_dir)),
-        exact_count_inline_bytes=_opt(msg, "exact_count_inline_bytes", 32768),
-        exact_count_budget_ms=_opt(msg, "exact_count_budget_ms", 600),
-        token_count_cache_bytes=_opt(msg, "token_count_cache_bytes", 32 * 1024 * 1024),
+        exact_count_inline_bytes=opt(msg, "exact_count_inline_bytes", 32768),
+        exact_count_budget_ms=opt(msg, "exact_count_budget_ms", 600),
+        token_count_cache_bytes=opt(msg, "token_count_cache_bytes", 32 * 1024 * 1024),
         exact_count=_exact_count_mode(msg.exact_count),
         embedding=embedding_spec(msg.embedding, base_dir),
         passthrough_paths=passthrough,
@@ -377,7 +374,7 @@ def _prefix_tracking(msg: policy_pb2.Policy) -> PrefixTrackingSpec | None:
         return None
     pt, d = msg.prefix_tracking, PrefixTrackingSpec()
     values = {
-        name: _opt(pt, name, getattr(d, name))
+        name: opt(pt, name, getattr(d, name))
         for name in (
             "sample_every",
             "max_tokens",

@@ -18,13 +18,10 @@ from ext_proc.kv.geometry import build_geometry
 from ext_proc.kv.hfconfig import shape_from_config
 from ext_proc.media.spec import MediaSpec
 from ext_proc.policy.errors import PolicyError
+from ext_proc.policy.load_fields import opt
 from ext_proc.policy.model import KvModelSpec
 
 __all__ = ["kv_model_spec", "media_spec", "tokenizer_specs"]
-
-
-def _opt(msg: Any, name: str, default: Any) -> Any:
-    return getattr(msg, name) if msg.HasField(name) else default
 
 
 def media_spec(msg: policy_pb2.Media, where: str, base_dir: Path) -> MediaSpec:
@@ -36,10 +33,10 @@ def media_spec(msg: policy_pb2.Media, where: str, base_dir: Path) -> MediaSpec:
         model_dir = str(p if p.is_absolute() else base_dir / p)
     spec = MediaSpec(
         model_dir=model_dir,
-        tokens_per_image=_opt(msg, "tokens_per_image", d.tokens_per_image),
-        tokens_per_audio_second=_opt(msg, "tokens_per_audio_second", d.tokens_per_audio_second),
-        tokens_per_audio=_opt(msg, "tokens_per_audio", d.tokens_per_audio),
-        tokens_per_video=_opt(msg, "tokens_per_video", d.tokens_per_video),
+        tokens_per_image=opt(msg, "tokens_per_image", d.tokens_per_image),
+        tokens_per_audio_second=opt(msg, "tokens_per_audio_second", d.tokens_per_audio_second),
+        tokens_per_audio=opt(msg, "tokens_per_audio", d.tokens_per_audio),
+        tokens_per_video=opt(msg, "tokens_per_video", d.tokens_per_video),
     )
     for name in ("tokens_per_image", "tokens_per_audio", "tokens_per_video"):
         if getattr(spec, name) < 1:
@@ -66,8 +63,8 @@ def kv_model_spec(msg: policy_pb2.KvModel, where: str) -> KvModelSpec:
         spec = KvModelSpec(
             shape=shape,
             kv_dtype=msg.kv_dtype or "auto",
-            tp=_opt(msg, "tp", 1),
-            max_num_batched_tokens=_opt(msg, "max_num_batched_tokens", 8192),
+            tp=opt(msg, "tp", 1),
+            max_num_batched_tokens=opt(msg, "max_num_batched_tokens", 8192),
         )
         build_geometry(
             shape,

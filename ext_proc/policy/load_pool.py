@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 from ext_proc._pb import policy_pb2
 from ext_proc.policy.errors import PolicyError
+from ext_proc.policy.load_fields import opt
 from ext_proc.signals.pool import Pool
 
 __all__ = ["pool_spec", "positive"]
@@ -21,12 +22,8 @@ __all__ = ["pool_spec", "positive"]
 log = logging.getLogger("ice.policy")
 
 
-def _opt(msg: Any, name: str, default: Any) -> Any:
-    return getattr(msg, name) if msg.HasField(name) else default
-
-
 def positive(msg: Any, name: str, default: float, where: str) -> float:
-    value = float(_opt(msg, name, default))
+    value = float(opt(msg, name, default))
     if not (math.isfinite(value) and value > 0):
         raise PolicyError(f"{where}.{name}: must be a number > 0, got {value}")
     return value
@@ -172,18 +169,18 @@ def _pool(name: str, msg: policy_pb2.Pool, d: Pool, interval: float, c: _Choices
         name=name,
         metrics_urls=tuple(msg.metrics_urls),
         scrape_interval_s=interval,
-        scrape_timeout_s=_opt(msg, "scrape_timeout_s", d.scrape_timeout_s),
-        max_age_s=_opt(msg, "max_age_s", d.max_age_s),
+        scrape_timeout_s=opt(msg, "scrape_timeout_s", d.scrape_timeout_s),
+        max_age_s=opt(msg, "max_age_s", d.max_age_s),
         kind=c.kind,
         stale="ignore"
         if c.stale == "ignore"
         else "last_known"
         if c.stale == "last_known"
         else "saturated",
-        stale_after_s=_opt(msg, "stale_after_s", 1.5 * interval),
-        window_s=_opt(msg, "window_s", d.window_s),
+        stale_after_s=opt(msg, "stale_after_s", 1.5 * interval),
+        window_s=opt(msg, "window_s", d.window_s),
         dns_name=dns.name,
-        dns_port=_opt(dns, "port", d.dns_port) if has_dns else d.dns_port,
+        dns_port=opt(dns, "port", d.dns_port) if has_dns else d.dns_port,
         dns_path=dns.path or d.dns_path,
         dns_scheme=dns.scheme or d.dns_scheme,
         gpu_metrics_urls=tuple(msg.gpu_metrics_urls),
@@ -203,5 +200,5 @@ def _pool(name: str, msg: policy_pb2.Pool, d: Pool, interval: float, c: _Choices
         pcie_bandwidth_bytes_s=positive(
             msg, "pcie_bandwidth_bytes_s", d.pcie_bandwidth_bytes_s, where=f"pools.{name}"
         ),
-        dns_refresh_s=_opt(dns, "refresh_s", d.dns_refresh_s) if has_dns else d.dns_refresh_s,
+        dns_refresh_s=opt(dns, "refresh_s", d.dns_refresh_s) if has_dns else d.dns_refresh_s,
     )

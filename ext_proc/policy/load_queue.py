@@ -4,10 +4,10 @@ load.py for the file as a whole). Every problem raises ``PolicyError`` naming th
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from ext_proc._pb import policy_pb2
 from ext_proc.policy.errors import PolicyError
+from ext_proc.policy.load_fields import opt
 from ext_proc.policy.model import QueueSpec
 
 __all__ = ["MAX_QUEUE_WAIT_MS", "queue_spec"]
@@ -18,24 +18,20 @@ MAX_QUEUE_WAIT_MS = 59_000
 _HEADER = re.compile(r"^[a-z0-9!#$%&'*+.^_`|~-]+$")
 
 
-def _opt(msg: Any, name: str, default: int) -> int:
-    return int(getattr(msg, name)) if msg.HasField(name) else default
-
-
 def queue_spec(msg: policy_pb2.Queue, where: str) -> QueueSpec | None:
     """The profile's queue, or None when it is off."""
     if not msg.enabled:
         return None
     d = QueueSpec()
-    wait = _opt(msg, "max_queue_wait_ms", d.max_queue_wait_ms)
+    wait = opt(msg, "max_queue_wait_ms", d.max_queue_wait_ms)
     if not 1 <= wait <= MAX_QUEUE_WAIT_MS:
         raise PolicyError(
             f"{where}.max_queue_wait_ms: must be in 1..{MAX_QUEUE_WAIT_MS} (Envoy's "
             f"max_message_timeout is 60 s), got {wait}"
         )
-    length = _opt(msg, "max_queue_length", d.max_queue_length)
-    tenants = _opt(msg, "max_tenants", d.max_tenants)
-    poll = _opt(msg, "poll_ms", d.poll_ms)
+    length = opt(msg, "max_queue_length", d.max_queue_length)
+    tenants = opt(msg, "max_tenants", d.max_tenants)
+    poll = opt(msg, "poll_ms", d.poll_ms)
     for name, value in (("max_queue_length", length), ("max_tenants", tenants), ("poll_ms", poll)):
         if value < 1:
             raise PolicyError(f"{where}.{name}: must be ≥ 1, got {value}")

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import itertools
 import statistics
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -249,8 +249,3 @@ def format_text(reports: list[RouteReport], block_size: int, token_source: str) 
             )
             lines.append(f'    context: "{f.context}"')
     return "\n".join(lines)
-
-
-def kinds_seen(reports: list[RouteReport]) -> Counter[str]:
-    """How many findings of each kind (a summary for tests and the JSON output)."""
-    return Counter(f.kind for rep in reports for f in rep.findings)

@@ -30,7 +30,6 @@ __all__ = [
     "BadRequest",
     "RequestFeatures",
     "SchemaAdapter",
-    "adapter_for_path",
     "normal_path",
     "schema_for_path",
 ]
@@ -83,6 +82,3 @@ def normal_path(path: str) -> str:
 def schema_for_path(path: str) -> SchemaAdapter | None:
     """The adapter for an HTTP ``:path`` (query string ignored), or None."""
     return ADAPTERS.get(normal_path(path))
-
-
-adapter_for_path = schema_for_path

@@ -184,23 +184,3 @@ class PoolSnapshot:
         """Free blocks of the backend with the most: the best a new request can find."""
         values = [f for f in (b.free_blocks for b in self.backends) if f is not None]
         return max(values) if values else None
-
-    @property
-    def max_usable_blocks(self) -> int | None:
-        """Usable blocks of the largest backend: what the request would get on an idle one."""
-        values = [u for u in (b.usable_blocks for b in self.backends) if u is not None]
-        return max(values) if values else None
-
-    @property
-    def waiting_per_backend(self) -> float | None:
-        values = [
-            b.num_requests_waiting for b in self.backends if b.num_requests_waiting is not None
-        ]
-        return sum(values) / len(values) if values else None
-
-    @property
-    def running_per_backend(self) -> float | None:
-        values = [
-            b.num_requests_running for b in self.backends if b.num_requests_running is not None
-        ]
-        return sum(values) / len(values) if values else None

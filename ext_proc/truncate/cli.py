@@ -26,7 +26,7 @@ from typing import Any
 from ext_proc.policy.errors import PolicyError
 from ext_proc.policy.load import load_policy
 from ext_proc.policy.model import EmbeddingSpec, TruncationSpec
-from ext_proc.schemas import BadRequest, adapter_for_path, rawjson
+from ext_proc.schemas import BadRequest, rawjson, schema_for_path
 from ext_proc.truncate.planner import Overflow, apply_plan
 from ext_proc.truncate.runner import (
     LocalSimilarity,
@@ -80,7 +80,7 @@ async def run(
     source: SimilaritySource | None,
 ) -> tuple[int, dict[str, Any]]:
     """(exit status, report) for one request body."""
-    adapter = adapter_for_path(path)
+    adapter = schema_for_path(path)
     if adapter is None or adapter.name not in ("openai.chat", "anthropic.messages"):
         return 1, {"error": f"{path}: not a chat path (/v1/chat/completions, /v1/messages)"}
     values = rawjson.decode_object(body)

@@ -14,7 +14,7 @@ Per backend (``Track``, arrays of the grid's length, NaN = no value at that time
 
 Pool, per step i at time t_i (``History``):
     kv[i]         plain mean of the backends' kv (block weights are not in a range query)
-    waiting[i]    mean waiting requests per backend (the score's ``waiting_per_backend``)
+    waiting[i]    mean waiting requests per backend (the queue term's q_i, docs/decision-ladder.md)
     pcie[i]       PCIe utilisation 0-1 (mean over GPUs of max(tx, rx) / bandwidth), or NaN
     preempted[i]  preemptions during (t_{i-1}, t_i]: Σ_backends increase of the counter
     ttft_total[i], ttft_over[i]   first tokens during (t_{i-1}, t_i], and those over target

@@ -304,16 +304,6 @@ def read_only_route(name: str, path: str, cluster: str) -> Route:
     )
 
 
-def passthrough_route(path: str, cluster: str) -> Route:
-    """A path the policy's ``passthrough_paths`` opens: any method, ICE off."""
-    return Route(
-        name=f"passthrough:{path}",
-        match=RouteMatch(path=path),
-        route=RouteAction(cluster=cluster),
-        typed_per_filter_config={EXT_PROC: _any(ice_off())},
-    )
-
-
 UNKNOWN_ENDPOINT = {
     "error": {
         "message": "%REQ(:METHOD)% %PATH(NQ)% is not served by this gateway.",
