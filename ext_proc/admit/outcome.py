@@ -94,11 +94,12 @@ def log_fields(decision: Decision, features: RequestFeatures) -> tuple[tuple[str
     requested = features.max_tokens
     if requested is not None:
         fields.append(("max_tokens_requested", str(requested)))
-    then = decision.then if isinstance(decision, Truncated) else decision
-    if isinstance(then, Downgrade):
-        fields.append(("max_tokens_granted", str(then.max_tokens)))
-    elif requested is not None and not isinstance(decision, Reject):
-        fields.append(("max_tokens_granted", str(requested)))
+    if not isinstance(decision, Reject):
+        granted = decision.granted_max_tokens
+        if granted is None:
+            granted = requested
+        if granted is not None:
+            fields.append(("max_tokens_granted", str(granted)))
     return tuple(fields)
 
 

@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING
 
 from ext_proc import telemetry
 from ext_proc.admit.outcome import Respond, reject_outcome
-from ext_proc.policy.decision import Downgrade, Pass, Reject, Truncated, verdict_headers
+from ext_proc.policy.decision import Reject, verdict_headers
 from ext_proc.policy.kvfit import Shape
 from ext_proc.policy.model import Level, Profile
 from ext_proc.policy.output import backend_output
@@ -118,12 +118,11 @@ def need_tokens(profile: Profile, verdict: BodyVerdict | None) -> int | None:
     output it goes on with, as ICE's own 429s count them); None: it does not go on."""
     if verdict is None or verdict.shadow is not None or verdict.features is None:
         return None
-    decision = verdict.decision
-    if not isinstance(decision, Pass | Downgrade | Truncated):
+    if not verdict.goes_upstream:
         return None
     f = verdict.features
-    then = decision.then if isinstance(decision, Truncated) else decision
-    output = then.max_tokens if isinstance(then, Downgrade) else backend_output(f, profile)
+    granted = verdict.granted_max_tokens
+    output = granted if granted is not None else backend_output(f, profile)
     return Shape.of(f, profile).tokens(output)
 
 

@@ -79,7 +79,6 @@ from ext_proc.admit.waiters import (
     queueable,
     tenant_key,
 )
-from ext_proc.policy.decision import Downgrade, Pass, Truncated
 from ext_proc.policy.model import QueueSpec
 
 if TYPE_CHECKING:
@@ -130,7 +129,7 @@ class AdmissionQueue:
         profile (once per request: its stream's ``slot`` remembers it for ``ended``)."""
         if route.profile.queue is None or stream.slot is not None:
             return
-        if not isinstance(verdict.decision, Pass | Downgrade | Truncated):
+        if not verdict.goes_upstream:
             return
         stream.slot = (route.pool, tenant_key(facts.queue_tenant, route.name))
         self.started(*stream.slot)

@@ -17,7 +17,6 @@ from ext_proc.admit.verdict import BodyVerdict
 from ext_proc.placement.inflight import Hold
 from ext_proc.placement.placer import Placer
 from ext_proc.placement.poolview import PoolViews
-from ext_proc.policy.decision import Downgrade, Pass, Truncated
 from ext_proc.policy.evaluate import Shape
 from ext_proc.policy.output import backend_output
 from ext_proc.schemas import RequestFeatures
@@ -30,9 +29,7 @@ SnapshotLookup = Callable[[str], PoolSnapshot | None]
 
 def _upstream(verdict: BodyVerdict) -> bool:
     """The verdict sends the request on (pass, downgrade, or truncated)."""
-    return verdict.features is not None and isinstance(
-        verdict.decision, Pass | Downgrade | Truncated
-    )
+    return verdict.features is not None and verdict.goes_upstream
 
 
 class Recording:
@@ -81,11 +78,8 @@ class Recording:
     ) -> tuple[PoolSnapshot | None, Shape, int, str]:
         """What ``verdict``'s request is held with, counted as ``f``: the view, its shape,
         output tokens per sequence and endpoint ("": Envoy places it)."""
-        d = verdict.decision
-        then = d.then if isinstance(d, Truncated) else d
-        output = (
-            then.max_tokens if isinstance(then, Downgrade) else backend_output(f, route.profile)
-        )
+        granted = verdict.granted_max_tokens
+        output = granted if granted is not None else backend_output(f, route.profile)
         placed = verdict.placement
         endpoint = placed.endpoint if placed is not None and placed.endpoint else ""
         seen = self.views.judged_view(route.profile, route.pool, self.lookup(route.pool))

@@ -124,6 +124,16 @@ class BodyVerdict:
     # piece counts the helper process made judging it, for its worker's cache (``serve.helper``)
     lessons: tuple[Lesson, ...] = field(default=(), repr=False, compare=False)
 
+    @property
+    def goes_upstream(self) -> bool:
+        """The request goes on to the backend (a pass, a downgrade or a truncation)."""
+        return self.decision is not None and self.decision.goes_upstream
+
+    @property
+    def granted_max_tokens(self) -> int | None:
+        """The output limit ICE set on the request; None: the client's own stands."""
+        return self.decision.granted_max_tokens if self.decision is not None else None
+
 
 def make_verdict(
     decision: Decision,

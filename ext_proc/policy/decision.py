@@ -11,6 +11,7 @@ are ICE's public contract (see docs/headers.md).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ext_proc.policy.pressure import Pressure
 
@@ -66,6 +67,17 @@ class Pass:
 
     decision = "pass"
     reason = "ok"
+    goes_upstream: ClassVar[bool] = True
+
+    @property
+    def applied(self) -> Pass:
+        """The decision the backend's request carries out: this one."""
+        return self
+
+    @property
+    def granted_max_tokens(self) -> int | None:
+        """The output limit ICE sets; None: the client's own limit stands."""
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +94,17 @@ class Downgrade:
     reason: str
 
     decision = "downgrade"
+    goes_upstream: ClassVar[bool] = True
+
+    @property
+    def applied(self) -> Downgrade:
+        """The decision the backend's request carries out: this one."""
+        return self
+
+    @property
+    def granted_max_tokens(self) -> int | None:
+        """The output limit ICE sets: ``max_tokens``."""
+        return self.max_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +119,12 @@ class Reject:
     retry_after_s: int | None = None
 
     decision = "reject"
+    goes_upstream: ClassVar[bool] = False
+
+    @property
+    def granted_max_tokens(self) -> int | None:
+        """None: nothing goes upstream."""
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +140,12 @@ class Truncate:
     reason: str
 
     decision = "truncate"
+    goes_upstream: ClassVar[bool] = False  # a request to truncate; the result is Truncated
+
+    @property
+    def granted_max_tokens(self) -> int | None:
+        """None: a request to truncate sets no limit (the shorter request's decision may)."""
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,10 +164,21 @@ class Truncated:
     fallback: str = ""
 
     decision = "truncate"
+    goes_upstream: ClassVar[bool] = True
 
     @property
     def pressure(self) -> Pressure | None:
         return self.then.pressure
+
+    @property
+    def applied(self) -> Pass | Downgrade:
+        """The decision the shorter request carries out: ``then``."""
+        return self.then
+
+    @property
+    def granted_max_tokens(self) -> int | None:
+        """The output limit ICE sets on the shorter request (``then``'s)."""
+        return self.then.granted_max_tokens
 
 
 Decision = Pass | Downgrade | Reject | Truncate | Truncated
