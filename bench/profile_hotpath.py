@@ -36,14 +36,14 @@ import yaml
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from ext_proc.admit.pipeline import Pipeline
-from ext_proc.admit.stream import Stream
+from ext_proc.admit.admission import Step
+from ext_proc.admit.pipeline import Pipeline, RequestFacts
 from ext_proc.lab.stack import ENVOY_DIR
 from ext_proc.policy.evaluate import evaluate
 from ext_proc.policy.load import load_policy
 from ext_proc.schemas import rawjson
 from ext_proc.serve import render
-from ext_proc.serve.servicer import ExtProcServicer
+from ext_proc.serve.servicer import ExtProcServicer, message_for
 from ext_proc.signals.collector import backend_from_scrape
 from ext_proc.signals.parse import parse_engine
 from ext_proc.signals.snapshot import PoolSnapshot
@@ -119,6 +119,18 @@ def build() -> tuple[ExtProcServicer, list[pb.ProcessingRequest]]:
     return ExtProcServicer(pipeline), envoy_messages(request_body())
 
 
+def _first_step(steps: AsyncIterator[Step]) -> Step:
+    """The first step of an async generator that does not wait (driven by hand)."""
+    coro = steps.__anext__()
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        step: Step = done.value
+        return step
+    coro.close()
+    raise RuntimeError("the headers phase waited (a busy worker?)")
+
+
 def per_call_us(fn: Callable[[], object], n: int) -> float:
     fn()
     t0 = time.perf_counter()
@@ -134,10 +146,16 @@ def stage_table(servicer: ExtProcServicer, messages: list[pb.ProcessingRequest],
     wire = [m.SerializeToString() for m in messages]
     hdr, body_msg = messages[0].request_headers, messages[1].request_body
 
-    def stream() -> Stream:
-        return Stream(servicer.backlog, pipeline.views, servicer.queue)
+    pairs = [(h.key, h.raw_value or h.value.encode()) for h in hdr.headers.headers]
 
-    facts, _ = servicer._headers(route, stream(), hdr)
+    def headers_phase() -> tuple[RequestFacts, pb.ProcessingResponse]:
+        """The headers phase as the servicer runs it: a stream's ``Admission``, its one
+        step (driven without a loop: nothing in it waits when the worker is not busy)."""
+        admission = servicer.admission(route)
+        step = _first_step(admission.on_headers(pairs, hdr.end_of_stream))
+        return admission.facts, message_for(step, admission.facts)
+
+    facts, _ = headers_phase()
     adapter = facts.adapter
     assert adapter is not None
     doc = rawjson.parse_object(body_msg.body)
@@ -148,7 +166,7 @@ def stage_table(servicer: ExtProcServicer, messages: list[pb.ProcessingRequest],
     if verdict.decision.decision != "pass":
         raise SystemExit(f"expected a pass, got {verdict.decision}")
     replies = [
-        servicer._headers(route, stream(), hdr)[1],
+        headers_phase()[1],
         render.render_body_outcome(verdict.outcome),
     ]
     on_body = pipeline.on_body
@@ -158,7 +176,7 @@ def stage_table(servicer: ExtProcServicer, messages: list[pb.ProcessingRequest],
     stages: list[tuple[str, Callable[[], object]]] = [
         ("router.resolve (route metadata)", lambda: pipeline.router.resolve(ROUTE_METADATA)),
         ("parse 2 ProcessingRequests (gRPC)", lambda: [parse(w) for w in wire]),
-        ("headers phase: servicer._headers", lambda: servicer._headers(route, stream(), hdr)),
+        ("headers phase: admission.on_headers", headers_phase),
         ("body phase: on_body (the 4 below)", lambda: on_body(route, facts, body_msg.body)),
         ("  rawjson.parse_object", lambda: rawjson.parse_object(body_msg.body)),
         ("  adapter.features", lambda: adapter.features(doc.values)),

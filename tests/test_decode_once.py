@@ -30,6 +30,7 @@ from ext_proc.schemas import OPENAI_CHAT, rawjson
 from ext_proc.serve.helper import Offload
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
 from ext_proc.sysprompt import scan
+from tests.builders import admission
 
 CONFIG = json.dumps({"units": "metric", "lang": ["en", "fr"], "tz": "UTC"}, indent=4)
 
@@ -181,9 +182,9 @@ profiles:
         first = pipeline.on_body(route, facts, raw)
         assert first is not None and first.decision is not None
         assert first.decision.reason == "kv_exhausted"
-        waiter = queue.offer(
-            pipeline, route, facts, Stream(Backlog(), pipeline.views, queue), first
-        )
+        stream = Stream(Backlog(), pipeline.views, queue)
+        commit = admission(pipeline, route, facts, queue, stream).commit
+        waiter = queue.offer(pipeline, route, facts, stream, first, commit=commit)
         assert isinstance(waiter, Waiter)
         view["now"] = _snapshot(0.0, waiting=0, blocks=11)  # room now
         queue.tick()

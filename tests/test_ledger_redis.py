@@ -37,6 +37,7 @@ from ext_proc.placement.ledger_redis import (
 from ext_proc.policy.load import parse_policy
 from ext_proc.schemas import OPENAI_CHAT
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
+from tests.builders import admission
 
 
 def aio(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
@@ -86,13 +87,16 @@ class Replica:
         """BODY judged, held and reserved as the servicer does: "decision:reason"."""
         route = self.pipeline.router.resolve([])
         facts = RequestFacts(adapter=OPENAI_CHAT, priority="standard")
-        stream = Stream(Backlog(), self.pipeline.views, AdmissionQueue())
+        queue = AdmissionQueue()
+        stream = Stream(Backlog(), self.pipeline.views, queue)
+        committing = admission(self.pipeline, route, facts, queue, stream)
         verdict = self.pipeline.on_body(route, facts, BODY.encode())
         assert verdict is not None
         if self.ledger.active:
-            verdict = await admit_shared(self.pipeline, route, facts, stream, verdict)
+            verdict, hold = await admit_shared(self.pipeline, route, facts, stream, verdict)
+            committing.commit(verdict, held=hold, shared=True)
         else:
-            stream.hold = self.pipeline.record(route, verdict)
+            committing.commit(verdict)
         self.stream = stream
         assert verdict.decision is not None
         return f"{verdict.decision.decision}:{verdict.decision.reason}", verdict

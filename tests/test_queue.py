@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -27,6 +28,7 @@ from ext_proc.placement.inflight import Hold
 from ext_proc.policy.load import parse_policy
 from ext_proc.schemas import OPENAI_CHAT
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
+from tests.builders import admission
 
 # 11 blocks of 16 tokens: floor((11 − 1) × (1 − usage)) free blocks
 IDLE = BackendSignals(
@@ -72,6 +74,10 @@ class Rig:
     def stream(self, facts: RequestFacts) -> Stream:
         return self.streams[id(facts)]
 
+    def commit(self, facts: RequestFacts) -> Callable[[BodyVerdict], None]:
+        """The commit of the request ``facts`` names (its stream's ``Admission``)."""
+        return admission(self.pipeline, self.route, facts, self.queue, self.stream(facts)).commit
+
     def judge(self, facts: RequestFacts) -> BodyVerdict:
         verdict = self.pipeline.on_body(self.route, facts, BODY.encode())
         assert verdict is not None
@@ -87,7 +93,9 @@ class Rig:
     def offer(self, facts: RequestFacts) -> Waiter:
         first = self.judge(facts)
         assert queueable(self.route, first), first.decision
-        got = self.queue.offer(self.pipeline, self.route, facts, self.stream(facts), first)
+        got = self.queue.offer(
+            self.pipeline, self.route, facts, self.stream(facts), first, commit=self.commit(facts)
+        )
         assert isinstance(got, Waiter)
         return got
 
@@ -190,7 +198,9 @@ def test_a_full_queue_refuses_at_once_with_queue_full() -> None:
         rig.offer(rig.facts())
         facts = rig.facts()
         first = rig.judge(facts)
-        got = rig.queue.offer(rig.pipeline, rig.route, facts, rig.stream(facts), first)
+        got = rig.queue.offer(
+            rig.pipeline, rig.route, facts, rig.stream(facts), first, commit=rig.commit(facts)
+        )
         assert isinstance(got, BodyVerdict) and got.decision is not None
         assert got.decision.reason == "queue_full"
         assert getattr(got.outcome, "status", None) == 429
@@ -224,7 +234,9 @@ def test_a_waiting_higher_band_holds_back_the_lower_one() -> None:
         facts = rig.facts("standard")
         first = rig.pipeline.on_body(rig.route, facts, big.encode())  # 10 blocks: fits idle only
         assert first is not None and queueable(rig.route, first)
-        high = rig.queue.offer(rig.pipeline, rig.route, facts, rig.stream(facts), first)
+        high = rig.queue.offer(
+            rig.pipeline, rig.route, facts, rig.stream(facts), first, commit=rig.commit(facts)
+        )
         assert isinstance(high, Waiter)
         low = rig.offer(rig.facts("sheddable"))  # 7 blocks: it would fit at usage 0.2
         rig.newer_view(usage=0.2)  # 8 free: the standard request (10) does not fit
@@ -343,7 +355,14 @@ def test_shutting_down_answers_every_waiter_with_429_and_refuses_new_ones() -> N
         assert outcome(w) == "reject:queue_shutdown" and rig.queue.depth == 0
         assert "retry-after" in headers(w)
         facts = rig.facts()
-        got = rig.queue.offer(rig.pipeline, rig.route, facts, rig.stream(facts), rig.judge(facts))
+        got = rig.queue.offer(
+            rig.pipeline,
+            rig.route,
+            facts,
+            rig.stream(facts),
+            rig.judge(facts),
+            commit=rig.commit(facts),
+        )
         assert isinstance(got, BodyVerdict) and got.decision is not None
         assert got.decision.reason == "queue_shutdown"
 

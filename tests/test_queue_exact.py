@@ -24,6 +24,7 @@ from ext_proc.admit.stream import Stream
 from ext_proc.policy.load import parse_policy
 from ext_proc.schemas import OPENAI_CHAT
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
+from tests.builders import admission
 
 DATA = Path(__file__).parent / "data"
 WORDS = " ".join(["alpha", "beta", "gamma", "delta"] * 25)
@@ -70,7 +71,8 @@ class Rig:
         assert dict(first.outcome.headers)[H_TOKENS] == "estimate"
         assert queueable(self.route, first)
         stream = Stream(Backlog(), self.pipeline.views, self.queue)
-        got = self.queue.offer(self.pipeline, self.route, facts, stream, first)
+        commit = admission(self.pipeline, self.route, facts, self.queue, stream).commit
+        got = self.queue.offer(self.pipeline, self.route, facts, stream, first, commit=commit)
         assert isinstance(got, Waiter)
         return got
 

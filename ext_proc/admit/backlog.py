@@ -80,9 +80,14 @@ __all__ = [
     "Backlog",
     "Lane",
     "Ticket",
+    "Weight",
 ]
 
 Lane = Literal["inline", "helper"]
+# Where a body with an adapter is judged (``ext_proc.serve.helper``'s ``weigh``): ""
+# in-process; "shape": in the helper; "size": in-process first when little of its text is
+# new, else in the helper.
+Weight = Literal["", "shape", "size"]
 Why = Literal["bytes", "lag", "time"]
 
 DEFAULT_MAX_INFLIGHT_BYTES = 16 * 1024 * 1024

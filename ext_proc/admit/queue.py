@@ -154,8 +154,12 @@ class AdmissionQueue:
         facts: RequestFacts,
         stream: Stream,
         first: BodyVerdict,
+        *,
+        commit: Callable[[BodyVerdict], None],
     ) -> Waiter | BodyVerdict:
-        """Queue a ``queueable`` request, or its 429 ``queue_full`` (not recorded)."""
+        """Queue a ``queueable`` request, or its 429 ``queue_full`` (not committed);
+        ``commit``: what commits its verdict once it is judged again
+        (``ext_proc.admit.admission.Admission.commit``)."""
         spec = route.profile.queue
         assert spec is not None
         pool = self._pools.setdefault(route.pool, PoolQueues())
@@ -192,6 +196,7 @@ class AdmissionQueue:
             now,
             now + spec.max_queue_wait_ms / 1000,
             asyncio.get_running_loop().create_future(),
+            commit,
         )
         band.tenants.setdefault(tenant, deque()).append(waiter)
         pool.length += 1
@@ -224,7 +229,7 @@ class AdmissionQueue:
         return None
 
     async def wait(self, waiter: Waiter) -> BodyVerdict:
-        """The waiter's verdict (recorded); a cancelled wait leaves the queue at once."""
+        """The waiter's verdict (committed); a cancelled wait leaves the queue at once."""
         try:
             return await waiter.future
         except asyncio.CancelledError:
@@ -300,8 +305,7 @@ class AdmissionQueue:
         if w.future.done():  # cancelled in the meantime
             return
         verdict = with_queued_ms(verdict, now - w.enqueued_s)
-        w.stream.hold = w.pipeline.record(w.route, verdict)  # released by its stream
-        self.count_started(w.route, w.facts, w.stream, verdict)  # before the next is judged
+        w.commit(verdict)  # held (released by its stream) before the next is judged
         w.future.set_result(verdict)
         self._count(w, outcome, now)
 

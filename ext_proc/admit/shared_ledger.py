@@ -21,8 +21,8 @@ request soon fits or is refused); the last try reserves without the check.
 - A Redis fault answers as a success: the local ledger holds the request, and the ledger is
   ``local`` until its heartbeat succeeds (fail-open on Redis, never on the request).
 
-Invariant: the verdict returned is counted exactly once (``Pipeline.count``), and its hold
-(``stream.hold``) is the one reserved.
+Invariant: the hold returned (``stream.hold``) is the one reserved; the verdict returned is
+not counted here: its commit (``ext_proc.admit.admission.Admission.commit``) counts it, once.
 """
 
 from __future__ import annotations
@@ -93,9 +93,10 @@ def _room(pipeline: Pipeline, route: Route, verdict: BodyVerdict) -> int | None:
 
 async def admit_shared(
     pipeline: Pipeline, route: Route, facts: RequestFacts, stream: Stream, verdict: BodyVerdict
-) -> BodyVerdict:
-    """Hold and reserve ``verdict`` (judged again on a conflict, on its body's one decode);
-    counts the final verdict and sets ``stream.hold``."""
+) -> tuple[BodyVerdict, Hold | None]:
+    """Hold and reserve ``verdict`` (judged again on a conflict, on its body's one decode):
+    the final verdict and its hold (also ``stream.hold`` while it is on the wire), for the
+    caller to commit (``Admission.commit``, which counts it)."""
     remote = pipeline.views.remote
     assert remote is not None
     again = _rejudgeable(verdict, facts)
@@ -114,8 +115,7 @@ async def admit_shared(
         pipeline.views.unhold(hold)
         stream.hold = None
         verdict = pipeline.rejudge(route, facts, verdict)
-    pipeline.count(route, verdict)
-    return verdict
+    return verdict, stream.hold
 
 
 def share_hold(pipeline: Pipeline, route: Route, hold: Hold | None) -> None:

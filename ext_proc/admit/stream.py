@@ -10,6 +10,8 @@ A stream takes, at most once each:
   from the verdict that sends it on until the stream ends;
 - ``slot``: its count among its tenant's requests in flight (``ext_proc.admit.queue``),
   likewise;
+- ``committed``: its verdict was committed (counted, held, shared, its slot counted: once,
+  ``ext_proc.admit.admission.Admission.commit``);
 - ``need_tokens``: what the response phase needs of the verdict (the tokens it asks of its
   pool: the Retry-After of a backend's overload 503, ``ext_proc.admit.overload_answer``).
 
@@ -48,6 +50,7 @@ class Stream:
         "_on_release",
         "_slots",
         "_views",
+        "committed",
         "hold",
         "need_tokens",
         "slot",
@@ -71,6 +74,7 @@ class Stream:
         self.hold: Hold | None = None
         self.slot: tuple[str, str] | None = None
         self.need_tokens: int | None = None
+        self.committed = False  # its verdict was committed (``ext_proc.admit.admission``)
 
     def answered(self) -> None:
         """The body was answered: its bytes leave the backlog's queue."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -82,6 +83,9 @@ class Waiter:
     enqueued_s: float
     deadline_s: float
     future: asyncio.Future[BodyVerdict] = field(repr=False)
+    # commits its verdict once it is judged again (``Admission.commit``), before the next
+    # waiter is judged
+    commit: Callable[[BodyVerdict], None] = field(repr=False)
 
     @property
     def spec(self) -> QueueSpec:

@@ -60,8 +60,9 @@ from collections.abc import Awaitable
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Any
 
+from ext_proc.admit.backlog import Weight
 from ext_proc.admit.faults import JudgeFault
 from ext_proc.admit.pipeline import BodyVerdict, Pipeline, RequestFacts, Route
 from ext_proc.policy.load import load_policy
@@ -95,9 +96,6 @@ INLINE_MEDIA_BYTES = 1024 * 1024
 # The largest body heavy only by its size that is judged in-process first: an attempt held
 # the loop 23–26 ms for 1.9 MB and 26–39 ms for 2.5 MB on 2 loaded cores (issue 30: < 50 ms).
 INLINE_ATTEMPT_BYTES = 2 * 1024 * 1024
-# Where a body with an adapter is judged (``Offload.weigh``): "" in-process; "shape": in the
-# helper; "size": in-process first when little of its text is new, else in the helper.
-Weight = Literal["", "shape", "size"]
 # What marks a media payload whose header ICE reads: a data: URL, base64 (Anthropic's
 # ``"type": "base64"`` source) or an ``input_audio`` part; ``;base64,`` of a data URL counts
 # once more, which errs towards the helper
@@ -231,6 +229,10 @@ class Offload:
         """Start the helper now (its imports take about a second), so that the first heavy
         body is not the one that waits for it past Envoy's message timeout."""
         self._executor().submit(_ready)
+
+    def weigh(self, pipeline: Pipeline, body: bytes) -> Weight:
+        """Where a body with an adapter is judged (``weigh``)."""
+        return weigh(self, pipeline, body)
 
     def is_heavy(self, body: bytes) -> bool:
         """The body's parse belongs in the helper (the module docstring)."""
