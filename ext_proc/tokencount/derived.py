@@ -75,7 +75,7 @@ import threading
 import time
 import unicodedata
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tokenizers import Tokenizer
@@ -241,6 +241,52 @@ def _same(p: _Pipeline, lo: int, hi: int) -> bool:
 # -- derivation
 
 
+@dataclass(slots=True)
+class _Probe:
+    """What the probe found so far: the high side, what sets it, the reach of each symbol."""
+
+    high: float = 0.0
+    high_at: str = ""
+    per_byte: float = 1.0
+    deletes: bool = False
+    reach: dict[str, float] = field(default_factory=dict)
+
+    def see(self, text: str, tokens: float, price: float) -> None:
+        """``text`` (a character or an added token, priced at ``price`` estimated tokens)
+        may become ``tokens`` tokens."""
+        if tokens / price > self.high:
+            self.high, self.high_at = tokens / price, text
+        self.per_byte = max(self.per_byte, tokens / len(text.encode("utf-8")))
+
+
+def _probe(p: _Pipeline, k: int, added: list[str]) -> _Probe:
+    """Every code point through the pipeline, and the added tokens (the module docstring)."""
+    found = _Probe()
+    for c in ("a", "é", "→", "中", "😀"):  # kept: ASCII, two bytes, three narrow / wide, four
+        found.see(c, p.kept(c), weight(c))
+    for cp in _changed(p):
+        if cp < 0:
+            found.deletes = True
+            continue
+        c = chr(cp)
+        try:
+            once, twice = p.run(c), p.run(c + c)
+        except Exception:  # the tokenizer refuses it in any text too: no count to bound
+            continue
+        s = max(p.symbols(twice) - p.symbols(once), p.symbols(once) - k)
+        found.deletes = found.deletes or s <= 0
+        w = weight(c)
+        found.see(c, s, w)
+        out = twice[len(once) :] or once  # what c becomes, less the prefix
+        share = w / len(out) if out else 0.0  # c's weight, spread over its symbols
+        for d in out:
+            if found.reach.get(d, 0.0) < share:
+                found.reach[d] = share
+    for a in added:  # one token, and the segment after it may get the prefix again
+        found.see(a, 1 + k, _text_weight(a))
+    return found
+
+
 def derive(
     tok: Tokenizer, framing: tuple[int, int, bool] = (0, 0, False), special_tokens: int = 0
 ) -> DerivedBounds:
@@ -252,54 +298,20 @@ def derive(
     p = _Pipeline(tok, config)
     one = p.symbols(p.run("a"))
     k = max(0, one - (p.symbols(p.run("aa")) - one))
-    # the kept characters, by UTF-8 class: ASCII, two bytes, three narrow, three wide, four
-    high, high_at = 0.0, ""
-    tpb = 1.0
-    for c in ("a", "é", "→", "中", "😀"):
-        ratio = p.kept(c) / weight(c)
-        if ratio > high:
-            high, high_at = ratio, c
-        tpb = max(tpb, p.kept(c) / len(c.encode("utf-8")))
-    reach: dict[str, float] = {}
-    deletes = False
-    for cp in _changed(p):
-        if cp < 0:
-            deletes = True
-            continue
-        c = chr(cp)
-        try:
-            once, twice = p.run(c), p.run(c + c)
-        except Exception:
-            continue
-        s = max(p.symbols(twice) - p.symbols(once), p.symbols(once) - k)
-        deletes = deletes or s <= 0
-        w = weight(c)
-        if s / w > high:
-            high, high_at = s / w, c
-        tpb = max(tpb, s / len(c.encode("utf-8")))
-        out = twice[len(once) :] or once  # what c becomes, less the prefix
-        share = w / len(out) if out else 0.0  # c's weight, spread over its symbols
-        for d in out:
-            if reach.get(d, 0.0) < share:
-                reach[d] = share
     added = [a.content for a in tok.get_added_tokens_decoder().values() if a.content]
-    for a in added:
-        ratio = (1 + k) / _text_weight(a)
-        if ratio > high:
-            high, high_at = ratio, a
-        tpb = max(tpb, (1 + k) / len(a.encode("utf-8")))
-    width, widest = _token_weight(p, config, reach, added)
+    found = _probe(p, k, added)
+    width, widest = _token_weight(p, config, found.reach, added)
     return DerivedBounds(
-        high=max(4.0, high),
-        tokens_per_byte=tpb,
+        high=max(4.0, found.high),
+        tokens_per_byte=found.per_byte,
         token_weight=width,
-        deletes=deletes or framing[2],
+        deletes=found.deletes or framing[2],
         prefix_tokens=k,
         special_tokens=special_tokens,
         framing_first=framing[0],
         framing_per_turn=framing[1],
         derive_s=time.perf_counter() - start,
-        widest_high=high_at,
+        widest_high=found.high_at,
         widest_token=widest,
     )
 
@@ -360,14 +372,17 @@ def _token_weight(
     composes = any(_find(config.get("normalizer"), k) for k in ("NFC", "NFKC", "Precompiled"))
     hat = _reach_weight(p, reach, composes)
     prefix = str(model.get("continuing_subword_prefix") or "")
+    texts = sorted(  # sorted: the same widest token on every run
+        token[len(prefix) :] if prefix and token.startswith(prefix) else token
+        for token in p.vocab
+        if not (token.startswith(_BYTE_PIECE) and token.endswith(">") and len(token) == 6)
+    )
+    weights = {d: hat(d) for d in set().union(*texts)}
     best, widest = 1.0, ""
-    for token in p.vocab:
-        if token.startswith(_BYTE_PIECE) and token.endswith(">") and len(token) == 6:
-            continue
-        text = token[len(prefix) :] if prefix and token.startswith(prefix) else token
-        w = sum(hat(d) for d in text)
+    for text in texts:
+        w = sum(map(weights.__getitem__, text))
         if w > best:
-            best, widest = w, token
+            best, widest = w, text
     for a in added:
         w = max(_text_weight(a), sum(hat(d) for d in a))
         if w > best:
