@@ -126,6 +126,69 @@ def test_derivation_is_cached_per_tokenizer(loaded: Loaded) -> None:
     assert counter.bounds.derived is not None and counter.bounds.derived.derive_s > 0
 
 
+def test_the_formulas_by_hand() -> None:
+    from ext_proc.tokencount.derived import DerivedBounds
+
+    d = DerivedBounds(
+        high=6.0,
+        tokens_per_byte=1.0,
+        token_weight=4.25,
+        deletes=False,
+        prefix_tokens=1,
+        special_tokens=1,
+        framing_first=50,
+        framing_per_turn=30,
+    )
+    # upper(E=100, M=2) = ⌈6 × 100⌉ + P 1 + K × (M + 1) 3 + max(0, 50 − 42) 8
+    #                     + 2 × max(0, 30 + 2 − 24) 16 = 628
+    assert d.upper(100, 2) == 628
+    # lower(E=100, M=2) = ⌊(100 − 8 − 3) / (4 × 4.25)⌋ = ⌊89 / 17⌋ = 5
+    assert d.lower(100, 2) == 5
+    assert d.low == pytest.approx(1 / 17)
+    assert DerivedBounds(6.0, 1.0, 4.25, True, 1, 1, 50, 30).lower(100, 2) == 0
+    assert DerivedBounds(6.0, 1.0, math.inf, False, 1, 1, 50, 30).lower(10**9, 0) == 0
+
+
+@pytest.mark.parametrize(
+    ("body", "plain"),
+    [
+        ({"messages": [{"role": "user", "content": "x", "name": "a"}]}, True),
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}]}, True),
+        ({"prompt": "x", "max_tokens": 3, "stop": ["\n"]}, True),
+        ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, False),
+        ({"messages": [], "chat_template_kwargs": {"junk": "x" * 99}}, False),
+        ({"messages": [{"role": "assistant", "content": "", "tool_calls": []}]}, False),
+        ({"messages": [{"role": "assistant", "content": "", "reasoning_content": "x"}]}, False),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, False),
+        (None, False),
+    ],
+    ids=[
+        "string",
+        "text parts",
+        "prompt",
+        "tools",
+        "kwargs",
+        "tool calls",
+        "reasoning",
+        "image",
+        "none",
+    ],
+)
+def test_only_a_plain_body_has_a_lower_bound(
+    loaded: Loaded, body: dict[str, Any] | None, plain: bool
+) -> None:
+    from ext_proc.admit.counting import bounds
+    from ext_proc.admit.counting import plain as is_plain
+
+    assert is_plain(body) is plain
+    counter = loaded["bytelevel-chatml"][1]
+    features = BY_NAME["openai.chat"].features(
+        {"messages": [{"role": "user", "content": "#" * 4000}]}
+    )
+    lo, _ = bounds(features, 5000, counter.bounds, body)
+    assert (lo.input_tokens > 0) is plain
+
+
 # -- the property: lower ≤ exact ≤ upper for adversarial text
 
 ADVERSARIAL = st.sampled_from(

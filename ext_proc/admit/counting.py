@@ -28,7 +28,9 @@ specials that can appear in text, the template's framing) when it has them:
     lo = min(⌈text × low⌉, derived.lower(text, M)) + media
     hi = min(max(⌈text × high⌉, derived.upper(text, M)), byte bound) + media
 
-(text: the estimate less media; M: the request's messages). The byte bound is the header-only
+(text: the estimate less media; M: the request's messages; the derived lower bound is 0 for a
+body that is not ``plain``: tools, documents, template keywords, tool calls or reasoning, which
+the estimate prices but a template may not render). The byte bound is the header-only
 verdict's prompt bound with the tokenizer's most tokens per byte (``derived.tokens_per_byte``;
 1 without derived bounds): a body whose text NFKC expands (ﷺ: up to 11 tokens a byte) is not
 capped at one token a byte.

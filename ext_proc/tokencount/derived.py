@@ -51,15 +51,17 @@ and the unknown token count 1). Then every token stands for at most W of the tex
     exact ≥ ⌊max(0, E − 4M − 3) / (4 × W)⌋                       (``lower``)
 
 unless the pipeline can **delete** a character (S(c) = 0: BERT's whitespace and control
-characters, an accent it strips), or one unknown token covers any number of characters
+characters, an accent it strips), the template trims a turn (``| trim``: a turn of
+whitespace counts no more than an empty one), or one unknown token covers any number of characters
 (WordPiece's ``[UNK]`` for a word, a fused unknown without byte fallback): then no text has
 a lower bound above zero and ``lower`` is 0 (``exact_count: needed`` then never refuses from
 the estimate: it counts).
 
-What it does not cover: the estimate's pricing of tool schemas (a template may render them
-indented, with its own preamble) and of the 4 tokens of framing per tool call or document;
-the calibration's measured bounds (``calibration``) still cover those on the shipped sample,
-and the caller takes the wider of the two.
+What it does not cover: text the estimate prices that a template may render otherwise or
+not at all (tool schemas, tool calls, reasoning, documents, template keywords): for such a
+body the caller sets the lower bound to 0 (``ext_proc.admit.counting.plain``), and for the
+upper bound takes the wider of this and the calibration's measured bound (``calibration``),
+which covers the shipped sample's tools but not an adversarial nesting a template indents.
 
 Invariants: ``derive`` is pure given the tokenizer and the framing (its results are cached by
 the tokenizer's identity, computed once at load, never on the request path); ``lower(E, M)
