@@ -2,11 +2,13 @@
 (``ext_proc.admit.counting.exact_to_wait``): the queue judges it again as room comes, and at
 the estimate's upper bound a short prompt would wait for room it does not need.
 
-Hand-computed, blocks of 16 tokens, 40 output tokens, the tiny model's tokenizer (estimate
-factors 0.5 and 7.51): the body's estimate is 151 tokens, so lo = 76 and hi = 912 (the
-body's byte bound); its exact count is 242. Blocks: lo ⌈116 / 16⌉ = 8, exact ⌈282 / 16⌉ =
-18, hi ⌈952 / 16⌉ = 60. With 5 free blocks both bounds are refused: the estimate decides
-(every count in between is refused too). With 30 free the exact request fits and hi does not.
+Hand-computed, blocks of 16 tokens, 40 output tokens, the tiny model's tokenizer (measured
+factors 0.5 and 7.51; its widest token, 64 "#", stands for 16 estimated tokens): the body's
+estimate is 151 tokens, so lo = ⌊(151 − 4 − 3) / (4 × 16)⌋ = 2 (the derived lower bound,
+``ext_proc.tokencount.derived``) and hi = 912 (the body's byte bound); its exact count is
+242. Blocks: lo ⌈42 / 16⌉ = 3, exact ⌈282 / 16⌉ = 18, hi ⌈952 / 16⌉ = 60. With 2 free blocks
+both bounds are refused: the estimate decides (every count in between is refused too). With
+30 free the exact request fits and hi does not.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ def view(free: int) -> PoolSnapshot:
 
 class Rig:
     def __init__(self, inline_bytes: int = 65536) -> None:
-        self.view = view(5)
+        self.view = view(2)
         self.pipeline = Pipeline(parse_policy(POLICY % inline_bytes), lambda _: self.view)
         self.route = self.pipeline.router.resolve([])
         self.queue = AdmissionQueue()

@@ -19,10 +19,13 @@ its size at the body phase; ``ext_proc.serve.servicer``):
   than the body (escapes only lengthen it), and token ids cost at least two bytes each
   (``1,``). The chat template adds per message fewer tokens than the JSON around a message
   takes (``{"role":"user","content":""}`` is 28 bytes), plus a fixed preamble, covered by
-  TEMPLATE_SLACK_TOKENS = 256. Not a bound: tokenizers whose normalisation expands text
-  (NFKC in T5-style SentencePiece models), and media parts (an image URL of 60 bytes costs
-  as many tokens as the image has patches). No sequence holds more than max_model_len
-  tokens of KV (the backend refuses longer prompts), hence the cap.
+  TEMPLATE_SLACK_TOKENS = 256. With tokenizers configured, TOKENS_PER_BYTE is instead the
+  most any of them can make of one byte (``CounterRegistry.tokens_per_byte``, derived at load
+  by ``ext_proc.tokencount.derived``: NFKC turns the 3 bytes of ﷺ into 33, up to 11 tokens a
+  byte). Not a bound: an expanding normaliser with no tokenizer configured, and media parts
+  (an image URL of 60 bytes costs as many tokens as the image has patches). No sequence
+  holds more than max_model_len tokens of KV (the backend refuses longer prompts), hence the
+  cap.
 - **Sequences** S = ``max_sequences`` (a body names ``n`` in a few bytes, whatever its
   size; more than S is the full verdict's 400), each with its own prompt of P tokens and no
   prefix-cache sharing (``prompt_logprobs`` turns it off; ``Shape.reads_cache`` False).
@@ -86,18 +89,26 @@ _NOT_GENERATING = ("openai.embeddings",)
 _UNREAD = "ICE could not read this request's body in time"
 
 
-def coarse_tokens(nbytes: int, max_model_len: int | None) -> int:
-    """The prompt-token bound of a body of ``nbytes`` (see the module docstring)."""
-    tokens = math.ceil(nbytes * TOKENS_PER_BYTE) + TEMPLATE_SLACK_TOKENS
+def coarse_tokens(
+    nbytes: int, max_model_len: int | None, tokens_per_byte: float = TOKENS_PER_BYTE
+) -> int:
+    """The prompt-token bound of a body of ``nbytes`` (see the module docstring);
+    ``tokens_per_byte``: the loaded tokenizers' most (``CounterRegistry.tokens_per_byte``)."""
+    tokens = math.ceil(nbytes * tokens_per_byte) + TEMPLATE_SLACK_TOKENS
     return tokens if max_model_len is None else min(tokens, max_model_len)
 
 
-def coarse_features(adapter: SchemaAdapter, nbytes: int, profile: Profile) -> RequestFeatures:
+def coarse_features(
+    adapter: SchemaAdapter,
+    nbytes: int,
+    profile: Profile,
+    tokens_per_byte: float = TOKENS_PER_BYTE,
+) -> RequestFeatures:
     """The worst request a body of ``nbytes`` can be on ``adapter``'s API under ``profile``
     (the module docstring): S sequences of P prompt tokens, unshared, each asking O output
     tokens (``max_tokens`` None: unbounded, no max_model_len)."""
     generates = adapter.name not in _NOT_GENERATING
-    prompt = coarse_tokens(nbytes, profile.max_model_len)
+    prompt = coarse_tokens(nbytes, profile.max_model_len, tokens_per_byte)
     return RequestFeatures(
         schema=adapter.name,
         model=None,

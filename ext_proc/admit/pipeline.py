@@ -182,7 +182,8 @@ class Pipeline(Recording):
         bytes, judged without its body: pass, or a 429 in the API's format; ``x-ice-judged:
         headers``. ``facts.adapter`` must be set."""
         adapter = facts.adapter or OPENAI_CHAT_FALLBACK
-        features = coarse_features(adapter, nbytes, route.profile)
+        per_byte = self.counters.tokens_per_byte if self.counters is not None else 1.0
+        features = coarse_features(adapter, nbytes, route.profile, per_byte)
         decision, placement = self.judge(route, facts, features, COARSE_LADDER)
         if route.profile.mode == "shadow":
             would = (decision.decision, decision.reason)
@@ -303,7 +304,7 @@ class Pipeline(Recording):
         """``exact_count: needed``: the verdict at the estimate's upper bound when both
         bounds give the same one (``ext_proc.admit.counting``); None: count exactly."""
         counter = self.counters.counter_for(features.model)  # one: the caller's `counted`
-        lo, hi = bounds(features, len(body.raw), counter.bounds.factors)
+        lo, hi = bounds(features, len(body.raw), counter.bounds, body.doc.values)
         low, _ = self.judge(route, facts, lo, LADDER, body.prefix, True)
         high = self.judge(route, facts, hi, LADDER, body.prefix, True)
         return (hi, high) if same_verdict(low, high[0]) else None

@@ -24,8 +24,10 @@ code with much whitespace or many symbols runs higher than estimated. The policy
 ``output_buffer_tokens`` absorbs this error; exact counting replaces it when configured.
 
 Per tokenizer, how far the exact count strays from this estimate is measured at load
-(``ext_proc.tokencount.calibration``, against the adapters' figure for whole requests): the
-bounds ``exact_count: needed`` trusts.
+(``ext_proc.tokencount.calibration``, against the adapters' figure for whole requests) and
+bounded for any text from the tokenizer itself (``ext_proc.tokencount.derived``, which prices
+each character as this formula does: 1/4, 1 or 1/2): the bounds ``exact_count: needed``
+trusts.
 
 Invariant: pure functions of their inputs; never raises on any ``str``.
 """

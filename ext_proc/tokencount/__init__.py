@@ -51,7 +51,11 @@ Modules, in the order a request meets them:
 - ``newtext``: a bound on the new text a count may encode (``new_text_bound``) and the piece
   counts one process teaches another (``Lesson``: digests and counts);
 - ``calibration``: the estimate's bounds (exact ÷ estimate) for this tokenizer, measured at
-  load on a generated sample, which ``exact_count: needed`` trusts;
+  load on a generated sample;
+- ``derived``: the bounds the tokenizer itself gives for any text (its widest token, what its
+  normalizer makes of every code point, the specials a user can type, the template's
+  framing), derived once at load; ``exact_count: needed`` judges at the wider of the two, and
+  the header-only verdict charges a byte the most tokens any loaded tokenizer makes of one;
 - ``counter``: ``ExactCounter`` (loading, reading a request body, rendering, encoding);
 - ``registry``: ``CounterRegistry`` (served model name → counter).
 

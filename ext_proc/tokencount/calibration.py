@@ -38,6 +38,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ext_proc.tokencount.derived import DerivedBounds
+
 __all__ = [
     "DEFAULT_BOUNDS",
     "DEFAULT_HIGH",
@@ -64,14 +66,17 @@ Exact = Callable[[str, Mapping[str, Any]], int]
 
 @dataclass(frozen=True, slots=True)
 class EstimateBounds:
-    """exact ÷ estimate lies in [low, high] for this tokenizer (see the module doc).
-    ``source``: measured on the sample, or assumed (no estimator given at load)."""
+    """exact ÷ estimate lies in [low, high] for this tokenizer on the sample (see the module
+    doc). ``source``: measured on the sample, or assumed (no estimator given at load);
+    ``derived``: the bounds the tokenizer itself gives for any text (``derived``), which
+    ``ext_proc.admit.counting`` widens these with."""
 
     low: float
     high: float
     source: Literal["measured", "assumed"] = "assumed"
     worst_low: str = ""  # the sample class of the smallest ratio, and the ratio
     worst_high: str = ""  # the sample class of the largest ratio, and the ratio
+    derived: DerivedBounds | None = None
 
     @property
     def factors(self) -> tuple[float, float]:

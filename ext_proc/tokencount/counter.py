@@ -12,7 +12,7 @@ The body fields that change the prompt are read here (``add_generation_prompt``,
 
 At load the counter also picks how to split a rendered prompt (``pieces``, ``splits``) and,
 given the schema adapters' estimate, measures the estimate's bounds for this tokenizer
-(``bounds``, ``calibration``).
+(``bounds``, ``calibration``), and derives the bounds that hold for any text (``derived``).
 
 Inside ``pieces.new_text_bound`` counting encodes at most that many new characters, else
 raises ``NewTextOverBound`` first; ``learn`` takes piece counts (``pieces.Lesson``) made by a
@@ -27,6 +27,7 @@ only ``TokenCountError``, and ``NewTextOverBound`` inside a bound.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -39,6 +40,7 @@ from ext_proc.tokencount.calibration import (
     Estimator,
     measure_bounds,
 )
+from ext_proc.tokencount.derived import derived_for, framing
 from ext_proc.tokencount.newtext import Lesson, NewTextOverBound, spend_new_text, tokenizer_identity
 from ext_proc.tokencount.pieces import DEFAULT_CACHE_BYTES, PieceCounter
 from ext_proc.tokencount.samples import SAMPLE_CONVERSATIONS, SAMPLE_TOOLS
@@ -110,9 +112,13 @@ class ExactCounter:
         cuts = self._pieces.template_cuts(renders)
         more = self._renders(adversarial_conversations(cuts + ([marker] if marker else [])))
         self._pieces.verify(renders + more, marker, cuts)
-        self.bounds: EstimateBounds = DEFAULT_BOUNDS
-        if estimate is not None:
-            self.bounds = measure_bounds(self.count_request, estimate)
+        bounds = (
+            DEFAULT_BOUNDS if estimate is None else measure_bounds(self.count_request, estimate)
+        )
+        frame = framing(self.count_chat) if self._templates else (0, 0, False)
+        post = self.count_text("a") - self.count_text("a", add_special_tokens=False)
+        derived = derived_for(identity or tokenizer.to_str().encode(), tokenizer, frame, post)
+        self.bounds: EstimateBounds = replace(bounds, derived=derived)
 
     @classmethod
     def load(

@@ -4,8 +4,10 @@ Job: load every configured ``TokenizerSpec`` at start-up (eagerly: a bad file st
 with a ``TokenizerLoadError`` that names ``tokenizers.<model>``, the file and the problem),
 share one counter among models whose specs are equal (``TokenizerSpec.key``), and answer
 ``counter_for(model)`` (None: estimate instead). With ``estimate`` (the schema adapters'
-figure) each counter measures its estimate bounds at load (``calibration``); the load log
-names each model's split and bounds.
+figure) each counter measures its estimate bounds at load (``calibration``), and derives the
+bounds that hold for any text (``derived``); the load log names each model's split and bounds.
+``tokens_per_byte`` is the most tokens a byte of text can become under any of them (at least
+1): what the header-only verdict charges a body's byte.
 
 ``learn`` merges the piece counts another process's counters made (``pieces.Lesson``: the
 helper process teaches its worker) into the counter of the same tokenizer.
@@ -54,6 +56,20 @@ class CounterRegistry:
             counters[model] = loaded[key]
             c = loaded[key]
             b = c.bounds
+            d = b.derived
+            if d is not None:
+                log.info(
+                    "tokenizer for %s: derived bounds: %.4f-%.2f tokens per estimated token "
+                    "(widest token %r, %.2f; highest %r), %.2f tokens per byte, in %.0f ms",
+                    model,
+                    d.low,
+                    d.high,
+                    d.widest_token[:40],
+                    d.token_weight,
+                    d.widest_high[:40],
+                    d.tokens_per_byte,
+                    d.derive_s * 1000,
+                )
             # whole texts are exact but cost the whole conversation every turn: a warning
             log.log(
                 logging.WARNING if c.count_mode == "whole" else logging.INFO,
@@ -68,6 +84,12 @@ class CounterRegistry:
             )
         self._counters = MappingProxyType(counters)
         self._distinct = tuple(loaded.values())
+
+    @property
+    def tokens_per_byte(self) -> float:
+        """The most tokens one byte of text can become under any loaded tokenizer (≥ 1)."""
+        derived = (c.bounds.derived for c in self._distinct)
+        return max([1.0, *(d.tokens_per_byte for d in derived if d is not None)])
 
     def counter_for(self, model: str | None) -> ExactCounter | None:
         """The counter for a request's ``model``, or None (then estimate)."""
