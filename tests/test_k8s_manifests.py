@@ -621,6 +621,7 @@ def _generator_variants(tmp: Path) -> dict[str, list[Obj]]:
     (tmp / "policy.yaml").write_text(yaml.safe_dump(policy))
     profiled = {
         "policy": "policy.yaml",
+        "gateway": {"hosts": ["llm.example.com"]},
         "routes": [
             {"name": "chat", "path": "/v1/chat/completions"},
             {"name": "completions", "path": "/v1/completions", "profile": "batch"},
@@ -631,9 +632,13 @@ def _generator_variants(tmp: Path) -> dict[str, list[Obj]]:
     elsewhere = {
         "routes": [{"name": "chat", "path": "/v1/chat/completions"}],
         "backend": {"namespace": "models"},
-        "gateway": {"namespace": "gw"},
+        "gateway": {"namespace": "gw", "hosts": ["llm.example.com"]},
     }
-    split = {"policy": "policy.yaml", "routes": [{"name": n, "path": f"/{n}"} for n in many]}
+    split = {
+        "policy": "policy.yaml",
+        "gateway": {"hosts": ["llm.example.com"]},
+        "routes": [{"name": n, "path": f"/{n}"} for n in many],
+    }
     return {
         name: gateway.objects(parse_spec(doc, tmp))
         for name, doc in (("profiled", profiled), ("elsewhere", elsewhere), ("split", split))
