@@ -227,7 +227,9 @@ def _gateway_objects(spec: MeshSpec) -> list[dict[str, Any]]:
             "name": ROUTE_PREFIX + r.name,
             "match": [{"uri": {"exact": r.path}}],
             "route": destination,
-            "timeout": "600s",
+            "timeout": k8s_duration(
+                as_dict(pieces.judged_route("x", "/", "x"))["route"]["timeout"]
+            ),
         }
         for r in spec.routes
     ]
