@@ -13,7 +13,8 @@ else, such as Envoy's own defaults, is not mistaken for it):
 - every body limit written as a setting (``per_connection_buffer_limit_bytes: N``,
   ``request_body_buffer_limit: N``, ``bufferLimit: 8Mi``) is ``pieces.MAX_BODY_BYTES``;
 - the count of judged routes a ``grep -c '"x-ice-route"'`` is said to give is the number of
-  routes in ``envoy/mesh.yaml``.
+  routes in ``envoy/mesh.yaml``;
+- docs/configuration.md's access log table names the generated log's fields, no more, no less.
 """
 
 from __future__ import annotations
@@ -127,3 +128,15 @@ def test_the_patterns_find_what_they_look_for() -> None:
     assert BODY_LIMIT.findall(
         "(`LISTENER` `MERGE`, `per_connection_buffer_limit_bytes: 8388608`"
     ) == [("8388608", "")]
+
+
+def test_the_access_log_table_lists_the_generated_fields() -> None:
+    """docs/configuration.md's "Envoy's access log" table names exactly the fields the
+    generated access log writes (``hcm_settings.ACCESS_LOG_FIELDS``)."""
+    from ext_proc.tools.envoygen.hcm_settings import ACCESS_LOG_FIELDS
+
+    text = (DOCS / "configuration.md").read_text()
+    section = text.split("## Envoy's access log", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    documented = {name for row in rows for name in re.findall(r"`([a-z_]+)`", row.split("|")[1])}
+    assert documented == {name for name, _ in ACCESS_LOG_FIELDS}
