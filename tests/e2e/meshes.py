@@ -27,7 +27,9 @@ changes it.
   listener's own port and Envoy cannot read it back: ``redirect_port`` moves the container
   port's chains to the listener's port after the patches, and ``app_port`` is the
   destination the ORIGINAL_DST cluster connects to (given in its ``use_http_header`` header
-  by the vhosts, standing for the pod's address that iptables keeps).
+  by the vhosts, standing for the pod's address that iptables keeps). ``actual``: the Service
+  and pods as the cluster runs them where a test makes them differ from the spec (istiod
+  builds from them, the patches come from the spec; those that match nothing are skipped).
 - Istio's cluster for ICE (``outbound|PORT||HOST``, HTTP/2 for ``appProtocol: grpc``, its
   10 s connect timeout, no health checks), then the DestinationRule ``ice``.
 - ``envoy_gateway``: Envoy Gateway's translation of the generated objects (``eg_xds``).
