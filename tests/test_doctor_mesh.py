@@ -185,6 +185,16 @@ def test_a_wrong_target_port_fails_on_the_sidecar_too() -> None:
     assert "target_port: 8000" in check.fix
 
 
+def test_a_spec_whose_service_port_the_sidecar_never_saw_fails_naming_the_pods_ports() -> None:
+    """Neither the spec's container port nor its Service port in the sidecar (another Service,
+    or istiod naming its virtual host otherwise): still a FAIL, with the ports it has."""
+    spec, ex = _with_backend(dataclasses.replace(meshes.SPEC.backend, port=81, target_port=None))
+    (check,) = _port_checks(_dump(meshes.istio_sidecar(spec, actual=SERVICE_80_PODS_8000)), ex)
+    assert check.status == "FAIL", check
+    assert "no inbound chain for container port 81" in check.detail
+    assert "the pods' ports here: 8000" in check.detail
+
+
 @pytest.mark.parametrize(
     "backend",
     [
