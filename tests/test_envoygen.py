@@ -201,4 +201,4 @@ def test_load_spec_of_the_shipped_file_lists_the_policy_routes() -> None:
     spec = load_spec(SPEC)
     assert [r.name for r in spec.routes][:3] == ["chat", "completions", "messages"]
     with pytest.raises(SpecError, match="routes: expected"):
-        parse_spec({"policy": str(POLICY)})
+        parse_spec({"policy": str(POLICY), "gateway": {"hosts": ["llm.example.com"]}})

@@ -49,6 +49,7 @@ def profiled(tmp_path: Path) -> MeshSpec:
     _policy_with(tmp_path)
     doc = {
         "policy": "policy.yaml",
+        "gateway": {"hosts": ["llm.example.com"]},
         "routes": [
             {"name": "chat", "path": "/v1/chat/completions"},
             {"name": "completions", "path": "/v1/completions", "profile": "batch"},
@@ -189,7 +190,11 @@ def test_one_profile_gives_one_policy_on_the_judged_route_only() -> None:
 def test_more_judged_routes_than_an_httproute_holds_are_split(tmp_path: Path) -> None:
     names = [f"r{i}" for i in range(gateway_names.MAX_RULES + 1)]
     _policy_with(tmp_path, **{n: {"profile": "default", "pool": "default"} for n in names})
-    doc = {"policy": "policy.yaml", "routes": [{"name": n, "path": f"/{n}"} for n in names]}
+    doc = {
+        "policy": "policy.yaml",
+        "gateway": {"hosts": ["llm.example.com"]},
+        "routes": [{"name": n, "path": f"/{n}"} for n in names],
+    }
     spec = parse_spec(doc, tmp_path)
     rules = _judged_rules(spec)
     assert [name for name, _, _ in rules] == [gateway_names.JUDGED] * gateway_names.MAX_RULES + [
@@ -206,7 +211,13 @@ def test_more_judged_routes_than_an_httproute_holds_are_split(tmp_path: Path) ->
 def test_a_backend_in_another_namespace_gets_a_reference_grant() -> None:
     assert not [d for d in gateway.objects(SPEC) if d["kind"] == "ReferenceGrant"]
     doc = {"routes": [{"name": "chat", "path": "/v1/chat/completions"}]}
-    spec = parse_spec({**doc, "backend": {"namespace": "models"}, "gateway": {"namespace": "gw"}})
+    spec = parse_spec(
+        {
+            **doc,
+            "backend": {"namespace": "models"},
+            "gateway": {"namespace": "gw", "hosts": ["llm.example.com"]},
+        }
+    )
     (grant,) = [d for d in gateway.objects(spec) if d["kind"] == "ReferenceGrant"]
     assert grant["metadata"]["namespace"] == "models"
     assert grant["spec"]["from"] == [

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from e2e import istio_apply, meshes
 
+from ext_proc.tools.doctor.routing import match_route, select_vhost
 from ext_proc.tools.envoygen import istio, pieces
 from ext_proc.tools.envoygen.spec import Backend, SpecError, parse_spec
 
@@ -27,6 +28,11 @@ SIDECAR_PATCHES: list[dict[str, Any]] = OBJECTS["EnvoyFilter", "ice-sidecar"]["s
 ]
 DR = OBJECTS["DestinationRule", "ice"]
 PORT = SPEC.backend.container_port
+HOSTS = {"gateway": {"hosts": ["llm.example.com"]}}
+DOC: dict[str, Any] = {
+    "routes": [{"name": "chat", "path": "/v1/chat/completions"}],
+    "read_only": ["/v1/models"],
+}
 
 
 def _cluster_patch(context: str) -> dict[str, Any]:
@@ -262,7 +268,7 @@ def test_the_spec_reads_the_container_port_and_defaults_it_to_the_service_port()
     assert Backend(port=8000).container_port == 8000
     assert Backend(port=80, target_port=8000).container_port == 8000
     assert SPEC.gateway.target_port == 8080
-    doc = {"routes": [{"name": "chat", "path": "/v1/chat/completions"}]}
+    doc = {"routes": [{"name": "chat", "path": "/v1/chat/completions"}], **HOSTS}
     spec = parse_spec({**doc, "backend": {"port": 80, "target_port": 8000}})
     assert (spec.backend.port, spec.backend.container_port) == (80, 8000)
     with pytest.raises(SpecError, match=r"^backend.target_port: 'x' is not a port"):
@@ -277,3 +283,90 @@ def test_the_minimum_istio_is_in_the_header_and_the_docs() -> None:
     envoy_min = ".".join(map(str, istio.MIN_ENVOY))
     assert f"Istio {istio_min}" in text and f"Envoy {envoy_min}" in text
     assert any(f"Istio {istio_min}" in line for line in istio.HEADER)
+
+
+# --- the gateway's hosts: named, '*' only when the spec says so ------------------------------
+
+
+def _hosts_of(objects: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """The Gateway's server hosts and the VirtualService's hosts."""
+    (gw,) = [o for o in objects if o["kind"] == "Gateway"]
+    (vs,) = [o for o in objects if o["kind"] == "VirtualService"]
+    (server,) = gw["spec"]["servers"]
+    return {"Gateway": server["hosts"], "VirtualService": vs["spec"]["hosts"]}
+
+
+def test_the_generated_gateway_and_virtual_service_name_the_specs_hosts() -> None:
+    """The shipped spec names its host: no '*' in the checked-in file (a '*' would share one
+    virtual host with any other tenant's '*' VirtualService on the gateway)."""
+    assert SPEC.gateway.hosts == ("llm.example.com",)
+    shipped = list(OBJECTS.values())
+    assert _hosts_of(shipped) == {
+        "Gateway": ["llm.example.com"],
+        "VirtualService": ["llm.example.com"],
+    }
+    two = parse_spec({**DOC, "gateway": {"hosts": ["llm.example.com", "*.llm.example.org"]}})
+    assert set(map(tuple, _hosts_of(istio.objects(two)).values())) == {
+        ("llm.example.com", "*.llm.example.org")
+    }
+
+
+def test_a_star_host_only_when_the_spec_asks_for_it() -> None:
+    spec = parse_spec({**DOC, "gateway": {"hosts": ["*"]}})
+    assert _hosts_of(istio.objects(spec)) == {"Gateway": ["*"], "VirtualService": ["*"]}
+
+
+@pytest.mark.parametrize(
+    ("gateway", "message"),
+    [
+        ({}, r"^gateway.hosts: missing: .*'\*'.*docs/deploy-istio.md"),
+        ({"hosts": []}, r"^gateway.hosts: expected a non-empty list"),
+        ({"hosts": "llm.example.com"}, r"^gateway.hosts: expected a non-empty list"),
+        ({"hosts": ["LLM_Example"]}, r"^gateway.hosts\[0\]: 'LLM_Example' is not a host name"),
+        ({"hosts": ["a.example.com", "*"]}, r"^gateway.hosts: '\*' takes every host"),
+        ({"hosts": ["a.example.com", "a.example.com"]}, r"^gateway.hosts: a host appears twice"),
+    ],
+    ids=["absent", "empty", "not-a-list", "bad-name", "star-with-others", "twice"],
+)
+def test_a_spec_without_good_hosts_is_refused(gateway: dict[str, Any], message: str) -> None:
+    doc = {"routes": DOC["routes"], "gateway": gateway}
+    with pytest.raises(SpecError, match=message):
+        parse_spec(doc)
+
+
+def _route_for(bootstrap: dict[str, Any], host: str, method: str, path: str) -> str | None:
+    """The name of the route Envoy picks on the gateway for ``method host path`` (None: its
+    404 for no virtual host or no route)."""
+    table = meshes.hcms_of(bootstrap)[0]["route_config"]
+    vhost = select_vhost(table, host)
+    route = match_route(vhost, method, path) if vhost is not None else None
+    return None if route is None else str(route["name"])
+
+
+@pytest.mark.parametrize("tenant_first", [True, False], ids=["tenant-first", "ice-first"])
+def test_named_hosts_keep_a_star_tenant_and_ice_apart_in_either_creation_order(
+    tenant_first: bool,
+) -> None:
+    """Another tenant's '*' VirtualService on the shared gateway, created before or after
+    ICE's: the tenant keeps every host but ICE's (its GET / reaches it), ICE's host keeps
+    ICE's routes and its 404 (an unknown path never reaches the tenant)."""
+    bootstrap = meshes.istio_gateway(tenant_hosts=("*",), tenant_first=tenant_first)
+    mine = meshes.GATEWAY_HOST
+    assert _route_for(bootstrap, "shop.example.com", "GET", "/") == meshes.TENANT_ROUTE
+    assert _route_for(bootstrap, "10.0.0.7", "GET", "/v1/nope") == meshes.TENANT_ROUTE
+    assert _route_for(bootstrap, mine, "GET", "/v1/nope") == "ice.closed"
+    assert _route_for(bootstrap, f"{mine}:80", "GET", "/") == "ice.closed"
+    assert _route_for(bootstrap, mine, "POST", "/v1/chat/completions") == "ice.chat"
+
+
+def test_a_star_spec_beside_a_star_tenant_shares_one_virtual_host_in_creation_order() -> None:
+    """What docs/deploy-istio.md warns of, with ``hosts: ['*']``: istiod merges both '*'
+    VirtualServices into one virtual host, routes in creation order. ICE first: the tenant's
+    GET / gets ICE's 404. The tenant first (its catch-all route): ICE's paths go to the
+    tenant, unjudged."""
+    spec = parse_spec({**DOC, "gateway": {"hosts": ["*"]}})
+    ice_first = meshes.istio_gateway(spec, tenant_hosts=("*",), tenant_first=False)
+    assert _route_for(ice_first, "shop.example.com", "GET", "/") == "ice.closed"
+    tenant_first = meshes.istio_gateway(spec, tenant_hosts=("*",), tenant_first=True)
+    assert _route_for(tenant_first, "any", "GET", "/v1/nope") == meshes.TENANT_ROUTE
+    assert _route_for(tenant_first, "any", "POST", "/v1/chat/completions") == meshes.TENANT_ROUTE

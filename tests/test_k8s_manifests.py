@@ -621,6 +621,7 @@ def _generator_variants(tmp: Path) -> dict[str, list[Obj]]:
     (tmp / "policy.yaml").write_text(yaml.safe_dump(policy))
     profiled = {
         "policy": "policy.yaml",
+        "gateway": {"hosts": ["llm.example.com"]},
         "routes": [
             {"name": "chat", "path": "/v1/chat/completions"},
             {"name": "completions", "path": "/v1/completions", "profile": "batch"},
@@ -631,9 +632,13 @@ def _generator_variants(tmp: Path) -> dict[str, list[Obj]]:
     elsewhere = {
         "routes": [{"name": "chat", "path": "/v1/chat/completions"}],
         "backend": {"namespace": "models"},
-        "gateway": {"namespace": "gw"},
+        "gateway": {"namespace": "gw", "hosts": ["llm.example.com"]},
     }
-    split = {"policy": "policy.yaml", "routes": [{"name": n, "path": f"/{n}"} for n in many]}
+    split = {
+        "policy": "policy.yaml",
+        "gateway": {"hosts": ["llm.example.com"]},
+        "routes": [{"name": n, "path": f"/{n}"} for n in many],
+    }
     return {
         name: gateway.objects(parse_spec(doc, tmp))
         for name, doc in (("profiled", profiled), ("elsewhere", elsewhere), ("split", split))
@@ -1156,3 +1161,31 @@ def test_doc_commands_name_real_paths() -> None:
             assert render(p.removeprefix("envoy/k8s/"))
     for name in ("own-overlay", "own-overlay-policy"):
         assert name in doc_blocks(), name
+
+
+def test_istio_objects_of_other_hosts_are_schema_valid(node_validator: Path) -> None:
+    """The Istio objects for ``gateway.hosts`` of the explicit '*' and of two hosts (one a
+    wildcard) validate as the shipped ones do; a VirtualService whose hosts are not strings
+    is refused (the schema reads ``hosts``)."""
+    from ext_proc.tools.envoygen import istio
+    from ext_proc.tools.envoygen.spec import parse_spec
+
+    routes = [{"name": "chat", "path": "/v1/chat/completions"}]
+    batch = []
+    for hosts in (["*"], ["llm.example.com", "*.llm.example.org"]):
+        objects = istio.objects(parse_spec({"routes": routes, "gateway": {"hosts": hosts}}))
+        (gw,) = [o for o in objects if o["kind"] == "Gateway"]
+        (vs,) = [o for o in objects if o["kind"] == "VirtualService"]
+        assert gw["spec"]["servers"][0]["hosts"] == vs["spec"]["hosts"] == hosts
+        batch += objects
+    results = node_validate(node_validator, batch)
+    assert {r["kind"] for r in results} >= {"Gateway", "VirtualService", "EnvoyFilter"}
+    failures = [
+        f"{r['kind']}/{r['name']}: {'; '.join(r['errors'])}" for r in results if not r["ok"]
+    ]
+    assert not failures, "\n".join(failures)
+    (vs,) = [o for o in batch[: len(batch) // 2] if o["kind"] == "VirtualService"]
+    broken = copy.deepcopy(vs)
+    broken["spec"]["hosts"] = [{"not": "a host"}]
+    (result,) = node_validate(node_validator, [broken])
+    assert not result["ok"], result

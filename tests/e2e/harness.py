@@ -265,8 +265,10 @@ def upload(
     whole body gets its connection reset once the proxy stops reading (send errors are
     ignored here; the reply is what counts).
     """
-    lines = [f"POST {path} HTTP/1.1", "host: e2e", "content-type: application/json"]
-    lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+    extra = dict(headers or {})
+    host = next((extra.pop(k) for k in list(extra) if k.lower() == "host"), "e2e")
+    lines = [f"POST {path} HTTP/1.1", f"host: {host}", "content-type: application/json"]
+    lines += [f"{k}: {v}" for k, v in extra.items()]
     lines.append(
         f"content-length: {length}" if length is not None else "transfer-encoding: chunked"
     )
@@ -334,7 +336,14 @@ class E2E:
     backend_port: int
     ice_addresses: list[str]
     ice_metrics_port: int
+    host: str | None = None  # the Host sent when a test names none (a mesh's named vhost)
     _dirty: bool = field(default=False, repr=False)
+
+    def _with_host(self, headers: dict[str, str] | None) -> dict[str, str]:
+        sent = dict(headers or {})
+        if self.host is not None and not any(k.lower() == "host" for k in sent):
+            sent["host"] = self.host
+        return sent
 
     # --- through Envoy -----------------------------------------------------------------------
     def post(
@@ -347,10 +356,10 @@ class E2E:
         raw = json.dumps(body).encode() if isinstance(body, dict) else body
         sent = {"content-type": content_type} if content_type else {}
         sent.update(headers or {})
-        return request(self.envoy_port, "POST", path, raw, sent)
+        return request(self.envoy_port, "POST", path, raw, self._with_host(sent))
 
     def get(self, path: str, headers: dict[str, str] | None = None) -> Reply:
-        return request(self.envoy_port, "GET", path, None, headers)
+        return request(self.envoy_port, "GET", path, None, self._with_host(headers))
 
     def call(
         self,
@@ -360,7 +369,7 @@ class E2E:
         headers: dict[str, str] | None = None,
     ) -> Reply:
         """Any method through Envoy (``post`` and ``get`` are the usual two)."""
-        return request(self.envoy_port, method, path, body, headers)
+        return request(self.envoy_port, method, path, body, self._with_host(headers))
 
     @property
     def base_url(self) -> str:
@@ -487,6 +496,7 @@ def running_stack(
     client_priority: str = "trust",
     envoy_port: int | None = None,
     backend_port: int | None = None,
+    host: str | None = None,
 ) -> Iterator[E2E]:
     """Backend, ICE (unless ``start_ice`` is false: its address stays dead) and Envoy;
     ``passthrough_paths`` go into the policy and, opened, into Envoy's config.
@@ -494,7 +504,8 @@ def running_stack(
     names of its listener and of its ICE and backend clusters (several: Envoy Gateway makes
     one per route rule): Envoy runs that instead. ``client_priority``: ``write_policy``'s.
     ``envoy_port`` / ``backend_port``: ports the caller chose (``free_port``) because its
-    template needs them (a mesh's inbound listener keyed by its own port)."""
+    template needs them (a mesh's inbound listener keyed by its own port). ``host``: the Host
+    the E2E's requests send unless a test names one (a template whose virtual host is named)."""
     paths = list(passthrough_paths)
     with Stack(workdir) as stack:
         backend_port = backend_port or free_port()
@@ -543,6 +554,7 @@ def running_stack(
             backend_port=backend_port,
             ice_addresses=addresses,
             ice_metrics_port=metrics_port,
+            host=host,
         )
         if start_ice:
             e2e.wait_pressure("low", "0")

@@ -10,11 +10,14 @@ changes it.
 
 - ``istio_gateway``: an ingress gateway's HTTP listener on the gateway pods' port
   (``0.0.0.0_8080``), Istio's gateway HCM settings (BASE path normalisation, its access log),
-  route table ``http.8080`` with two vhosts: another tenant's (``other.example.com:80``, a
-  route ``other.default`` to its own service) and ICE's (``*:80``) translated from the
-  generated VirtualService as Istio does (route name = the http route's name, exact ``uri`` →
-  ``path``, ``method`` regex → a ``:method`` header matcher, ``directResponse`` →
-  ``direct_response``); istiod's filters (gRPC stats, fault, cors) before the router.
+  route table ``http.8080`` with a virtual host per VirtualService host, as istiod builds them
+  (``HOST:80``; the VirtualServices naming one host merged into one virtual host, their
+  routes in creation order): another tenant's (``other.example.com``, a route
+  ``other.default`` to its own service, or the hosts a test gives it) and ICE's (the spec's
+  ``gateway.hosts``) translated from the generated VirtualService as Istio does (route name =
+  the http route's name, exact ``uri`` → ``path``, ``method`` regex → a ``:method`` header
+  matcher, ``directResponse`` → ``direct_response``); istiod's filters (gRPC stats, fault,
+  cors) before the router.
 - ``istio_sidecar``: the sidecar's ``virtualInbound`` listener (15006) as istiod builds it:
   ``original_dst`` and ``tls_inspector`` listener filters, a blackhole chain for 15006, an
   mTLS-shaped chain and a plaintext chain for the container port (route table
@@ -24,7 +27,9 @@ changes it.
   listener's own port and Envoy cannot read it back: ``redirect_port`` moves the container
   port's chains to the listener's port after the patches, and ``app_port`` is the
   destination the ORIGINAL_DST cluster connects to (given in its ``use_http_header`` header
-  by the vhosts, standing for the pod's address that iptables keeps).
+  by the vhosts, standing for the pod's address that iptables keeps). ``actual``: the Service
+  and pods as the cluster runs them where a test makes them differ from the spec (istiod
+  builds from them, the patches come from the spec; those that match nothing are skipped).
 - Istio's cluster for ICE (``outbound|PORT||HOST``, HTTP/2 for ``appProtocol: grpc``, its
   10 s connect timeout, no health checks), then the DestinationRule ``ice``.
 - ``envoy_gateway``: Envoy Gateway's translation of the generated objects (``eg_xds``).
@@ -45,7 +50,7 @@ import yaml
 
 from ext_proc.tools.envoygen import gateway_names, istio, pieces
 from ext_proc.tools.envoygen.emit import as_dict
-from ext_proc.tools.envoygen.spec import MeshSpec, load_spec
+from ext_proc.tools.envoygen.spec import Backend, MeshSpec, load_spec
 
 from . import eg_xds, istio_apply
 
@@ -63,6 +68,7 @@ ISTIO_ICE = istio.ice_cluster_name(SPEC)
 ISTIO_INBOUND = istio.inbound_cluster_name(SPEC)
 ISTIO_BACKEND = f"outbound|{SPEC.backend.port}||{istio.backend_host(SPEC)}"
 GATEWAY_LISTENER = f"0.0.0.0_{SPEC.gateway.target_port}"
+GATEWAY_HOST = SPEC.gateway.hosts[0]  # the Host a client of ICE's routes sends to the gateway
 SIDECAR_LISTENER = istio.VIRTUAL_INBOUND
 INBOUND_CAPTURE_PORT = 15006
 ORIGINAL_DST_HEADER = "x-envoy-original-dst-host"
@@ -169,15 +175,18 @@ def _patched(
     name: str,
     proxy: str,
     edit: Edit | None = None,
+    *,
+    strict: bool = True,
 ) -> dict[str, Any]:
     """The EnvoyFilter ``name`` and DestinationRule ``ice`` applied as istiod applies them;
     ``edit``: the patches changed first (a broken deployment, for the doctor's tests), then
-    a patch that matches nothing is skipped as istiod skips it."""
+    a patch that matches nothing is skipped as istiod skips it (``strict``, without
+    ``edit``: refused instead)."""
     patches = objects["EnvoyFilter", name]["spec"]["configPatches"]
     if edit is not None:
         patches = edit(copy.deepcopy(patches))
     missed = istio_apply.apply(bootstrap, patches, proxy)
-    if missed and edit is None:
+    if missed and edit is None and strict:
         raise PatchMissed(f"{name}: patches {missed} matched nothing: {patches[missed[0]]}")
     for cluster in bootstrap["static_resources"]["clusters"]:
         if cluster["name"] == ISTIO_ICE:
@@ -226,35 +235,67 @@ def _vs_route(http: dict[str, Any]) -> dict[str, Any]:
     return route
 
 
-def tenant_vhost(port: int) -> dict[str, Any]:
-    """Another team's service on the same gateway, its own host and route."""
+def tenant_virtual_service(hosts: tuple[str, ...] = (TENANT_HOST,)) -> dict[str, Any]:
+    """Another team's VirtualService on the same gateway: every path of ``hosts`` to its own
+    service (route ``other.default``)."""
+    host, port = TENANT_CLUSTER.split("|")[3], int(TENANT_CLUSTER.split("|")[1])
     return {
-        "name": f"{TENANT_HOST}:{port}",
-        "domains": [TENANT_HOST, f"{TENANT_HOST}:*"],
-        "routes": [
-            {"name": TENANT_ROUTE, "match": {"prefix": "/"}, "route": {"cluster": TENANT_CLUSTER}}
-        ],
+        "kind": "VirtualService",
+        "metadata": {"name": "other", "namespace": "tenant"},
+        "spec": {
+            "hosts": list(hosts),
+            "http": [
+                {
+                    "name": TENANT_ROUTE,
+                    "route": [{"destination": {"host": host, "port": {"number": port}}}],
+                }
+            ],
+        },
     }
 
 
-def istio_gateway(spec: MeshSpec | None = None, edit: Edit | None = None) -> dict[str, Any]:
+def gateway_vhosts(virtual_services: list[dict[str, Any]], port: int) -> list[dict[str, Any]]:
+    """The virtual hosts istiod builds on a gateway port from the VirtualServices bound to it,
+    given in creation order: one per host, named ``HOST:PORT``, its domains the host (and
+    ``HOST:*`` unless ``*``); the VirtualServices that name the same host are merged into one
+    virtual host, their routes in creation order."""
+    vhosts: dict[str, dict[str, Any]] = {}
+    for vs in virtual_services:
+        for host in vs["spec"]["hosts"]:
+            vhost = vhosts.setdefault(
+                host,
+                {
+                    "name": f"{host}:{port}",
+                    "domains": [host] if host == "*" else [host, f"{host}:*"],
+                    "routes": [],
+                },
+            )
+            vhost["routes"] += [_vs_route(h) for h in vs["spec"]["http"]]
+    return list(vhosts.values())
+
+
+def tenant_vhost(port: int) -> dict[str, Any]:
+    """Another team's virtual host, its own host and route, alone on it."""
+    (vhost,) = gateway_vhosts([tenant_virtual_service()], port)
+    return vhost
+
+
+def istio_gateway(
+    spec: MeshSpec | None = None,
+    edit: Edit | None = None,
+    *,
+    tenant_hosts: tuple[str, ...] = (TENANT_HOST,),
+    tenant_first: bool = True,
+) -> dict[str, Any]:
     """The ingress gateway istiod builds for the generated Gateway and VirtualService beside
-    another tenant's, with ``ice-gateway`` applied (``spec``: generated in memory)."""
+    another tenant's (for ``tenant_hosts``, created before ICE's unless ``tenant_first`` is
+    false), with ``ice-gateway`` applied (``spec``: generated in memory)."""
     s = spec or SPEC
     objects = generated_istio(spec)
-    vs = objects["VirtualService", "llm-inference"]
+    mine, tenant = objects["VirtualService", "llm-inference"], tenant_virtual_service(tenant_hosts)
     port, target = s.gateway.port, s.gateway.target_port
-    table = {
-        "name": f"http.{target}",
-        "virtual_hosts": [
-            tenant_vhost(port),
-            {
-                "name": f"*:{port}",
-                "domains": ["*"],
-                "routes": [_vs_route(h) for h in vs["spec"]["http"]],
-            },
-        ],
-    }
+    ordered = [tenant, mine] if tenant_first else [mine, tenant]
+    table = {"name": f"http.{target}", "virtual_hosts": gateway_vhosts(ordered, port)}
     hcm = _istio_hcm(f"outbound_0.0.0.0_{target}", table, gateway=True)
     listener = {
         "name": f"0.0.0.0_{target}",
@@ -286,21 +327,21 @@ def _original_dst_cluster(name: str) -> dict[str, Any]:
     }
 
 
-def _inbound_chains(s: MeshSpec) -> list[dict[str, Any]]:
+def _inbound_chains(b: Backend) -> list[dict[str, Any]]:
     """istiod's chains for the container port: mTLS-shaped (its certificates come over SDS,
     left out here) and plaintext (PERMISSIVE), each with its own HCM."""
-    port, inbound = s.backend.container_port, istio.inbound_cluster_name(s)
+    port, inbound = b.container_port, f"inbound|{b.container_port}||"
     default = {
         "name": "default",
         "match": {"prefix": "/"},
         "route": {"cluster": inbound, "timeout": "0s"},
-        "decorator": {"operation": f"{istio.backend_host(s)}:{s.backend.port}/*"},
+        "decorator": {"operation": f"{b.host}:{b.port}/*"},
     }
     table = {
         "name": inbound,
         "validate_clusters": False,
         "virtual_hosts": [
-            {"name": f"inbound|http|{s.backend.port}", "domains": ["*"], "routes": [default]}
+            {"name": f"inbound|http|{b.port}", "domains": ["*"], "routes": [default]}
         ],
     }
     chains = []
@@ -328,9 +369,14 @@ def istio_sidecar(
     redirect_port: int | None = None,
     app_port: int | None = None,
     edit: Edit | None = None,
+    actual: Backend | None = None,
 ) -> dict[str, Any]:
-    """The sidecar's inbound side as istiod builds it, with ``ice-sidecar`` applied."""
+    """The sidecar's inbound side as istiod builds it, with ``ice-sidecar`` applied;
+    ``actual``: the Service and pods as the cluster runs them, when they differ from what the
+    spec says (istiod builds from them; the patches come from the spec, and those that match
+    nothing are skipped, as istiod skips them)."""
     s = spec or SPEC
+    b = actual or s.backend
     objects = generated_istio(spec)
     listener: dict[str, Any] = {
         "name": SIDECAR_LISTENER,
@@ -354,7 +400,7 @@ def istio_sidecar(
                 "filter_chain_match": {"destination_port": INBOUND_CAPTURE_PORT},
                 "filters": [_tcp_proxy("BlackHoleCluster")],
             },
-            *_inbound_chains(s),
+            *_inbound_chains(b),
             {
                 "name": "virtualInbound-ipv4-passthrough",
                 "filter_chain_match": {
@@ -364,17 +410,19 @@ def istio_sidecar(
             },
         ],
     }
-    inbound = _original_dst_cluster(istio.inbound_cluster_name(s))
+    inbound = _original_dst_cluster(f"inbound|{b.container_port}||")
     clusters = [
         _istio_ice_cluster(),
         inbound,
         _plain_cluster("BlackHoleCluster"),
         _original_dst_cluster("InboundPassthroughCluster"),
     ]
-    bootstrap = _patched(_bootstrap(listener, clusters), objects, "ice-sidecar", "sidecar", edit)
+    bootstrap = _patched(
+        _bootstrap(listener, clusters), objects, "ice-sidecar", "sidecar", edit, strict=not actual
+    )
     if redirect_port is not None:
         for chain in listener["filter_chains"]:
-            if chain["filter_chain_match"].get("destination_port") == s.backend.container_port:
+            if chain["filter_chain_match"].get("destination_port") == b.container_port:
                 chain["filter_chain_match"]["destination_port"] = redirect_port
     if app_port is not None:  # the original destination, as iptables would have kept it
         inbound["original_dst_lb_config"] = {"use_http_header": True}

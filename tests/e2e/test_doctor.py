@@ -1,23 +1,28 @@
 """``ice doctor`` against real deployments: the local stack (real Envoy, ICE, the dev
 backend) healthy, with ICE down, and with a backend whose metrics go stale; and the Envoy
 checks on the mesh flavours' proxies (Istio's gateway and sidecar, Envoy Gateway), built as
-those meshes build them from the generated manifests (``meshes``).
+those meshes build them from the generated manifests (``meshes``), and an Istio sidecar
+whose patches a spec without ``target_port`` keyed by the Service's port (real Envoy).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from ext_proc.lab.stack import free_port
 from ext_proc.policy.load import default_policy_text, load_policy
 from ext_proc.tools.doctor import main
 from ext_proc.tools.doctor.dump import from_bootstrap
 from ext_proc.tools.doctor.envoy import view_checks
 from ext_proc.tools.doctor.expect import expected
+from ext_proc.tools.envoygen.spec import load_spec
 
 from . import meshes
 from .harness import E2E, LOW, LOW_SCORE, MAX_AGE_S, running_stack
@@ -113,3 +118,55 @@ def test_mesh_flavours_pass_the_envoy_checks(flavour: str) -> None:
     warned = {c.name for c in checks if c.status == "WARN"}
     shared = {"envoy.path_normalisation"} if flavour == "istio-gateway" else set()
     assert warned <= {"envoy.ice_health_checks", *shared}
+
+
+def test_a_sidecar_keyed_by_the_service_port_passes_chats_unjudged_and_the_doctor_says_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Service port 80 → pods' 8000, ``envoy/mesh.yaml`` without ``target_port``: through
+    real Envoy, a chat reaches the backend with no verdict and an operator path reaches it
+    too (only the listener patch applied); ``ice doctor`` against that Envoy's admin names
+    the Service's port, the pods' and the fix."""
+    mesh = yaml.safe_load((meshes.REPO / "envoy" / "mesh.yaml").read_text())
+    mesh["policy"] = str(meshes.REPO / "ext_proc" / "default_policy.yaml")
+    mesh["backend"] = {**mesh["backend"], "port": 80}
+    del mesh["backend"]["target_port"]
+    (tmp_path / "mesh.yaml").write_text(yaml.safe_dump(mesh))
+    spec = load_spec(tmp_path / "mesh.yaml")
+    actual = dataclasses.replace(spec.backend, target_port=8000)
+    envoy_port, backend_port = free_port(), free_port()
+    bootstrap = meshes.istio_sidecar(
+        spec, redirect_port=envoy_port, app_port=backend_port, actual=actual
+    )
+    (tmp_path / "sidecar.json").write_text(json.dumps(bootstrap))
+    with running_stack(
+        tmp_path,
+        envoy_template=tmp_path / "sidecar.json",
+        listener=meshes.SIDECAR_LISTENER,
+        ice_cluster=meshes.ISTIO_ICE,
+        backend_cluster="no-static-backend",
+        envoy_port=envoy_port,
+        backend_port=backend_port,
+        start_ice=False,  # nothing would call it
+    ) as e2e:
+        body = {"model": "dev-model", "messages": [{"role": "user", "content": "hi"}]}
+        chat = e2e.post("/v1/chat/completions", body)
+        assert chat.status == 200 and chat.header("x-ice-decision") is None, chat
+        assert e2e.post("/v1/load_lora_adapter", {"lora_name": "x"}).status != 404
+        rc = main(
+            [
+                "--envoy-admin",
+                f"http://127.0.0.1:{e2e.admin_port}",
+                "--ice",
+                "127.0.0.1:1",
+                "--mesh",
+                str(tmp_path / "mesh.yaml"),
+                "--json",
+            ]
+        )
+    out = capsys.readouterr().out
+    assert rc == 1
+    (ports,) = [c for c in json.loads(out) if c["name"] == "envoy.istio_ports"]
+    assert ports["status"] == "FAIL", ports
+    assert "port 80 reaches the pods on 8000" in ports["detail"], ports
+    assert "target_port: 8000" in ports["fix"], ports

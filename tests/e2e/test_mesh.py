@@ -11,7 +11,8 @@ reach the backend; a read-only route and an unknown path never meet ICE; with IC
 requests fail open; a 4 MiB body is judged (not Envoy's 413: the listener's 1 MiB default is
 raised); ICE's cluster and the listener, read back from Envoy's ``/config_dump``, hold what
 the docs promise. On Istio's shared gateway another tenant's route keeps its headers, its
-paths and ICE's absence.
+paths and ICE's absence, and a tenant's '*' VirtualService, created before or after ICE's
+(which names its host), keeps its paths while ICE's host keeps ICE's 404.
 """
 
 from __future__ import annotations
@@ -103,6 +104,7 @@ def _stack(tmp: Path, name: str, **kwargs: Any) -> Iterator[E2E]:
         backend_cluster=backend,
         envoy_port=envoy_port,
         backend_port=backend_port,
+        host=meshes.GATEWAY_HOST if name == "istio-gateway" else None,
         **kwargs,
     ) as e2e:
         FLAVOUR_OF[id(e2e)] = name
@@ -318,7 +320,9 @@ def test_a_second_tenants_route_on_the_shared_gateway_is_unchanged(mesh: E2E) ->
     # client that only reads after sending: CI saw that reset once)
     big = json.dumps({**body, "user": "u" * (pieces.MAX_BODY_BYTES + 1)}).encode()
     parts = [big[i : i + 65536] for i in range(0, len(big), 65536)]
-    too_large = upload(mesh.envoy_port, CHAT, parts, length=len(big))
+    too_large = upload(
+        mesh.envoy_port, CHAT, parts, length=len(big), headers={"host": meshes.GATEWAY_HOST}
+    )
     assert too_large.status == 413, too_large
     assert too_large.json()["error"]["code"] == "request_too_large"
 
@@ -346,3 +350,35 @@ def test_a_service_port_apart_from_the_containers_is_judged_in_the_sidecar(tmp_p
         reply = e2e.post(CHAT, body)
         assert reply.status == 200 and reply.header("x-ice-decision") == "pass", reply
         assert e2e.post("/v1/unknown", body).status == 404
+
+
+@pytest.mark.parametrize("tenant_first", [True, False], ids=["tenant-first", "ice-first"])
+def test_a_star_tenant_on_the_shared_gateway_keeps_its_paths_and_ice_its_404(
+    tmp_path: Path, tenant_first: bool
+) -> None:
+    """Another tenant's '*' VirtualService on Istio's shared gateway, created before or after
+    ICE's (which names its host, ``gateway.hosts``): through real Envoy, the tenant's GET /
+    reaches the tenant, not ICE's 404; on ICE's host an unknown path gets ICE's 404, not the
+    tenant, and a chat is judged. (With ICE's VirtualService on '*', istiod merges both into
+    one virtual host in creation order and one of these breaks: tests/test_istio_standin.py.)"""
+    template = tmp_path / "gateway.json"
+    bootstrap = meshes.istio_gateway(tenant_hosts=("*",), tenant_first=tenant_first)
+    template.write_text(json.dumps(bootstrap))
+    with running_stack(
+        tmp_path,
+        envoy_template=template,
+        listener=meshes.GATEWAY_LISTENER,
+        ice_cluster=meshes.ISTIO_ICE,
+        backend_cluster=(meshes.ISTIO_BACKEND, meshes.TENANT_CLUSTER),
+        host=meshes.GATEWAY_HOST,
+    ) as e2e:
+        tenant = e2e.get("/", {"host": "shop.example.com"})
+        assert tenant.status == 200 and tenant.header("x-mem-pressure") is None, tenant
+        assert e2e.only_received().path == "/"
+        e2e.clear_received()
+        unknown = e2e.get("/v1/nope")
+        assert unknown.status == 404 and unknown.json()["error"]["code"] == "unknown_endpoint"
+        assert e2e.received() == []
+        body = {"model": "dev-model", "messages": MSGS, "max_tokens": 8}
+        chat = e2e.post(CHAT, body)
+        assert chat.status == 200 and chat.header("x-ice-decision") == "pass", chat

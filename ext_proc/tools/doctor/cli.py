@@ -60,7 +60,11 @@ def _parser() -> argparse.ArgumentParser:
         help="the mesh spec naming the judged paths "
         "(default: envoy/mesh.yaml of this checkout, else ICE's judged endpoints)",
     )
-    ap.add_argument("--host", help="the Host clients send (default: the '*' virtual host)")
+    ap.add_argument(
+        "--host",
+        help="the Host clients send (default: the mesh spec's first gateway host, else the "
+        "'*' virtual host)",
+    )
     ap.add_argument("--timeout", type=float, default=3.0, help="per request, seconds")
     ap.add_argument("--json", action="store_true", help="a JSON list instead of lines")
     return ap

@@ -4,7 +4,9 @@ serve inference, run the filter, route and cluster checks on each.
 Job: ``envoy_checks(admin_url, ex, fetch)`` (live: ``/config_dump`` and ``/clusters``) and
 ``view_checks(view, ex)`` (any ``EnvoyView``: a dump or a bootstrap file, for tests and
 offline use), with the mesh's own traps (``envoy_mesh``: the proxy's versions, Istio patches
-not in force, ICE's cluster left out of the proxy).
+not in force, ICE's cluster left out of the proxy, the mesh spec's container port against the
+pods' port: a sidecar's inbound table, else the backend cluster's endpoints, from the view or,
+live, from ``/clusters``).
 
 An HCM serves inference when it has an ext_proc filter or routes a judged path to a
 cluster; every such HCM is checked. None found is a FAIL (the doctor was pointed at the
@@ -12,11 +14,13 @@ wrong Envoy, or ICE is not in it).
 
 Invariants: an unreachable or unreadable admin interface is one FAIL naming the reason,
 never an exception; ``/clusters`` and the health-check counters of ``/stats`` are read only
-for the health of ICE's hosts, as Envoy sees them (``envoy_hosts``).
+for the health of ICE's hosts, as Envoy sees them (``envoy_hosts``), and for the ports of the
+backend's endpoints.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from typing import Any
@@ -26,7 +30,15 @@ from ext_proc.tools.doctor.dump import EnvoyView, HcmView, as_dict, as_list, fro
 from ext_proc.tools.doctor.envoy_cluster import ice_cluster_checks
 from ext_proc.tools.doctor.envoy_filters import ext_proc_filters, filter_checks
 from ext_proc.tools.doctor.envoy_hosts import hosts_check
-from ext_proc.tools.doctor.envoy_mesh import istio_checks, node_of, version_checks
+from ext_proc.tools.doctor.envoy_mesh import (
+    PORTS,
+    endpoint_port_checks,
+    endpoint_ports,
+    istio_checks,
+    node_of,
+    port_checks,
+    version_checks,
+)
 from ext_proc.tools.doctor.envoy_routes import route_checks
 from ext_proc.tools.doctor.fetch import Fetch, FetchError
 from ext_proc.tools.doctor.model import Check, fail
@@ -56,7 +68,9 @@ def view_checks(
     view: EnvoyView, ex: X.Expected, host: str | None = None, node: dict[str, Any] | None = None
 ) -> list[Check]:
     """Every configuration check of ``view``; ``node``: the proxy's identity from a dump
-    (its Envoy and Istio versions)."""
+    (its Envoy and Istio versions); ``host``: the Host routed as (None: the mesh spec's)."""
+    host = host if host is not None else ex.host
+    ex = dataclasses.replace(ex, host=host)  # every check routes as this Host
     out = [Check("MANUAL", "envoy.note", note) for note in view.notes]
     out += version_checks(node or {})
     hcms = inference_hcms(view, ex, host)
@@ -84,7 +98,10 @@ def view_checks(
         out += filter_checks(hcm, ex)
         out += route_checks(hcm, ex, view.clusters, host)
         out += ice_cluster_checks(hcm, view.clusters)
-    out += istio_checks(view, hcms, tuple(ex.judged), node or {})
+    out += istio_checks(view, hcms, tuple(ex.judged), node or {}, host)
+    out += port_checks(view, ex.backend) or endpoint_port_checks(
+        endpoint_ports(view, {}), ex.backend
+    )
     return out
 
 
@@ -131,6 +148,7 @@ def envoy_checks(
     admin_url: str, ex: X.Expected, fetch: Fetch, timeout_s: float, host: str | None = None
 ) -> list[Check]:
     """Read Envoy's admin interface at ``admin_url`` and check what is in force."""
+    host = host if host is not None else ex.host
     base = admin_url.rstrip("/").removesuffix("/config_dump")
     try:
         dump = _read_json(fetch, f"{base}/config_dump", timeout_s)
@@ -152,22 +170,25 @@ def envoy_checks(
         )
     ]
     out += view_checks(view, ex, host, node_of(dump))
-    hosts = _read_hosts(base, fetch, timeout_s, view, ex, host)
+    hosts, statuses = _read_hosts(base, fetch, timeout_s, view, ex, host)
     if any(c.status == "FAIL" for c in hosts):  # a FAIL only if it lasts two health checks
         time.sleep(RECHECK_S)
-        hosts = _read_hosts(base, fetch, timeout_s, view, ex, host)
+        hosts, statuses = _read_hosts(base, fetch, timeout_s, view, ex, host)
+    if not any(c.name == PORTS for c in out):  # the gateway's endpoints (EDS) say the pods' port
+        hosts += endpoint_port_checks(endpoint_ports(view, statuses), ex.backend)
     return out + hosts
 
 
 def _read_hosts(
     base: str, fetch: Fetch, timeout_s: float, view: EnvoyView, ex: X.Expected, host: str | None
-) -> list[Check]:
+) -> tuple[list[Check], dict[str, Any]]:
+    """The health of ICE's hosts, and ``/clusters`` as read ({} when it could not be)."""
     try:
         statuses = _read_json(fetch, f"{base}/clusters?format=json", timeout_s)
     except FetchError as e:
-        return [Check("WARN", "envoy.ice_hosts", f"cannot read /clusters: {e}", "")]
+        return [Check("WARN", "envoy.ice_hosts", f"cannot read /clusters: {e}", "")], {}
     try:  # the health checks' counters say why a host is out
         stats = _read_json(fetch, f"{base}/stats?format=json&filter=health_check", timeout_s)
     except FetchError:
         stats = {}
-    return _host_checks(statuses, stats, view, ex, host)
+    return _host_checks(statuses, stats, view, ex, host), statuses

@@ -235,9 +235,11 @@ def filter_checks(hcm: HcmView, ex: X.Expected) -> list[Check]:
         out.append(_failure_mode_check(config, ex, where))
         out.append(_mode_check(config, where))
         out += _timeout_checks(config, ex, where)
-    out.append(buffer_check(hcm, where, tuple(ex.judged)))
+    out.append(buffer_check(hcm, where, tuple(ex.judged), ex.host))
     out.append(
-        strip_check(hcm, found[0][0] if found else len(hcm.filters), where, tuple(ex.judged))
+        strip_check(
+            hcm, found[0][0] if found else len(hcm.filters), where, tuple(ex.judged), ex.host
+        )
     )
-    out.append(normalise_check(hcm, where, tuple(ex.judged)))
+    out.append(normalise_check(hcm, where, tuple(ex.judged), ex.host))
     return out

@@ -66,20 +66,23 @@ def _missing(removals: list[dict[str, Any]]) -> list[str]:
     ]
 
 
-def _judged_routes(hcm: HcmView, judged: tuple[str, ...]) -> list[tuple[Any, ...]]:
-    """(route, vhost, table) of each judged path that reaches a backend."""
+def _judged_routes(
+    hcm: HcmView, judged: tuple[str, ...], host: str | None
+) -> list[tuple[Any, ...]]:
+    """(route, vhost, table) of each judged path that reaches a backend, for ``host`` (None:
+    the ``*`` virtual host)."""
     table = hcm.route_config or {}
-    vhost = select_vhost(table, None) if table else None
+    vhost = select_vhost(table, host) if table else None
     hits = [route_to(vhost, "POST", p) for p in judged]
     return [(h.route, vhost, table) for h in hits if h.upstream and h.route is not None]
 
 
 def _on_every_judged_route(
-    hcm: HcmView, f: FilterView, judged: tuple[str, ...]
+    hcm: HcmView, f: FilterView, judged: tuple[str, ...], host: str | None
 ) -> list[dict[str, Any]] | None:
     """A disabled stripping filter that every judged route turns on: the removals in force
     on all of them (filter's and route's), or None when some route leaves it off."""
-    routes = _judged_routes(hcm, judged)
+    routes = _judged_routes(hcm, judged, host)
     if not routes:
         return None
     own = _mutation_removals(as_list(as_dict(f.config.get("mutations")).get("request_mutations")))
@@ -97,7 +100,11 @@ def _on_every_judged_route(
 
 
 def strip_check(
-    hcm: HcmView, first_ext_proc: int, where: str, judged: tuple[str, ...] = ()
+    hcm: HcmView,
+    first_ext_proc: int,
+    where: str,
+    judged: tuple[str, ...] = (),
+    host: str | None = None,
 ) -> Check:
     removals: list[dict[str, Any]] = []
     used: list[str] = []
@@ -109,7 +116,7 @@ def strip_check(
     for i, f in enumerate(hcm.filters):
         if f.type != HEADER_MUTATION_TYPE and not (not f.type and f.name == X.HEADER_MUTATION):
             continue
-        per_route = _on_every_judged_route(hcm, f, judged) if f.disabled else None
+        per_route = _on_every_judged_route(hcm, f, judged, host) if f.disabled else None
         if i <= first_ext_proc and per_route is not None:
             removals += per_route
             used.append(f"filter {f.name} (on for each judged route)")
@@ -149,14 +156,16 @@ def body_limit(listener_limit: int, route: Any, vhost: Any) -> tuple[int, str]:
     return listener_limit, "per_connection_buffer_limit_bytes"
 
 
-def buffer_check(hcm: HcmView, where: str, judged: tuple[str, ...] = ()) -> Check:
+def buffer_check(
+    hcm: HcmView, where: str, judged: tuple[str, ...] = (), host: str | None = None
+) -> Check:
     """The smallest body buffer of the judged routes (``body_limit``; the listener's when no
     judged route is found) against ICE's ``--max-body-bytes``."""
     listener, want = hcm.buffer_limit_bytes, X.MAX_BODY_BYTES
     said = "" if hcm.buffer_limit_set else " (not set: Envoy's default)"
     found = [
         (*body_limit(listener, route, vhost), str(as_dict(route).get("name", "?")))
-        for route, vhost, _ in _judged_routes(hcm, judged)
+        for route, vhost, _ in _judged_routes(hcm, judged, host)
     ]
     limit, which, name = min(found, default=(listener, "per_connection_buffer_limit_bytes", ""))
     setting = f"{which} {limit}" + (said if which.startswith("per_connection") else "")
@@ -173,11 +182,11 @@ def buffer_check(hcm: HcmView, where: str, judged: tuple[str, ...] = ()) -> Chec
     return Check("PASS", "envoy.buffer_limit", f"{where}: {setting} ≥ {want}")
 
 
-def _exact_only(hcm: HcmView, judged: tuple[str, ...]) -> bool:
+def _exact_only(hcm: HcmView, judged: tuple[str, ...], host: str | None) -> bool:
     """A shared proxy (ext_proc off by default: the HCM serves others' routes too) where every
     route to a backend in the judged paths' virtual host matches an exact path."""
     shared = any(f.disabled for f in hcm.filters if f.type == EXT_PROC_TYPE)
-    routes = _judged_routes(hcm, judged)
+    routes = _judged_routes(hcm, judged, host)
     if not routes or not shared:
         return False
     vhost = as_dict(routes[0][1])
@@ -185,7 +194,9 @@ def _exact_only(hcm: HcmView, judged: tuple[str, ...]) -> bool:
     return all(set(as_dict(r.get("match"))) & {"path"} for r in upstream)
 
 
-def normalise_check(hcm: HcmView, where: str, judged: tuple[str, ...] = ()) -> Check:
+def normalise_check(
+    hcm: HcmView, where: str, judged: tuple[str, ...] = (), host: str | None = None
+) -> Check:
     h = hcm.hcm
     problems = []
     if h.get("normalize_path") is not True:
@@ -195,7 +206,7 @@ def normalise_check(hcm: HcmView, where: str, judged: tuple[str, ...] = ()) -> C
     action = str(h.get("path_with_escaped_slashes_action", "KEEP_UNCHANGED"))
     if action not in GOOD_ESCAPED_SLASHES:
         problems.append(f"path_with_escaped_slashes_action {action}")
-    if problems and _exact_only(hcm, judged):
+    if problems and _exact_only(hcm, judged, host):
         return Check(
             "WARN",
             "envoy.path_normalisation",

@@ -8,7 +8,8 @@ timeouts, the body limit).
 
 Invariants: ``Expected.judged`` maps each judged path to the ``x-ice-route`` the mesh spec
 gives it (None: any name will do, when no spec was read); read-only and passthrough paths
-never overlap it; everything here is computed once, without I/O beyond the files named.
+never overlap it; ``Expected.host`` is a host name a client may send (no wildcard) or None;
+everything here is computed once, without I/O beyond the files named.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from ext_proc.policy.model import Policy
 from ext_proc.schemas import ADAPTERS, READ_ONLY_PATHS
 from ext_proc.tools.envoygen import pieces
 from ext_proc.tools.envoygen.emit import as_dict
+from ext_proc.tools.envoygen.spec import Backend
 
 __all__ = [
     "EXT_PROC",
@@ -87,6 +89,10 @@ class Expected:
     judged: dict[str, str | None]  # path → x-ice-route expected (None: any)
     read_only: tuple[str, ...]
     mesh_source: str  # "envoy/mesh.yaml", or "built-in judged paths"
+    # The Host the doctor routes as (the spec's first gateway host without a wildcard; None:
+    # the ``*`` virtual host), and the spec's backend (None: no spec was read).
+    host: str | None = None
+    backend: Backend | None = None
 
     @property
     def passthrough(self) -> tuple[str, ...]:
@@ -125,6 +131,8 @@ def expected(
             judged={r.path: r.name for r in spec.routes},
             read_only=spec.read_only,
             mesh_source=str(path),
+            host=next((h for h in spec.gateway.hosts if "*" not in h), None),
+            backend=spec.backend,
         )
     judged: dict[str, str | None] = dict.fromkeys([*ADAPTERS, "/generate"])
     return Expected(

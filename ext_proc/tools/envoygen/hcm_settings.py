@@ -4,7 +4,7 @@
   buffer limit) in the API's error format, Anthropic's for /v1/messages, OpenAI's elsewhere.
 - ``access_log``: the HCM's access log: one JSON line per request, Envoy's view of it then
   ICE's verdict from its dynamic metadata and the ext_proc filter's record of its calls
-  (``ACCESS_LOG_FIELDS``, docs/operations.md "Access log").
+  (``ACCESS_LOG_FIELDS``, each field in docs/configuration.md "Envoy's access log").
 - ``route_scope``: both of them only for ICE's routes (by route name), where the connection
   manager also serves other services' routes (Istio's shared ingress gateway).
 

@@ -22,10 +22,14 @@ whole. So:
 
 The ingress gateway (``ice-gateway`` in the gateway's namespace, its pods by label), which
 other services share: ICE changes nothing they see.
-- a ``Gateway`` and a ``VirtualService`` naming each route ``ice.<policy route>``: the judged
-  paths (exact) to the backend Service, the read-only paths (GET/HEAD), then a 404 in the
-  OpenAI error format for anything else on these hosts (closed by default: a path that
-  Istio's normalisation leaves odd, ``//v1/...``, gets the 404, never the backend);
+- a ``Gateway`` and a ``VirtualService`` for the spec's ``gateway.hosts``, naming each route
+  ``ice.<policy route>``: the judged paths (exact) to the backend Service, the read-only
+  paths (GET/HEAD), then a 404 in the OpenAI error format for anything else on these hosts
+  (closed by default: a path that Istio's normalisation leaves odd, ``//v1/...``, gets the
+  404, never the backend). The hosts are named, never ``*`` unless the spec says ``*``:
+  istiod merges every VirtualService bound to a gateway port for one host into one virtual
+  host, routes in creation order, so a ``*`` beside another tenant's ``*`` either hands that
+  tenant's paths ICE's 404 or hands ICE's unknown paths to the tenant;
 - HCM: Envoy's 413 in the API's format and ICE's access log, both only for routes named
   ``ice.*`` (``hcm_settings.route_scope``); path normalisation is the mesh's own;
 - filters before the router, all **disabled by default**: the spoofed-header stripping,
@@ -108,8 +112,7 @@ def inbound_cluster_name(spec: MeshSpec) -> str:
 
 
 def backend_host(spec: MeshSpec) -> str:
-    b = spec.backend
-    return f"{b.service}.{b.namespace}.svc.cluster.local"
+    return spec.backend.host
 
 
 def _hcm_merge(*, normalise: bool, scope: str | None) -> dict[str, Any]:
@@ -200,6 +203,8 @@ def _stripping_on() -> dict[str, Any]:
 
 def _gateway_objects(spec: MeshSpec) -> list[dict[str, Any]]:
     gw = spec.gateway
+    if not gw.hosts:
+        raise ValueError("gateway.hosts is empty: load the spec with load_spec / parse_spec")
     selector = dict(gw.istio_selector)
     gateway = {
         "apiVersion": NETWORKING,
@@ -208,7 +213,10 @@ def _gateway_objects(spec: MeshSpec) -> list[dict[str, Any]]:
         "spec": {
             "selector": selector,
             "servers": [
-                {"port": {"number": gw.port, "name": "http", "protocol": "HTTP"}, "hosts": ["*"]}
+                {
+                    "port": {"number": gw.port, "name": "http", "protocol": "HTTP"},
+                    "hosts": list(gw.hosts),
+                }
             ],
         },
     }
@@ -219,7 +227,9 @@ def _gateway_objects(spec: MeshSpec) -> list[dict[str, Any]]:
             "name": ROUTE_PREFIX + r.name,
             "match": [{"uri": {"exact": r.path}}],
             "route": destination,
-            "timeout": "600s",
+            "timeout": k8s_duration(
+                as_dict(pieces.judged_route("x", "/", "x"))["route"]["timeout"]
+            ),
         }
         for r in spec.routes
     ]
@@ -248,7 +258,7 @@ def _gateway_objects(spec: MeshSpec) -> list[dict[str, Any]]:
         "apiVersion": NETWORKING,
         "kind": "VirtualService",
         "metadata": {"name": "llm-inference", "namespace": gw.namespace},
-        "spec": {"hosts": ["*"], "gateways": [gw.name], "http": http},
+        "spec": {"hosts": list(gw.hosts), "gateways": [gw.name], "http": http},
     }
     listener = {"portNumber": gw.target_port}
     patches = _common_patches(spec, "GATEWAY", gw.target_port, shared=True, listener=listener)

@@ -5,7 +5,8 @@ where ICE and the backend run (``envoy/mesh.yaml`` is the shipped one).
     ice: {service: ice, namespace: ice-system, port: 50051}
     backend: {service: vllm, namespace: llm, port: 8000, selector: {app: vllm}}
                                  # target_port: the container's port (default: port)
-    gateway: {name: llm-gateway, namespace: llm, istio_selector: {istio: ingressgateway}}
+    gateway: {name: llm-gateway, namespace: llm, istio_selector: {istio: ingressgateway},
+              hosts: [llm.example.com]}   # required: the Host names clients send
                                  # port: 80, target_port: 8080 (the gateway pods' port)
     routes:
     - {name: chat, path: /v1/chat/completions}
@@ -20,7 +21,11 @@ backend's 503 on another endpoint there).
 Invariants: ``load_spec`` either returns a complete, checked ``MeshSpec`` or raises
 ``SpecError`` with one line naming the field (``routes[2].profile: ...``); a route's name is
 one of the policy's routes and its profile (when given) one of its profiles; paths are
-exact, start with ``/``, carry no query and are unique; names are unique.
+exact, start with ``/``, carry no query and are unique; names are unique; ``gateway.hosts``
+is given (the Istio Gateway's and VirtualService's hosts: on a shared ingress gateway, ``*``
+puts ICE's routes in one virtual host with every other ``*`` VirtualService, so ``*`` is
+never a default, only what a spec says) and holds DNS names (``*.`` prefix allowed) or ``*``
+alone.
 """
 
 from __future__ import annotations
@@ -37,6 +42,10 @@ __all__ = ["Backend", "Gateway", "Ice", "MeshSpec", "RouteSpec", "SpecError", "l
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 ROUTE_NAME = re.compile(r"^[A-Za-z0-9_][-A-Za-z0-9_.]*$")
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+HOST = re.compile(
+    r"^(\*\.)?[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*$"
+)
+ANY_HOST = "*"
 
 
 class SpecError(ValueError):
@@ -71,6 +80,10 @@ class Backend:
     target_port: int | None = None  # the container's port; None: ``port``
 
     @property
+    def host(self) -> str:
+        return f"{self.service}.{self.namespace}.svc.cluster.local"
+
+    @property
     def container_port(self) -> int:
         """The port the pods listen on: Istio keys its inbound filter chain, route table
         (``inbound|PORT||``) and cluster by it, not by the Service's port."""
@@ -85,6 +98,9 @@ class Gateway:
     istio_namespace: str = "istio-system"
     port: int = 80  # the Gateway server's port (the gateway Service's port)
     target_port: int = 8080  # the gateway pods' port for it: Istio's listener ``0.0.0.0_PORT``
+    # The Host names clients send (Istio's Gateway and VirtualService ``hosts``); required in
+    # a spec (``()`` only before ``parse_spec``); ``("*",)`` only when the spec says so.
+    hosts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +164,25 @@ def _labels(value: Any, where: str) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
+def _hosts(value: Any, where: str) -> tuple[str, ...]:
+    if value is None:
+        raise SpecError(
+            f"{where}: missing: the Host names clients send to the gateway, e.g. "
+            "[llm.example.com]; ['*'] takes every host, shared with any other '*' "
+            "VirtualService on the gateway (docs/deploy-istio.md#hosts)"
+        )
+    if not isinstance(value, list) or not value:
+        raise SpecError(f"{where}: expected a non-empty list of host names")
+    for i, h in enumerate(value):
+        if not isinstance(h, str) or not (h == ANY_HOST or HOST.match(h)):
+            raise SpecError(f"{where}[{i}]: {h!r} is not a host name (or '*')")
+    if len(set(value)) != len(value):
+        raise SpecError(f"{where}: a host appears twice")
+    if ANY_HOST in value and len(value) > 1:
+        raise SpecError(f"{where}: '*' takes every host: give it alone")
+    return tuple(value)
+
+
 _PolicyFacts = tuple[set[str], set[str], set[str]]
 
 
@@ -205,7 +240,7 @@ def parse_spec(doc: Any, base: Path | None = None) -> MeshSpec:
     _only(
         gw_doc,
         "gateway.",
-        {"name", "namespace", "istio_selector", "istio_namespace", "port", "target_port"},
+        {"name", "namespace", "istio_selector", "istio_namespace", "port", "target_port", "hosts"},
     )
     gateway = Gateway(
         name=_name(gw_doc.get("name", Gateway().name), "gateway.name"),
@@ -218,6 +253,7 @@ def parse_spec(doc: Any, base: Path | None = None) -> MeshSpec:
         ),
         port=_port(gw_doc.get("port", Gateway().port), "gateway.port"),
         target_port=_port(gw_doc.get("target_port", Gateway().target_port), "gateway.target_port"),
+        hosts=_hosts(gw_doc.get("hosts"), "gateway.hosts"),
     )
 
     raw_routes = doc.get("routes")
