@@ -23,7 +23,7 @@ from ext_proc.admit.headeronly import (
 from ext_proc.admit.outcome import Continue, Respond
 from ext_proc.admit.pipeline import Pipeline, RequestFacts
 from ext_proc.admit.queue import queueable
-from ext_proc.policy.decision import Pass, Reject
+from ext_proc.policy.decision import Pass, Reject, Wait
 from ext_proc.policy.evaluate import Case
 from ext_proc.policy.load import parse_policy
 from ext_proc.policy.model import Profile
@@ -191,7 +191,9 @@ def test_the_first_in_flight_pass_is_seen_by_the_next_coarse_verdict() -> None:
 def test_a_coarse_refusal_for_memory_is_queued_on_a_route_with_a_queue() -> None:
     pipeline, verdict = judge(20_000, snap(0.3), route_name="queued")
     route = pipeline.router.resolve((("x-ice-route", "queued"),))
-    assert reject_of(verdict).reason == "kv_exhausted"
+    decision = verdict.decision  # type: ignore[attr-defined]
+    assert isinstance(decision, Wait) and decision.reason == "kv_exhausted"  # waits
+    assert decision.refusal().status == 429  # its answer if it cannot wait
     assert queueable(route, verdict)  # type: ignore[arg-type]
     # judged again by the coarse ladder: the same worst request, now with room
     pipeline.lookup = lambda _pool: snap(0.3, blocks=50_001)

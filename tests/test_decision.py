@@ -7,8 +7,18 @@ import pytest
 
 from ext_proc.admit.outcome import Continue, log_fields
 from ext_proc.admit.verdict import BodyVerdict
-from ext_proc.policy.decision import Decision, Downgrade, Pass, Reject, Truncate, Truncated
-from ext_proc.policy.model import Level
+from ext_proc.policy.decision import (
+    Decision,
+    Downgrade,
+    Pass,
+    Reject,
+    Truncate,
+    Truncated,
+    Wait,
+    verdict_headers,
+)
+from ext_proc.policy.evaluate import waits_where_it_can
+from ext_proc.policy.model import Level, Profile, QueueSpec
 from ext_proc.policy.pressure import Pressure
 from ext_proc.schemas.base import RequestFeatures
 
@@ -74,3 +84,32 @@ def test_the_access_log_shows_the_limit_granted(
     )
     fields = dict(log_fields(decision, features))
     assert fields.get("max_tokens_granted") == granted
+
+
+WAIT = Wait(P, "kv_exhausted", "The request needs 9 blocks; 4 are free.", retry_after_s=3)
+
+
+def test_a_wait_is_its_429_where_it_cannot_wait() -> None:
+    refused = WAIT.refusal()
+    assert refused == Reject(P, 429, "kv_exhausted", WAIT.message, None, 3)
+    assert not WAIT.goes_upstream and WAIT.granted_max_tokens is None
+    # what it shows, should it be answered: the refusal's headers
+    assert verdict_headers(WAIT) == verdict_headers(refused)
+
+
+@pytest.mark.parametrize(
+    ("profile", "can_wait", "waits"),
+    [
+        (Profile("p", queue=QueueSpec()), True, True),
+        (Profile("p"), True, False),  # no queue: the 429
+        (Profile("p", queue=QueueSpec(), mode="shadow"), True, False),  # shadow: never waits
+        (Profile("p", queue=QueueSpec()), False, False),  # the caller cannot queue it
+    ],
+    ids=["queue", "no-queue", "shadow", "cannot-wait"],
+)
+def test_the_one_mapping_keeps_a_wait_only_where_there_is_a_queue_to_wait_in(
+    profile: Profile, can_wait: bool, waits: bool
+) -> None:
+    got = waits_where_it_can(WAIT, profile, can_wait=can_wait)
+    assert got == (WAIT if waits else WAIT.refusal())
+    assert waits_where_it_can(DOWN, profile, can_wait=can_wait) is DOWN  # others as they are

@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any
 
 from ext_proc.admit.headeronly import TOKENS_PER_BYTE, coarse_tokens
 from ext_proc.admit.verdict import BodyVerdict
-from ext_proc.policy.decision import Decision, Pass, Reject
+from ext_proc.policy.decision import Decision, Pass, Reject, Wait
 from ext_proc.schemas import RequestFeatures
 
 if TYPE_CHECKING:
@@ -151,11 +151,14 @@ def _text_content(content: Any) -> bool:
 
 
 def same_verdict(a: Decision, b: Decision) -> bool:
-    """Whether two decisions are the same verdict: both pass, or the same refusal."""
+    """Whether two decisions are the same verdict: both pass, the same refusal, or the same
+    wait."""
     if isinstance(a, Pass) and isinstance(b, Pass):
         return True
     if isinstance(a, Reject) and isinstance(b, Reject):
         return (a.status, a.reason) == (b.status, b.reason)
+    if isinstance(a, Wait) and isinstance(b, Wait):
+        return a.reason == b.reason
     return False
 
 

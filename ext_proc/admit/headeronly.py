@@ -65,7 +65,7 @@ from __future__ import annotations
 
 import math
 
-from ext_proc.policy.decision import Decision, Reject
+from ext_proc.policy.decision import Decision, Wait
 from ext_proc.policy.evaluate import Case, Rule, shed_by_priority
 from ext_proc.policy.model import Profile
 from ext_proc.policy.output import backend_output
@@ -140,9 +140,8 @@ def refuse_unread_cap(case: Case) -> Decision | None:
     if cap is None:
         return None
     retry = case.retry_after(case.shape.tokens(backend_output(f, case.profile)))
-    return Reject(
+    return Wait(
         pressure=p,
-        status=429,
         reason="memory_pressure",
         message=(
             f"{_UNREAD}, and under {p.level.label} memory pressure (score {p.score:.0f}/100) "
@@ -171,9 +170,8 @@ def refuse_unread_kv(case: Case) -> Decision | None:
             f"{need} KV-cache blocks"
         )
     retry = case.retry_after(need * kv.block_size)
-    return Reject(
+    return Wait(
         pressure=case.pressure,
-        status=429,
         reason="kv_exhausted",
         message=(
             f"{_UNREAD}; a body of its size may ask for {what}, and its backend has "

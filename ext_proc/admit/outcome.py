@@ -15,6 +15,7 @@ from ext_proc.policy.decision import (
     Downgrade,
     Reject,
     Truncated,
+    Wait,
     verdict_headers,
 )
 from ext_proc.schemas import rawjson
@@ -94,7 +95,7 @@ def log_fields(decision: Decision, features: RequestFeatures) -> tuple[tuple[str
     requested = features.max_tokens
     if requested is not None:
         fields.append(("max_tokens_requested", str(requested)))
-    if not isinstance(decision, Reject):
+    if not isinstance(decision, Reject | Wait):
         granted = decision.granted_max_tokens
         if granted is None:
             granted = requested
@@ -138,6 +139,8 @@ def _plan(
     body: bytes | rawjson.TopLevel,
     features: RequestFeatures,
 ) -> Outcome:
+    if isinstance(decision, Wait):  # the answer it becomes if it cannot wait
+        decision = decision.refusal()
     headers = verdict_headers(decision)
     if features.sequences > 1:
         headers.append((H_SEQUENCES, str(features.sequences)))

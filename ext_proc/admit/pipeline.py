@@ -277,7 +277,9 @@ class Pipeline(Recording):
                     values = body.doc.values
                     features = exact_count(self.counters, features, values, len(body.raw))
             with judging("judge"):
-                decision, placement = self.judge(route, facts, features, LADDER, body.prefix, True)
+                decision, placement = self.judge(
+                    route, facts, features, LADDER, prefix=body.prefix, waits=True
+                )
         if route.profile.mode == "shadow":
             would = (decision.decision, decision.reason)
             return shadowed(would, features, adapter, body, placement, decision.pressure)
@@ -305,8 +307,8 @@ class Pipeline(Recording):
         bounds give the same one (``ext_proc.admit.counting``); None: count exactly."""
         counter = self.counters.counter_for(features.model)  # one: the caller's `counted`
         lo, hi = bounds(features, len(body.raw), counter.bounds, body.doc.values)
-        low, _ = self.judge(route, facts, lo, LADDER, body.prefix, True)
-        high = self.judge(route, facts, hi, LADDER, body.prefix, True)
+        low, _ = self.judge(route, facts, lo, LADDER, prefix=body.prefix, waits=True)
+        high = self.judge(route, facts, hi, LADDER, prefix=body.prefix, waits=True)
         return (hi, high) if same_verdict(low, high[0]) else None
 
     def judge(
@@ -315,13 +317,17 @@ class Pipeline(Recording):
         facts: RequestFacts,
         features: RequestFeatures,
         ladder: tuple[Rule, ...],
+        *,
         prefix: str | None = None,
         waits: bool = False,
+        can_wait: bool = True,
     ) -> tuple[Decision, Placement]:
         """Place the request (``ext_proc.placement.placer``) and run ``ladder`` against one
         read of the pool's snapshot (``PoolViews`` figures) and the placement's KV room; a
         pool whose every endpoint sleeps answers 503 ``backend_asleep``. ``waits``: a critical
-        request that does not fit may be sent to wait (``Profile.critical_waits``)."""
+        request that does not fit may be sent to wait (``Profile.critical_waits``);
+        ``can_wait``: the caller can queue a ``Wait`` (else it gets the 429 instead,
+        ``policy.evaluate.waits_where_it_can``)."""
         snapshot = self.lookup(route.pool)
         views = self.views
         if snapshot is not None and snapshot.asleep:  # every endpoint sleeps: nowhere to go
@@ -345,21 +351,31 @@ class Pipeline(Recording):
             ladder=ladder,
             cache_efficiency=views.efficiency(snapshot) if route.profile.truncation else None,
             critical_waits=waits and route.profile.critical_waits,
+            can_wait=can_wait,
         )
         return decision, placement
 
     def rejudge(
-        self, route: Route, facts: RequestFacts, first: BodyVerdict, waits: bool = False
+        self,
+        route: Route,
+        facts: RequestFacts,
+        first: BodyVerdict,
+        *,
+        waits: bool = False,
+        can_wait: bool = True,
     ) -> BodyVerdict:
         """A request judged again (the admission queue, the shared ledger): its features as
         first judged, on its body's one decode, against the pool's view now, with the ladder
         less history truncation (a verdict judged without its body: the coarse ladder);
-        ``waits``: a critical one may still wait (``judge``)."""
+        ``waits``: a critical one may still wait; ``can_wait``: a ``Wait`` can be queued
+        (``judge``)."""
         features, adapter, body = first.features, facts.adapter, first.body
         assert features is not None and adapter is not None
         ladder = COARSE_LADDER if body is None else LADDER_AFTER_TRUNCATION
         prefix = body.prefix if body is not None else None
-        decision, placement = self.judge(route, facts, features, ladder, prefix, waits)
+        decision, placement = self.judge(
+            route, facts, features, ladder, prefix=prefix, waits=waits, can_wait=can_wait
+        )
         verdict = make_verdict(decision, features, adapter, body, placement)
         for key, value in first.outcome.headers:
             if key in (H_TOKENS, H_JUDGED):

@@ -1,7 +1,8 @@
 """The admission queue: a request that would be shed for memory waits for room instead.
 
-A body verdict that is a 429 ``memory_pressure`` or ``kv_exhausted`` on a profile with
-``queue`` (``queueable``) is not sent: ``AdmissionQueue.offer`` holds the request (its first
+A verdict that is a ``Wait`` (the ladder's answer, on a profile with ``queue``, for a request
+refused only for memory now: ``memory_pressure`` or ``kv_exhausted``; ``queueable``) is not
+sent: ``AdmissionQueue.offer`` holds the request (its first
 verdict, with its body's one decode) in its pool's queue, and the stream asks Envoy for the wait
 (``override_message_timeout``) and awaits ``wait``. Each worker has one ``AdmissionQueue``.
 
@@ -13,7 +14,7 @@ Order (``tick``, every ``poll_ms`` while anything waits, and at the earliest dea
    only when no request of a higher band is left waiting: a request of a higher band that
    does not fit holds back the lower ones. ``critical`` is never shed, so it waits only on a
    profile whose queue has ``critical: wait`` (``Profile.critical_waits``: the ladder's rule
-   4 then answers a critical request whose blocks do not fit with the 429 that queues it),
+   4 then answers a critical request whose blocks do not fit with a ``Wait``),
    and it is never refused: at its deadline, when the queue is full and when ICE stops, it is
    judged once more without the wait (``Pipeline.rejudge``) and goes upstream as that
    verdict says (outcome ``passed``), over the room, as it would have without the queue.
@@ -27,8 +28,8 @@ Order (``tick``, every ``poll_ms`` while anything waits, and at the earliest dea
    taking the next turns: each tenant's share of the pool's slots tends to an equal one. The
    head of each tenant's queue, in that order, is judged again
    (``Pipeline.rejudge``: the same features against the pool's view now and the in-flight
-   ledger, the ladder without history truncation). A head that is still queueable stays;
-   any other verdict (pass, downgrade, or another refusal) is its answer: it is recorded at
+   ledger, the ladder without history truncation). A head that still gets a ``Wait``
+   stays; any other verdict (pass, downgrade, or a refusal) is its answer: it is committed at
    once, so its KV blocks count in the ledger before the next head is judged, and its stream
    wakes with ``x-ice-queued-ms``. A tenant whose head stays does not hold up the others.
 
@@ -70,7 +71,6 @@ from ext_proc.admit.waiters import (
     BANDS,
     MAX_TENANT_CHARS,
     OTHER_TENANT,
-    QUEUE_REASONS,
     Band,
     PoolQueues,
     Waiter,
@@ -89,7 +89,6 @@ __all__ = [
     "H_QUEUED_MS",
     "MAX_TENANT_CHARS",
     "OTHER_TENANT",
-    "QUEUE_REASONS",
     "AdmissionQueue",
     "Waiter",
     "queueable",
@@ -265,7 +264,8 @@ class AdmissionQueue:
             for tenant, q in turns:
                 w = q[0]
                 try:
-                    verdict = w.pipeline.rejudge(w.route, w.facts, w.first, w.band == "critical")
+                    critical = w.band == "critical"
+                    verdict = w.pipeline.rejudge(w.route, w.facts, w.first, waits=critical)
                 except Exception as e:  # fail the stream (its fail_mode decides), not the queue
                     self._remove(w)
                     _fail(w, e)

@@ -1,6 +1,6 @@
 """The answers the admission queue (``ext_proc.admit.queue``) gives a request: the 429 of one
 it refuses (its first verdict's Retry-After, the pool's pressure now), the ``x-ice-queued-ms``
-header of one it admits, and the 429 that sends a request to wait behind a critical one
+header of one it admits, and the ``Wait`` that sends a request to wait behind a critical one
 (``behind_critical``). Functions of their arguments; ``refusal`` also reads the pool's
 pressure now from the pipeline's views."""
 
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from ext_proc.admit.counting import H_TOKENS
 from ext_proc.admit.headeronly import H_JUDGED
 from ext_proc.admit.verdict import BodyVerdict, RequestFacts, make_verdict, with_header
-from ext_proc.policy.decision import Downgrade, Pass, Reject
+from ext_proc.policy.decision import Downgrade, Pass, Reject, Wait
 
 if TYPE_CHECKING:
     from ext_proc.admit.pipeline import Pipeline
@@ -40,7 +40,7 @@ def refusal(
     """A 429 ``reason`` for a queued (or queue-refused) request, with the first verdict's
     Retry-After and the pool's pressure now."""
     d = first.decision
-    assert isinstance(d, Reject) and first.features is not None and facts.adapter is not None
+    assert isinstance(d, Wait) and first.features is not None and facts.adapter is not None
     assert first.placement is not None
     pressure = pipeline.views.pressure(route.profile, pipeline.lookup(route.pool))
     retry = d.retry_after_s
@@ -57,9 +57,9 @@ def behind_critical(
 ) -> BodyVerdict | None:
     """For a request judged on its body that would go upstream (pass or downgrade) while a
     critical request of its pool waits in the worker's queue (``critical: wait``; the caller
-    knows it waits), a 429 ``kv_exhausted`` the queue takes in the request's own, lower band,
-    so that smaller requests arriving later do not take the room the critical one waits for;
-    any other verdict as it is."""
+    knows it waits), a ``Wait`` (reason ``behind_critical``) in the request's own, lower
+    band, so that smaller requests arriving later do not take the room the critical one waits
+    for; any other verdict as it is."""
     if verdict is None or facts.priority == "critical" or not route.profile.critical_waits:
         return verdict
     d, f, placed = verdict.decision, verdict.features, verdict.placement
@@ -68,7 +68,7 @@ def behind_critical(
     if verdict.body is None or verdict.pending is not None or facts.adapter is None:
         return verdict
     text = "A critical request waits for room on this backend; this one waits behind it."
-    wait = Reject(d.pressure, 429, "kv_exhausted", text, retry_after_s=route.profile.retry_after_s)
+    wait = Wait(d.pressure, "behind_critical", text, retry_after_s=route.profile.retry_after_s)
     behind = make_verdict(wait, f, facts.adapter, verdict.body, placed)
     for key, value in verdict.outcome.headers:
         if key == H_TOKENS:  # how its input was counted, as rejudge keeps it

@@ -102,7 +102,7 @@ async def admit_shared(
     again = _rejudgeable(verdict, facts)
     if again and _limited(verdict) and remote.has_others(route.pool):
         await remote.sync(route.pool, view_age_ms(pipeline.lookup(route.pool)))
-        verdict = pipeline.rejudge(route, facts, verdict)
+        verdict = pipeline.rejudge(route, facts, verdict, can_wait=False)
     for attempt in range(TRIES):
         free = _room(pipeline, route, verdict) if again and attempt < TRIES - 1 else None
         # in the stream at once: cancelled while its reservation is on the wire, it releases it
@@ -114,7 +114,7 @@ async def admit_shared(
             break
         pipeline.views.unhold(hold)
         stream.hold = None
-        verdict = pipeline.rejudge(route, facts, verdict)
+        verdict = pipeline.rejudge(route, facts, verdict, can_wait=False)
     return verdict, stream.hold
 
 

@@ -17,7 +17,7 @@ from ext_proc import telemetry
 from ext_proc.admit.routing import Route
 from ext_proc.admit.verdict import BodyVerdict, JudgedBody, RequestFacts, make_verdict
 from ext_proc.placement.placer import Placement
-from ext_proc.policy.decision import Reject, Truncate, Truncated
+from ext_proc.policy.decision import Reject, Truncate, Truncated, Wait
 from ext_proc.policy.evaluate import LADDER_AFTER_TRUNCATION
 from ext_proc.schemas import RequestFeatures
 
@@ -55,10 +55,13 @@ async def finish_truncation(
         return _overflowed(pipeline, route, facts, verdict, tplan)
     body, shorter, saved = _shorter(pipeline, features, body, tplan, result.saved_tokens)
     prefix = body.prefix
-    then, placed = pipeline.judge(route, facts, shorter, LADDER_AFTER_TRUNCATION, prefix)
+    # truncated and still no room: answered now, not queued (``can_wait``)
+    then, placed = pipeline.judge(
+        route, facts, shorter, LADDER_AFTER_TRUNCATION, prefix=prefix, can_wait=False
+    )
     if isinstance(then, Reject) or not tplan.changed:
         return make_verdict(then, shorter, adapter, body, placed)
-    assert not isinstance(then, Truncate | Truncated)
+    assert not isinstance(then, Truncate | Truncated | Wait)  # can_wait=False: no Wait
     done = Truncated(
         then=then,
         reason=decision.reason,
@@ -84,7 +87,9 @@ def _overflowed(
         # the context, not pressure, asked: judge the request as it is (a downgrade to the
         # room left, or 400 context_length_exceeded), as without truncation
         prefix = body.prefix if body is not None else None
-        as_is, placed = pipeline.judge(route, facts, features, LADDER_AFTER_TRUNCATION, prefix)
+        as_is, placed = pipeline.judge(
+            route, facts, features, LADDER_AFTER_TRUNCATION, prefix=prefix, can_wait=False
+        )
         return make_verdict(as_is, features, adapter, body, placed)
     k = spec.keep_last_turns
     message = (

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from ext_proc.admit.stream import Stream
 from ext_proc.admit.verdict import BodyVerdict, RequestFacts
-from ext_proc.policy.decision import Reject
+from ext_proc.policy.decision import Wait
 from ext_proc.policy.model import QueueSpec
 
 if TYPE_CHECKING:
@@ -27,7 +27,6 @@ __all__ = [
     "BANDS",
     "MAX_TENANT_CHARS",
     "OTHER_TENANT",
-    "QUEUE_REASONS",
     "Band",
     "PoolQueues",
     "Waiter",
@@ -37,20 +36,16 @@ __all__ = [
     "tenant_key",
 ]
 
-QUEUE_REASONS = frozenset({"memory_pressure", "kv_exhausted"})
 OTHER_TENANT = "other"
 MAX_TENANT_CHARS = 64
 BANDS = ("critical", "standard", "sheddable")
 
 
 def queueable(route: Route, verdict: BodyVerdict | None) -> bool:
-    """A verdict the profile's queue takes: a 429 for memory, on a full judgement or a
-    coarse one (``ext_proc.admit.headeronly``)."""
-    spec = route.profile.queue
-    if spec is None or verdict is None or route.profile.mode == "shadow":
-        return False
-    d = verdict.decision
-    if not isinstance(d, Reject) or d.status != 429 or d.reason not in QUEUE_REASONS:
+    """A verdict the profile's queue takes: a ``Wait``, on a full judgement or a coarse one
+    (``ext_proc.admit.headeronly``; ``evaluate`` gives one only where the profile has a
+    queue)."""
+    if verdict is None or not isinstance(verdict.decision, Wait):
         return False
     # a coarse verdict (judged by its size) waits too, and is judged again by the coarse
     # ladder (``Pipeline.rejudge``)

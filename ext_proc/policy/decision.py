@@ -1,7 +1,8 @@
 """Decisions the evaluator returns, and the verdict headers each one shows the mesh.
 
-Three kinds, each a frozen dataclass: ``Pass`` (annotate only), ``Downgrade`` (lower the
-output-token limit) and ``Reject`` (answer at once with an error status). ``Truncate`` is
+Four kinds, each a frozen dataclass: ``Pass`` (annotate only), ``Downgrade`` (lower the
+output-token limit), ``Reject`` (answer at once with an error status) and ``Wait`` (wait in
+the admission queue for room; its 429 where there is no queue). ``Truncate`` is
 the evaluator's request to drop history to a budget (the pipeline carries it out and
 judges the shorter request again); ``Truncated`` is the result: the decision on the
 shorter request, with what was dropped. The header names
@@ -32,6 +33,7 @@ __all__ = [
     "Reject",
     "Truncate",
     "Truncated",
+    "Wait",
     "verdict_headers",
 ]
 
@@ -128,6 +130,36 @@ class Reject:
 
 
 @dataclass(frozen=True, slots=True)
+class Wait:
+    """Wait in the profile's admission queue until the pool has room (or the deadline).
+
+    The ladder's answer for a request refused only for memory, now: ``reason``
+    ``memory_pressure`` (its priority is shed at the pool's level) or ``kv_exhausted`` (its
+    blocks do not fit), or ``behind_critical`` (a critical request of its pool waits for the
+    room it would take; ``ext_proc.admit.queue_answers.behind_critical``). Where the profile
+    has no queue (or is in ``mode: shadow``), ``evaluate`` turns it into its ``refusal``, the
+    429 it would be without a queue: one mapping, so no ``Reject`` is ever built to mean
+    "wait"."""
+
+    pressure: Pressure | None
+    reason: str
+    message: str
+    retry_after_s: int | None = None
+
+    decision = "wait"
+    goes_upstream: ClassVar[bool] = False
+
+    @property
+    def granted_max_tokens(self) -> int | None:
+        """None: nothing goes upstream while it waits."""
+        return None
+
+    def refusal(self) -> Reject:
+        """The 429 this wait is where there is nothing to wait in."""
+        return Reject(self.pressure, 429, self.reason, self.message, None, self.retry_after_s)
+
+
+@dataclass(frozen=True, slots=True)
 class Truncate:
     """Drop history until the input fits ``budget_tokens`` (then judge the request again).
 
@@ -181,11 +213,14 @@ class Truncated:
         return self.then.granted_max_tokens
 
 
-Decision = Pass | Downgrade | Reject | Truncate | Truncated
+Decision = Pass | Downgrade | Reject | Wait | Truncate | Truncated
 
 
 def verdict_headers(decision: Decision) -> list[tuple[str, str]]:
-    """The headers that show a decision to the backend and to the client, in a fixed order."""
+    """The headers that show a decision to the backend and to the client, in a fixed order
+    (a ``Wait``'s: its refusal's, the answer it becomes if it cannot wait)."""
+    if isinstance(decision, Wait):
+        decision = decision.refusal()
     p = decision.pressure
     headers = [(H_PRESSURE, p.level.label if p is not None else "unknown")]
     if p is not None:

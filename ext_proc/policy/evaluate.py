@@ -24,15 +24,16 @@ The ladder, first match wins:
 2. ``reject_beyond_kv_capacity`` → 400 ``kv_capacity_exceeded`` when the whole request (every
    sequence, with one output token each; none for embeddings) needs more KV blocks than the
    endpoint it is placed on has when idle: it can never fit there.
-3. ``shed_by_priority`` → 429 ``memory_pressure`` when the pool's level is at or above the
-   profile's shedding level for the request's priority (``critical`` is never shed).
-   Retry-After comes from the pool's drain rate (``policy/scores.py``), bounded by the
-   profile's retry_after_min_s..retry_after_max_s.
-4. ``shed_on_kv_shortfall`` → 429 ``kv_exhausted`` when the input plus min_output_tokens
-   needs more blocks than its endpoint has free, or, with ``on_kv_shortfall: shed``, when
-   the client's requested output does not fit them. Never for ``critical``, unless
-   ``critical_waits`` (a profile whose queue has ``critical: wait``): then the 429 sends the
-   request to wait in the queue, which never refuses it (``ext_proc.admit.queue``).
+3. ``shed_by_priority`` → ``Wait`` (429 ``memory_pressure`` without a queue) when the
+   pool's level is at or above the profile's shedding level for the request's priority
+   (``critical`` is never shed). Retry-After comes from the pool's drain rate
+   (``policy/scores.py``), bounded by the profile's retry_after_min_s..retry_after_max_s.
+4. ``shed_on_kv_shortfall`` → ``Wait`` (429 ``kv_exhausted`` without a queue) when the input
+   plus min_output_tokens needs more blocks than its endpoint has free, or, with
+   ``on_kv_shortfall: shed``, when the client's requested output does not fit them. Never
+   for ``critical``, unless ``critical_waits`` (a profile whose queue has ``critical:
+   wait``): then the request waits in the queue, which never refuses it
+   (``ext_proc.admit.queue``).
 5. ``cap_output_tokens`` → ``Downgrade`` when the requested output exceeds
        limit = min(safe, cap[level], kv_fit)
    where safe = max(min(min_output_tokens, max_model_len - input),
@@ -71,7 +72,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ext_proc.policy.decision import Decision, Downgrade, Pass, Reject, Truncate
+from ext_proc.policy.decision import Decision, Downgrade, Pass, Reject, Truncate, Wait
 from ext_proc.policy.kvfit import KvFit, Shape
 from ext_proc.policy.model import Priority, Profile
 from ext_proc.policy.output import backend_output
@@ -89,6 +90,7 @@ __all__ = [
     "evaluate",
     "safe_output_tokens",
     "truncation_budget",
+    "waits_where_it_can",
 ]
 
 TRUNCATABLE_SCHEMAS = ("openai.chat", "anthropic.messages")
@@ -262,9 +264,8 @@ def shed_on_kv_shortfall(case: Case) -> Decision | None:
         if need <= kv.free_blocks:
             return None
     retry = case.retry_after(need * kv.block_size)
-    return Reject(
+    return Wait(
         pressure=case.pressure,
-        status=429,
         reason="kv_exhausted",
         message=(
             f"The request needs {need} KV-cache blocks; its backend has "
@@ -283,9 +284,8 @@ def shed_by_priority(case: Case) -> Decision | None:
         return None
     f = case.features
     retry = case.retry_after(case.shape.tokens(backend_output(f, case.profile)))
-    return Reject(
+    return Wait(
         pressure=p,
-        status=429,
         reason="memory_pressure",
         message=(
             f"The inference backend is under {p.level.label} memory pressure "
@@ -402,8 +402,10 @@ def evaluate(
     ladder: tuple[Rule, ...] = LADDER,
     cache_efficiency: float | None = None,
     critical_waits: bool = False,
+    can_wait: bool = True,
 ) -> Decision:
-    """Judge one request; the first rule of the ladder that decides wins, else ``Pass``."""
+    """Judge one request; the first rule of the ladder that decides wins, else ``Pass``.
+    ``can_wait``: the caller can queue a ``Wait`` (``waits_where_it_can``)."""
     shape = Shape.of(features, profile)
     case = Case(
         features, pressure, profile, priority, kv, drain, cache_efficiency, shape, critical_waits
@@ -411,5 +413,17 @@ def evaluate(
     for rule in ladder:
         decision = rule(case)
         if decision is not None:
-            return decision
+            return waits_where_it_can(decision, profile, can_wait=can_wait)
     return Pass(pressure=pressure)
+
+
+def waits_where_it_can(decision: Decision, profile: Profile, *, can_wait: bool = True) -> Decision:
+    """The one mapping of a ``Wait``: it stays where the profile has an admission queue to
+    wait in (and enforces) and the caller can queue it; elsewhere it is its 429
+    (``Wait.refusal``): no queue, ``mode: shadow``, a request already truncated (its
+    embeddings took its time), a conflict in the replicas' shared ledger (judged again
+    after the queue)."""
+    queued = profile.queue is not None and profile.mode != "shadow" and can_wait
+    if isinstance(decision, Wait) and not queued:
+        return decision.refusal()
+    return decision

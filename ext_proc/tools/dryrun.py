@@ -18,6 +18,7 @@ from ext_proc.admit.outcome import Continue, Respond
 from ext_proc.admit.pipeline import Pipeline, RequestFacts
 from ext_proc.admit.queue import queueable, tenant_key
 from ext_proc.admit.truncation import finish_truncation
+from ext_proc.policy.decision import Wait
 from ext_proc.policy.load import load_policy
 from ext_proc.policy.pressure import pressure_of
 from ext_proc.signals.collector import backend_from_scrape
@@ -121,9 +122,12 @@ def dry_run(
                 "max_queue_wait_ms": spec.max_queue_wait_ms,
                 "tenant": tenant_key(facts.queue_tenant, r.name),
             }
-        report["decision"] = verdict.decision.decision if verdict.decision else "reject"
-        if verdict.decision is not None:
-            report["reason"] = verdict.decision.reason
+        shown = verdict.decision
+        if isinstance(shown, Wait):  # its answer if it cannot wait ("queue" says it would)
+            shown = shown.refusal()
+        report["decision"] = shown.decision if shown is not None else "reject"
+        if shown is not None:
+            report["reason"] = shown.reason
         if verdict.features is not None:
             f = verdict.features
             report["features"] = {
