@@ -176,3 +176,13 @@ def test_chat_null_beside_a_value_is_the_value() -> None:
 
 def test_an_unknown_schema_is_judged_to_the_end_of_the_context() -> None:
     assert unset_rule("some.future_api", null=False) == REST
+
+
+def test_every_prompt_of_a_batch_runs_to_the_end_of_the_context() -> None:
+    """A batch without a limit: each conversation runs max_model_len − its own prompt, so the
+    shortest one's output is what a sequence may run (the longer are charged more, never
+    less)."""
+    long_turn = {"role": "user", "content": "word " * 4000}
+    f = SCHEMAS["openai_chat_batch"].features({"messages": [[long_turn], [USER]]})
+    assert len(f.prompts) == 2 and f.input_tokens == max(f.prompts) > min(f.prompts)
+    assert backend_output(f, PROFILE) == 8192 - min(f.prompts)

@@ -7,7 +7,8 @@
 - else the rule of ``ext_proc.schemas.limits`` for the API and for how the limit is unset
   (absent, or ``null``; ``RequestFeatures.limit_null``): a fixed number (vLLM completions
   absent: 16; SGLang ``/generate`` absent: 128), the rest of the context
-  (``REST``: max_model_len − prompt, the longest prompt's, at least 1), or the server's
+  (``REST``: max_model_len − prompt, the shortest prompt's when a body has several, since
+  each runs to the end of the context; at least 1), or the server's
   generation-config default when the route names one (``CONFIG_OR_REST``: the profile's
   ``default_output_tokens``) and else the rest of the context;
 - the rest of the context when the context length is unknown (no ``max_model_len``): the
@@ -40,4 +41,6 @@ def backend_output(f: RequestFeatures, profile: Profile) -> int:
         return profile.default_output_tokens
     if profile.max_model_len is None:
         return profile.min_output_tokens
-    return max(1, profile.max_model_len - f.input_tokens)
+    # every prompt runs to the end of the context: the shortest runs longest (the others are
+    # charged more than they can run, never less)
+    return max(1, profile.max_model_len - min(f.prompts))
