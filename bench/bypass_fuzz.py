@@ -25,8 +25,9 @@ What a backend reads (``read_backend``; vLLM 0.32's request models and parsers, 
 ``/inference/v1/generate``, SGLang's ``/generate``; the media and ``/invocations`` rules were
 checked against vLLM 0.32's pydantic models):
 - output limit per sequence: chat and batch chat ``max_completion_tokens`` when not null,
-  else ``max_tokens``; completions ``max_tokens`` (absent: 16, vLLM's, SGLang's and
-  OpenAI's default); Anthropic ``max_tokens``; Responses ``max_output_tokens``; vLLM generate
+  else ``max_tokens``; completions ``max_tokens`` (absent or null: 16, vLLM's, SGLang's
+  and OpenAI's default; vLLM 0.32's ``normalize_null_max_tokens`` reads null so);
+  Anthropic ``max_tokens``; Responses ``max_output_tokens``; vLLM generate
   ``sampling_params.max_tokens`` (absent too: vLLM 0.32's ``GenerateRequest`` gives a
   ``sampling_params`` without it ``get_max_tokens(None)``, the rest of the context); SGLang
   ``sampling_params.max_new_tokens`` (absent: 128; a list of sampling_params: the largest).
@@ -945,7 +946,13 @@ def _completions(b: dict[str, Any], how: str) -> Reading:
         1 if isinstance(embeds, str) else len(embeds) if isinstance(embeds, list) else 0
     )
     seqs = prompts * _samples(b, "n", "best_of")
-    return Reading(how, seqs, _top_limit(b, "max_tokens", COMPLETIONS_DEFAULT_MAX_TOKENS), 0)
+    # vLLM 0.32's normalize_null_max_tokens reads a null as the default too
+    limit = (
+        COMPLETIONS_DEFAULT_MAX_TOKENS
+        if b.get("max_tokens") is None
+        else _top_limit(b, "max_tokens")
+    )
+    return Reading(how, seqs, limit, 0)
 
 
 def _chat_validates(b: dict[str, Any]) -> bool:

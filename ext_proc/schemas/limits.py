@@ -11,11 +11,14 @@ Each rule is a number of tokens per sequence (the backend's own constant) or one
 - ``REFUSED``: the backend answers 400 (the adapter refuses it first).
 
 Where the backend runs ``null`` and absent differently, ICE follows the backend: vLLM's
-``CompletionRequest.max_tokens`` defaults to 16 but ``null`` reaches ``get_max_tokens`` as
-``None``; SGLang's ``SamplingParams.max_new_tokens`` defaults to 128 but ``null`` stays
-``None`` to the scheduler. The docs' table (docs/endpoints.md, "A request without a
-limit") is this one with its sources and SGLang's column; tests/test_unset_limits.py checks
-that the two agree and drives the adapters and ``backend_output`` from this table.
+``/inference/v1/generate`` gives an absent ``max_tokens`` the generation config's default
+(else the rest of the context) but runs ``null`` to the end of the context; SGLang's
+``SamplingParams.max_new_tokens`` defaults to 128 but ``null`` stays ``None`` to the
+scheduler. vLLM's completions read ``null`` as absent: 16 (``normalize_null_max_tokens``).
+The vLLM rules were run against vLLM 0.32 itself (tests/e2e/test_vllm_unset_limits.py).
+The docs' table (docs/endpoints.md, "A request without a limit") is this one with its
+sources and SGLang's column; tests/test_unset_limits.py checks that the two agree and
+drives the adapters and ``backend_output`` from this table.
 
 Invariant: every generating schema in ``ext_proc.schemas.ADAPTERS`` has a row (an unknown
 schema is judged ``REST``, the largest).
@@ -63,8 +66,11 @@ UNSET_LIMITS: Final[dict[str, UnsetLimit]] = {
     ),
     # vLLM ResponsesRequest.max_output_tokens: None → get_max_tokens
     "openai.responses": UnsetLimit("max_output_tokens", CONFIG_OR_REST, CONFIG_OR_REST),
-    # vLLM CompletionRequest.max_tokens = 16; null → get_max_tokens(None)
-    "openai.completions": UnsetLimit("max_tokens", COMPLETIONS_DEFAULT_MAX_TOKENS, CONFIG_OR_REST),
+    # vLLM CompletionRequest.max_tokens = 16, and its ``normalize_null_max_tokens`` turns a
+    # null into that default (seen: 16 tokens, tests/e2e/test_vllm_unset_limits.py)
+    "openai.completions": UnsetLimit(
+        "max_tokens", COMPLETIONS_DEFAULT_MAX_TOKENS, COMPLETIONS_DEFAULT_MAX_TOKENS
+    ),
     # vLLM GenerateRequest: a sampling_params without max_tokens → get_max_tokens(None)
     # (``is_sampling_param_provided``); null → SamplingParams.max_tokens None → the engine's
     # max_model_len − prompt
