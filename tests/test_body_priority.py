@@ -187,3 +187,29 @@ def test_remove_member_steps_over_an_earlier_copy_of_another_key() -> None:
         out.close_index,
     )
     assert rawjson.duplicate_keys(out.values) == {"a"}
+
+
+def test_a_heavy_body_judged_in_the_helper_process_loses_it_too() -> None:
+    """The helper process decodes as the worker does: the stripped body comes back."""
+    import asyncio
+
+    from ext_proc.policy.load import load_policy
+    from ext_proc.serve.helper import Offload
+
+    pipeline = Pipeline(load_policy(None), lambda _pool: None)  # the built-in: cap
+    route = pipeline.router.resolve([("x-ice-route", "chat")])
+    headers = [(":path", CHAT.encode()), (":method", b"POST")]
+    facts = pipeline.on_headers(route, headers, False)
+    content = [{"type": "text", "text": "a"}] * 2_000
+    doc = {"priority": -5, "messages": [{"role": "user", "content": content}], "max_tokens": 8}
+    raw = json.dumps(doc).encode()
+    offload = Offload(None, pipeline.max_body_bytes, heavy_containers=1_000)
+    assert offload.is_heavy(raw)
+    try:
+        remote = asyncio.run(offload.on_body(pipeline, route, facts, raw))
+    finally:
+        offload.close()
+    local = pipeline.on_body(route, facts, raw)
+    assert remote is not None and local is not None
+    del doc["priority"]
+    assert sent(remote, raw) == sent(local, raw) == json.dumps(doc).encode()
