@@ -9,9 +9,13 @@ critical pressure, and read every body ICE lets go on (``Continue``: its new bod
 original bytes) with this module's own reader of each backend's rules. A bypass is a body
 whose backend reading asks for more than ICE's verdict allowed: more sequences than
 ``features.sequences``, a larger output limit than the downgrade's (else
-``features.max_tokens``; unbounded beats any number), more media parts than
-``features.media_parts``; or a body ICE could not judge that goes on, a rewrite that is not
-JSON or that changed more than the limit fields.
+``features.max_tokens``; unbounded beats any number), an output per sequence larger than
+the one ICE charged (``output_charge``: the backend's limit, or without one the rest of the
+context, max_model_len − the shortest prompt, against the downgrade's limit, else
+``backend_output``: a null limit judged as 16 tokens is caught here), more media parts than
+``features.media_parts``, a body ``priority`` that schedules it ahead of vLLM's default under
+the route's ``client_priority: cap`` (``body_priority``); or a body ICE could not judge that
+goes on, a rewrite that is not JSON or that changed more than the limit and priority fields.
 
 Invariant: the checker never calls ICE's adapters, ``rawjson`` or ``media`` code; it decodes
 with the standard library only, twice (last copy of a repeated key wins, as ``json.loads``
@@ -21,11 +25,18 @@ What a backend reads (``read_backend``; vLLM 0.32's request models and parsers, 
 ``/inference/v1/generate``, SGLang's ``/generate``; the media and ``/invocations`` rules were
 checked against vLLM 0.32's pydantic models):
 - output limit per sequence: chat and batch chat ``max_completion_tokens`` when not null,
-  else ``max_tokens``; completions ``max_tokens`` (absent: 16, vLLM's, SGLang's and
-  OpenAI's default); Anthropic ``max_tokens``; Responses ``max_output_tokens``; vLLM generate
-  ``sampling_params.max_tokens`` (absent: 16); SGLang ``sampling_params.max_new_tokens``
-  (absent: 128; a list of sampling_params: the largest). Null, or absent elsewhere:
-  unbounded. Embeddings generate nothing.
+  else ``max_tokens``; completions ``max_tokens`` (absent or null: 16, vLLM's, SGLang's
+  and OpenAI's default; vLLM 0.32's ``normalize_null_max_tokens`` reads null so);
+  Anthropic ``max_tokens``; Responses ``max_output_tokens``; vLLM generate
+  ``sampling_params.max_tokens`` (absent too: vLLM 0.32's ``GenerateRequest`` gives a
+  ``sampling_params`` without it ``get_max_tokens(None)``, the rest of the context); SGLang
+  ``sampling_params.max_new_tokens`` (absent: 128; a list of sampling_params: the largest).
+  Null, or absent elsewhere: unbounded, the rest of the context. Embeddings generate nothing.
+- the body's ``priority`` (vLLM's scheduling priority, lower first, default 0), read by
+  vLLM's pydantic models in lax mode (``true`` is 1, ``-1.0`` is -1, ``" -5 "`` is -5) on
+  chat, batch chat, completions, Responses, embeddings, ``/invocations`` and
+  ``/inference/v1/generate``; SGLang's ``/generate`` reads it with a direction set by a
+  server flag, so any value there is one a capped route must not forward.
 - sequences: prompts × max(n, best_of, 1) where the API has them (chat, batch chat and
   completions at the top level; vLLM generate in ``sampling_params``; SGLang ``n`` in each
   ``sampling_params``). Prompts: the strings / token-id lists of a completions ``prompt``
@@ -70,6 +81,8 @@ from ext_proc.admit.pipeline import BodyVerdict, Pipeline, RequestFacts
 from ext_proc.admit.routing import Route
 from ext_proc.policy.decision import Downgrade, Pass, Reject, Truncated
 from ext_proc.policy.load import parse_policy
+from ext_proc.policy.model import Profile
+from ext_proc.policy.output import backend_output
 from ext_proc.schemas import ADAPTERS
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
 
@@ -127,6 +140,7 @@ SCENARIOS: tuple[tuple[str, float, float, int], ...] = (
     ("high", 0.85, 4.0, 4),
     ("critical", 0.97, 8.0, 1),
 )
+PROFILE = parse_policy(POLICY).profiles["default"]  # every route's (client_priority: cap)
 NUM_GPU_BLOCKS = 20_001
 BLOCK_SIZE = 16
 
@@ -221,6 +235,23 @@ LIMIT_TAG_KEYS = LIMIT_KEYS | {"max_new_tokens"}  # the generator tags repeats o
 SMALL_LIMITS = (1, 8, 16, 64, 100, 256)
 BIG_LIMITS = (2048, 4096, 8000, 16384, 50_000, 10**6, 10**12, 2**53 + 1, 2**64)
 ODD_LIMITS: tuple[Any, ...] = (0, -1, -4096, 1.0, 512.5, "100", True, False, [], Raw("1e3"))
+PRIORITIES: tuple[Any, ...] = (
+    -100,
+    -1,
+    0,
+    5,
+    -(2**63),
+    "-5",
+    " -3 ",
+    "7",
+    -1.0,
+    2.0,
+    1.5,
+    True,
+    None,
+    Raw("-1e0"),
+    Raw("-0"),
+)
 COUNTS_OK = (1, 2, 3, 4, 8, 16)
 COUNTS_BIG = (17, 64, 10**9, 2**63)
 ODD_COUNTS: tuple[Any, ...] = (0, -1, -16, 2.0, 1.5, "4", True, False, Raw("4e0"), Raw("-0"))
@@ -348,6 +379,9 @@ class BodyGen:
 
     def unknown(self, obj: Obj) -> None:
         r = self.rng
+        if self.p(0.12):  # the body's scheduling priority, in the spellings vLLM reads
+            self.tags.add("priority")
+            self.put(obj, "priority", lambda: r.choice(PRIORITIES), dup=0.1)
         if self.p(0.3):
             self.tags.add("unknown_field")
             for _ in range(r.randint(1, 3)):
@@ -820,7 +854,6 @@ UNTYPED_MEDIA_KEYS = ("image_url", "audio_url", "video_url")
 RESPONSES_MEDIA_TYPES = frozenset(("input_image", "input_audio"))
 GENERATE_MEDIA_TYPES = frozenset(("image_url", "audio_url", "video_url"))
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # vLLM's and SGLang's CompletionRequest, and OpenAI's
-VLLM_DEFAULT_MAX_TOKENS = 16  # vLLM's SamplingParams
 SGLANG_DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's SamplingParams
 
 
@@ -913,7 +946,13 @@ def _completions(b: dict[str, Any], how: str) -> Reading:
         1 if isinstance(embeds, str) else len(embeds) if isinstance(embeds, list) else 0
     )
     seqs = prompts * _samples(b, "n", "best_of")
-    return Reading(how, seqs, _top_limit(b, "max_tokens", COMPLETIONS_DEFAULT_MAX_TOKENS), 0)
+    # vLLM 0.32's normalize_null_max_tokens reads a null as the default too
+    limit = (
+        COMPLETIONS_DEFAULT_MAX_TOKENS
+        if b.get("max_tokens") is None
+        else _top_limit(b, "max_tokens")
+    )
+    return Reading(how, seqs, limit, 0)
 
 
 def _chat_validates(b: dict[str, Any]) -> bool:
@@ -962,7 +1001,7 @@ def _vllm_generate(b: dict[str, Any], how: str) -> Reading:
     sp = b.get("sampling_params")
     sp = sp if isinstance(sp, dict) else {}
     seqs = _samples(sp, "n", "best_of")
-    limit = _limit(sp, "max_tokens", VLLM_DEFAULT_MAX_TOKENS)
+    limit = _limit(sp, "max_tokens", UNBOUNDED)  # absent: get_max_tokens(None), vLLM 0.32
     return Reading(how, seqs, limit, _generate_media(b.get("content_parts")))
 
 
@@ -1042,8 +1081,9 @@ def read_backend(endpoint: str, body: Any, how: str = "") -> list[Reading]:
 class Bypass:
     """A body that goes on asking for more than ICE allowed."""
 
-    # sequences | output_limit | media_parts | unjudged | reject_goes_on | invalid_rewrite |
-    # rewrite_changed | coarse_passes_a_shed | coarse_passes_a_cut
+    # sequences | output_limit | output_charge | media_parts | body_priority | unjudged |
+    # reject_goes_on | invalid_rewrite | rewrite_changed | coarse_passes_a_shed |
+    # coarse_passes_a_cut
     kind: str
     endpoint: str
     how: str
@@ -1052,6 +1092,52 @@ class Bypass:
     verdict: str
     body: str  # the client's body
     forwarded: str  # the body that goes on (the same text when ICE left it unchanged)
+
+
+# the APIs whose vLLM request model reads a top-level ``priority``
+PRIORITY_READERS = frozenset(
+    ("chat", "chat_batch", "completions", "responses", "embeddings", "invocations")
+) | {"generate_tokens"}
+
+
+def _lax_int(value: Any) -> int | None:
+    """``value`` as vLLM's pydantic models read an ``int`` field in lax mode (None: refused)."""
+    if isinstance(value, bool | int):
+        return int(value)
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else None
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            return None
+    return None
+
+
+def priority_ahead(endpoint: str, body: Any) -> str | None:
+    """The body's ``priority`` when it would schedule the request ahead of the server's
+    default (what a ``client_priority: cap`` route must not forward), as text; None: not."""
+    if not isinstance(body, dict) or "priority" not in body:
+        return None
+    value = body["priority"]
+    if endpoint == "sglang":  # its direction is a server flag: any value may be ahead
+        return None if value is None else json.dumps(value)
+    if endpoint not in PRIORITY_READERS:
+        return None
+    read = _lax_int(value)
+    return None if read is None or read >= 0 else str(read)
+
+
+def _charged(verdict: BodyVerdict, profile: Profile) -> int:
+    """The output per sequence ICE judged the request for: the downgrade's limit, else what
+    ``backend_output`` says the backend runs."""
+    d, f = verdict.decision, verdict.features
+    assert f is not None
+    if isinstance(d, Truncated):
+        d = d.then
+    if isinstance(d, Downgrade):
+        return d.max_tokens
+    return backend_output(f, profile)
 
 
 def _allowed_limit(verdict: BodyVerdict) -> float:
@@ -1084,7 +1170,7 @@ def _without_limits(value: Any) -> Any:
     """A decoded body without its output-limit fields (what a downgrade may change)."""
     if not isinstance(value, dict):
         return value
-    out = {k: v for k, v in value.items() if k not in LIMIT_KEYS}
+    out = {k: v for k, v in value.items() if k not in LIMIT_KEYS and k != "priority"}
     sp = out.pop("sampling_params", None)
     if isinstance(sp, dict):
         sp = {k: v for k, v in sp.items() if k not in ("max_tokens", "max_new_tokens")}
@@ -1095,8 +1181,11 @@ def _without_limits(value: Any) -> Any:
     return out
 
 
-def check(endpoint: str, body: bytes, verdict: BodyVerdict | None) -> list[Bypass]:
-    """Every way the body that ICE lets go on asks for more than ``verdict`` allowed."""
+def check(
+    endpoint: str, body: bytes, verdict: BodyVerdict | None, profile: Profile | None = None
+) -> list[Bypass]:
+    """Every way the body that ICE lets go on asks for more than ``verdict`` allowed
+    (``profile``: the route's, for the output ICE charged; the fuzz policy's by default)."""
     text = body.decode("utf-8", "replace")
 
     def found(kind: str, how: str, backend: str, allowed: str, forwarded: str) -> Bypass:
@@ -1126,6 +1215,10 @@ def check(endpoint: str, body: bytes, verdict: BodyVerdict | None) -> list[Bypas
             return []  # the client's own broken body: ICE judged it, the backend refuses it
         return [found("invalid_rewrite", "", f"not JSON: {e}", "valid JSON", fwd_text)]
     allowed = _allowed_limit(verdict)
+    profile = profile or PROFILE
+    charged = _charged(verdict, profile) if f.generates else 0
+    context = profile.max_model_len or 0
+    rest = max(1, context - min(f.prompts))  # a sequence without a limit runs to the end
     out: list[Bypass] = []
     if outcome.body is not None:
         before = json.loads(text)  # ICE decoded the client's body, so it is JSON
@@ -1134,13 +1227,19 @@ def check(endpoint: str, body: bytes, verdict: BodyVerdict | None) -> list[Bypas
                 found("rewrite_changed", "last-copy-wins", "other fields changed", "", fwd_text)
             )
     for how, value in decodings:
+        ahead = priority_ahead(endpoint, value)
+        if ahead is not None:
+            out.append(found("body_priority", how, f"priority {ahead}", "cap", fwd_text))
         for r in read_backend(endpoint, value, how):
             if r.sequences > f.sequences:
                 out.append(found("sequences", r.how, str(r.sequences), str(f.sequences), fwd_text))
+            runs = min(r.limit_tokens, rest) if context else r.limit_tokens
             if f.generates and r.limit_tokens > allowed:
                 out.append(
                     found("output_limit", r.how, str(r.limit_tokens), str(allowed), fwd_text)
                 )
+            elif f.generates and runs > charged:  # within the limit, beyond the charge
+                out.append(found("output_charge", r.how, str(runs), str(charged), fwd_text))
             if r.media_parts > f.media_parts:
                 out.append(
                     found("media_parts", r.how, str(r.media_parts), str(f.media_parts), fwd_text)
@@ -1315,7 +1414,16 @@ def _print(report: Report, show: int) -> None:
     print("scenarios: " + ", ".join(f"{k}={v}" for k, v in sorted(report.scenarios.items())))
     coarse = ", ".join(f"{k}={v}" for k, v in sorted(report.coarse.items()))
     print(f"judged from their size too (the coarse verdict): {coarse}")
-    hard = ("dup_limit", "dup_n", "dup_nested", "null_limit", "n>1", "media", "prompt_list")
+    hard = (
+        "dup_limit",
+        "dup_n",
+        "dup_nested",
+        "null_limit",
+        "n>1",
+        "media",
+        "prompt_list",
+        "priority",
+    )
     print("hard cases per endpoint, generated (went on):")
     print(f"  {'':<16}" + "".join(f"{h:>13}" for h in hard))
     for name in ENDPOINTS:

@@ -10,8 +10,10 @@ limit (declared and sent), chunked bodies, odd paths and methods, and odd types 
 judged endpoint (``odd_field``), images and audio whose headers take many steps to walk
 (``media_walk``: PNGs padded with empty chunks, JPEGs with empty segments, GIFs with
 one-byte sub-blocks, WebPs with empty chunks, WAVs whose data size says 0), over 20,000
-``[`` inside a string with ``n: 16, max_tokens: 1e6`` (``brackets_string``) and chunked
-bodies asking as much (``chunked_big_ask``) — and send each through the
+``[`` inside a string with ``n: 16, max_tokens: 1e6`` (``brackets_string``), chunked
+bodies asking as much (``chunked_big_ask``) and a ``null`` output limit, with ``n`` 1 or 16,
+on every generating endpoint (``null_limit``: judged as the backend runs it, to the end of
+the context; docs/endpoints.md "A request without a limit") — and send each through the
 stack (one ICE worker, ``envoy/envoy.yaml``, the dev backend). Every request carries
 ``x-fuzz-id``; the dev backend records what reached it. Reported by outcome: passed
 (the backend's 200 with the body byte for byte as sent), mutated (ICE rewrote it: the body
@@ -248,13 +250,45 @@ def _media_walk(rng: random.Random) -> dict[str, Any]:
     return {"model": "dev-model", "messages": [{"role": "user", "content": content}]}
 
 
+USER = [{"role": "user", "content": "why does the cache fill"}]
+# ``null_limit``: (path, body with a null limit, where n goes: "top", "sampling_params" or "")
+NULL_LIMIT_BODIES: tuple[tuple[str, dict[str, Any], str], ...] = (
+    ("/v1/chat/completions", {"messages": USER, "max_tokens": None}, "top"),
+    ("/v1/chat/completions",
+     {"messages": USER, "max_completion_tokens": None, "max_tokens": None}, "top"),
+    ("/v1/completions", {"prompt": ["why", "the cache"], "max_tokens": None}, "top"),
+    ("/v1/responses", {"input": "why", "max_output_tokens": None}, ""),
+    ("/v1/chat/completions/batch", {"messages": [USER, USER], "max_tokens": None}, ""),
+    ("/invocations", {"prompt": "why", "max_tokens": None}, "top"),
+    ("/invocations", {"messages": USER, "max_tokens": None}, "top"),
+    ("/inference/v1/generate",
+     {"token_ids": [1, 2, 3], "sampling_params": {"max_tokens": None}}, "sampling_params"),
+    ("/generate", {"text": "why", "sampling_params": {"max_new_tokens": None}},
+     "sampling_params"),
+    ("/generate", {"text": ["a", "b"], "sampling_params": [{"max_new_tokens": None}, {}]}, ""),
+    ("/v1/messages", {"messages": USER, "max_tokens": None}, ""),  # required: a 400
+)  # fmt: skip
+
+
+def _null_limit(rng: random.Random) -> tuple[str, str]:
+    """``null_limit``: a body whose output limit is ``null``, n 1 or 16; the path and text."""
+    path, doc, where = rng.choice(NULL_LIMIT_BODIES)
+    doc = {"model": "dev-model", **json.loads(json.dumps(doc))}
+    n = rng.choice([1, 16])
+    if where == "top":
+        doc["n"] = n
+    elif where == "sampling_params":
+        doc["sampling_params"]["n"] = n
+    return path, json.dumps(doc)
+
+
 def mutations(count: int, seed: int) -> Iterator[Case]:
     """``count`` seeded cases (see the module docstring for the families)."""
     rng = random.Random(seed)
     families = (
         "valid", "wrong_type", "huge_number", "nan", "deep", "bom", "bad_utf8", "cut",
         "repeated_key", "content_type", "oversized", "chunked", "odd_path", "odd_method",
-        "odd_field", "media_walk", "brackets_string", "chunked_big_ask",
+        "odd_field", "media_walk", "brackets_string", "chunked_big_ask", "null_limit",
     )  # fmt: skip
     for i in range(count):
         family = families[i % len(families)]
@@ -308,6 +342,8 @@ def mutations(count: int, seed: int) -> Iterator[Case]:
             method = rng.choice(["GET", "PUT", "DELETE", "PATCH", "OPTIONS"])
         elif family == "odd_field":
             path, text = _odd_field(rng)
+        elif family == "null_limit":
+            path, text = _null_limit(rng)
         elif family == "media_walk":
             path, text = "/v1/chat/completions", json.dumps(_media_walk(rng))
         elif family in ("brackets_string", "chunked_big_ask"):

@@ -35,6 +35,7 @@ from dataclasses import replace
 from typing import Any
 
 from ext_proc import telemetry
+from ext_proc.admit.body_priority import strip_priority
 from ext_proc.admit.carry import carried_counters, carried_prefix, carried_views
 from ext_proc.admit.counting import H_TOKENS, bounds, exact_count, same_verdict
 from ext_proc.admit.faults import judging
@@ -224,19 +225,28 @@ class Pipeline(Recording):
         with judging("plan"):  # what _judge_body does outside its count and judge stages
             return self._judge_body(route, facts, adapter, body, features)
 
-    @staticmethod
-    def _decode(route: Route, adapter: SchemaAdapter, raw: bytes) -> JudgedBody:
+    def _decode(self, route: Route, adapter: SchemaAdapter, raw: bytes) -> JudgedBody:
         """The body's one decode (its ``messages`` elements' spans too when the profile
-        truncates), compacted when the profile says so."""
+        truncates), without a ``priority`` field the route's ``client_priority`` removes
+        (``ext_proc.admit.body_priority``), compacted when the profile says so."""
         profile = route.profile
         doc = rawjson.parse_object(raw, _MESSAGES if profile.truncation else frozenset())
-        if profile.compact_system_json and profile.mode != "shadow":
+        if profile.mode == "shadow":
+            return JudgedBody(raw, doc)
+        pool = self.policy.pools.get(route.pool)
+        stripped = strip_priority(
+            doc, adapter.name, route.client_priority, pool.kind if pool else "vllm"
+        )
+        doc = stripped or doc
+        if profile.compact_system_json:
             from ext_proc.sysprompt.compact import maybe_compact
 
             got = maybe_compact(True, doc, adapter.name)
             if got is not None:  # judged, and sent on, as compacted
                 compacted, headers = got
                 return JudgedBody(compacted.text.encode("utf-8"), compacted, None, headers)
+        if stripped is not None:  # judged, and sent on, without it
+            return JudgedBody(stripped.text.encode("utf-8"), stripped, edited=True)
         return JudgedBody(raw, doc)
 
     def _bad_body(

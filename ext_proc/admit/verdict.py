@@ -79,6 +79,9 @@ class JudgedBody:
     prefix: str | None = None
     compacted: tuple[Header, ...] = ()
     slim: bool = field(default=False, compare=False)  # decoded in another process: no arrays
+    # ICE removed a field the route does not let the client set (``ext_proc.admit.
+    # body_priority``): ``raw`` goes on, also on a pass
+    edited: bool = False
 
     def detached(self, sent: bytes) -> JudgedBody:
         """What crosses to another process: no text or array values (``attach`` restores the
@@ -143,7 +146,8 @@ def make_verdict(
     placement: Placement,
 ) -> BodyVerdict:
     """The verdict with its planned outcome (edits on the body's one decode; a compacted body
-    goes on compacted, also on a pass, with its ``x-ice-compacted`` header), which names the
+    goes on compacted, also on a pass, with its ``x-ice-compacted`` header, and so does one ICE
+    edited at its decode), which names the
     placement (and, when ICE picked the endpoint of a request that goes on, tells Envoy where
     to send it). ``body`` None: judged without it (an answer or a pass that edits nothing)."""
     outcome = plan(decision, adapter, body.doc if body is not None else b"", features)
@@ -152,7 +156,7 @@ def make_verdict(
         if extra:
             lb = placement.endpoint if placement.picked else None
             outcome = replace(outcome, headers=outcome.headers + extra, lb_endpoint=lb)
-        if body is not None and body.compacted:
+        if body is not None and (body.compacted or body.edited):
             sent = outcome.body if outcome.body is not None else body.raw
             outcome = replace(outcome, body=sent, headers=[*outcome.headers, *body.compacted])
     else:

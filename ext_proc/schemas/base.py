@@ -41,6 +41,7 @@ __all__ = [
     "json_tokens",
     "optional_token_limit",
     "samples_of",
+    "sent_null",
     "string_type",
     "text_of_content",
 ]
@@ -91,6 +92,9 @@ class RequestFeatures:
     # output tokens per sequence the request must generate: vLLM's min_tokens, or its whole
     # limit with ignore_eos (the forecast's floor)
     min_output: int = 0
+    # the limit field was sent as null (None: absent). Backends run the two differently on
+    # some APIs (ext_proc/schemas/limits.py); with ``max_tokens`` set it is False
+    limit_null: bool = False
 
     @property
     def prompts(self) -> tuple[int, ...]:
@@ -157,6 +161,12 @@ def optional_token_limit(body: Mapping[str, Any], field: str, *, minimum: int = 
             f"'{field}' must be at least {minimum}, got {value}", param=field, code="invalid_value"
         )
     return min(value, MAX_SANE_TOKENS)
+
+
+def sent_null(body: Mapping[str, Any], *fields: str) -> bool:
+    """Whether the body names one of ``fields`` with ``null`` (and none of them with a value)."""
+    named = [f for f in fields if f in body]
+    return bool(named) and all(body[f] is None for f in named)
 
 
 def samples_of(body: Mapping[str, Any], *fields: str) -> int:

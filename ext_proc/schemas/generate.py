@@ -2,16 +2,17 @@
 
 vLLM (``vllm.generate``, token in, tokens out): ``token_ids`` (the prompt, already tokenized
 and with multimodal placeholders expanded), optional raw ``content_parts`` (media the server
-resolves: counted at their media cost), ``sampling_params`` with ``max_tokens`` (absent: 16,
-``SamplingParams``' default; null: the rest of the context) and ``n``.
+resolves: counted at their media cost), ``sampling_params`` with ``max_tokens`` and ``n``.
 
 SGLang (``sglang.generate``, chosen per route with ``schema: sglang_generate``, since
 ``/generate`` means different bodies on different servers): ``text`` (a string or a list of
 strings) or ``input_ids`` (token ids or a list of token-id lists) or ``input_embeds`` (one
 row per token); ``image_data`` / ``audio_data`` / ``video_data`` (one item or a list: each
 item is a media part); ``sampling_params`` (an object, or a list of objects, one per prompt)
-with ``max_new_tokens`` (absent: 128, SGLang's default) and ``n``. With a list, the largest
-limit and ``n`` are judged, and a downgrade rewrites every element.
+with ``max_new_tokens`` and ``n``. With a list, the largest limit (an absent one counts
+SGLang's default, a null one the rest of the context) and ``n`` are judged, and a downgrade
+rewrites every element. What an absent or null limit runs on each server:
+``ext_proc.schemas.limits``.
 
 The output limit lives inside ``sampling_params``: ``ext_proc.admit.outcome`` edits it there.
 Errors use OpenAI's error object (both servers answer JSON errors of their own shape).
@@ -30,13 +31,13 @@ from ext_proc.schemas.base import (
     check_keys,
     optional_token_limit,
     samples_of,
+    sent_null,
 )
+from ext_proc.schemas.limits import SGLANG_DEFAULT_MAX_NEW_TOKENS
 from ext_proc.schemas.openai import openai_error_body, prompt_list_tokens
 
 __all__ = ["SGLANG_DEFAULT_MAX_NEW_TOKENS", "SGLANG_GENERATE", "VLLM_GENERATE"]
 
-VLLM_DEFAULT_MAX_TOKENS = 16  # vllm.SamplingParams.max_tokens
-SGLANG_DEFAULT_MAX_NEW_TOKENS = 128  # sglang SamplingParams.max_new_tokens
 
 VLLM_KEYS = frozenset(("model", "token_ids", "sampling_params", "content_parts", "stream"))
 SGLANG_KEYS = frozenset(
@@ -62,9 +63,9 @@ def _sampling(value: Any, where: str = "sampling_params") -> dict[str, Any]:
     return value
 
 
-def _limit(params: dict[str, Any], field: str, default: int, where: str) -> int | None:
-    if field not in params:
-        return default
+def _limit(params: dict[str, Any], field: str, where: str) -> int | None:
+    """The limit ``params`` sets (None: absent or null; ``ext_proc.schemas.limits`` says what
+    each runs)."""
     try:
         return optional_token_limit(params, field)
     except BadRequest as e:
@@ -96,8 +97,9 @@ class _VllmGenerate:
             schema=self.name,
             model=model if isinstance(model, str) else None,
             input_tokens=tally.tokens,
-            max_tokens=_limit(params, "max_tokens", VLLM_DEFAULT_MAX_TOKENS, "sampling_params"),
+            max_tokens=_limit(params, "max_tokens", "sampling_params"),
             max_tokens_field=field,
+            limit_null=field is None and sent_null(params, "max_tokens"),
             stream=body.get("stream") is True,
             message_count=1,
             samples=samples_of(params, "n", "best_of"),
@@ -169,11 +171,15 @@ class _SglangGenerate:
             params_list = [_sampling(p, f"sampling_params[{i}]") for i, p in enumerate(raw)]
         else:
             params_list = [_sampling(raw)]
-        limits = [
-            _limit(p, "max_new_tokens", SGLANG_DEFAULT_MAX_NEW_TOKENS, "sampling_params")
-            for p in params_list
-        ]
-        limit = None if any(v is None for v in limits) else max(v for v in limits if v)
+        # each element runs its own limit: a number, SGLang's default when absent, or the
+        # rest of the context when null; the largest is judged
+        limits = [_limit(p, "max_new_tokens", "sampling_params") for p in params_list]
+        nulls = any(sent_null(p, "max_new_tokens") for p in params_list)
+        absent = any("max_new_tokens" not in p for p in params_list)
+        values = [v for v in limits if v is not None]
+        limit: int | None = None  # the rest of the context, or SGLang's default for all
+        if values and not nulls:
+            limit = max([*values, SGLANG_DEFAULT_MAX_NEW_TOKENS] if absent else values)
         set_fields = any(p.get("max_new_tokens") is not None for p in params_list)
         samples = max(samples_of(p, "n") for p in params_list)
         # media are shared by the batch's prompts only in SGLang's own pairing; counting them
@@ -186,6 +192,7 @@ class _SglangGenerate:
             input_tokens=max(prompts),
             max_tokens=limit,
             max_tokens_field="max_new_tokens" if set_fields else None,
+            limit_null=nulls,
             stream=body.get("stream") is True,
             message_count=len(prompts),
             prompt_tokens=tuple(prompts) if len(prompts) > 1 else (),

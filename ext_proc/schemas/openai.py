@@ -28,6 +28,7 @@ from ext_proc.schemas.base import (
     json_tokens,
     optional_token_limit,
     samples_of,
+    sent_null,
 )
 from ext_proc.schemas.estimate import PER_MESSAGE_TOKENS, REPLY_PRIMER_TOKENS, estimate_text_tokens
 
@@ -268,6 +269,7 @@ class _OpenAIChat:
             media_parts=tally.media_parts,
             media_tokens=tally.media_tokens,
             min_output=min_output_of(body, limit),
+            limit_null=limit is None and sent_null(body, "max_completion_tokens", "max_tokens"),
         )
 
     def error_body(self, status: int, code: str, message: str, param: str | None) -> bytes:
@@ -314,6 +316,7 @@ class _OpenAIChatBatch:
             media_parts=parts,
             media_tokens=media_tokens,
             min_output=min_output_of(body, limit),
+            limit_null=limit is None and sent_null(body, "max_completion_tokens", "max_tokens"),
         )
 
     def error_body(self, status: int, code: str, message: str, param: str | None) -> bytes:
@@ -370,6 +373,7 @@ class _OpenAICompletions:
             samples=samples_of(body, "n", "best_of"),
             reads_prefix_cache=reads_prefix_cache(body, "logprobs", None),
             min_output=min_output_of(body, 16 if limit is None else limit),
+            limit_null=limit is None and sent_null(body, "max_tokens"),
         )
 
     def error_body(self, status: int, code: str, message: str, param: str | None) -> bytes:

@@ -13,8 +13,8 @@ span-less decode the tools and tests use.
 Invariants:
 - Values are decoded by the standard library's JSON decoder (C scanner); this module only
   walks the top-level object and records spans, it never re-serialises the body.
-- ``replace_value``, ``replace_values`` and ``add_member`` return new bytes; the input is
-  never modified.
+- ``replace_value``, ``replace_values`` and ``add_member`` return new bytes, and
+  ``remove_member`` a new decode; the input is never modified.
 - A body with an integer of more digits than the interpreter converts
   (``sys.get_int_max_str_digits()``, 4,300 by default) is ``InvalidJSON``
   (``too_long_integer``), never the decoder's bare ``ValueError``.
@@ -30,7 +30,7 @@ import bisect
 import json
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any
 
@@ -44,6 +44,7 @@ __all__ = [
     "duplicate_keys",
     "edit_member",
     "parse_object",
+    "remove_member",
     "replace_array",
     "replace_value",
     "replace_values",
@@ -352,3 +353,46 @@ def edit_member(doc: TopLevel, key: str, edit: Callable[[TopLevel], bytes]) -> b
         items = [edit(_member(t)).decode("utf-8") for t in array_items(doc, key)]
         return replace_array(doc, key, items)
     raise InvalidJSON(f"'{key}' is not an object or an array of objects")
+
+
+def _member_start(doc: TopLevel, key: str) -> int:
+    """Where the member whose value ``doc.spans[key]`` holds begins (its name's quote): the
+    members before it are walked from the nearest known value's end, so a repeated key's
+    earlier copy (whose span ``spans`` does not keep) is stepped over, not swallowed."""
+    start = doc.spans[key][0]
+    before = [e for s, e in doc.spans.values() if e <= start]
+    i = max(before) if before else doc.text.index("{") + 1
+    text = doc.text
+    while True:
+        i = _skip_ws(text, i)
+        if text[i] == ",":
+            i = _skip_ws(text, i + 1)
+        name_at = i
+        _, i = scanstring(text, i + 1, True)
+        i = _skip_ws(text, _skip_ws(text, i) + 1)  # past the ':'
+        if i == start:
+            return name_at
+        _, i = _MARKING.raw_decode(text, i)  # an unkept copy of a repeated key
+
+
+def remove_member(doc: TopLevel, key: str) -> TopLevel:
+    """``doc`` without its top-level member ``key`` (the last copy, the one ``values``
+    holds; the caller refuses a repeated one): the member and one comma beside it go, every
+    other byte stays, and the other keys' repeat marks are kept."""
+    text = doc.text
+    name_at, end = _member_start(doc, key), doc.spans[key][1]
+    after = _skip_ws(text, end)
+    if text[after] == ",":  # not the last member: up to the next member's name
+        cut = (name_at, _skip_ws(text, after + 1))
+    else:  # the last: from the comma before it (none: the only member)
+        head = text[:name_at].rstrip(_WS)
+        cut = (len(head) - 1, end) if head.endswith(",") else (name_at, end)
+    values = _object([(k, v) for k, v in doc.values.items() if k != key])
+    repeated = duplicate_keys(doc.values) - {key}
+    if repeated:
+        marked = _Repeated(values)
+        marked.repeated = repeated
+        values = marked
+    spans = {k: v for k, v in doc.spans.items() if k != key}
+    items = {k: v for k, v in doc.items.items() if k != key}
+    return splice(replace(doc, spans=spans, items=items), [(cut[0], cut[1], "")], values)

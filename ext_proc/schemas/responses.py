@@ -27,6 +27,7 @@ from ext_proc.schemas.base import (
     check_keys,
     json_tokens,
     optional_token_limit,
+    sent_null,
     string_type,
 )
 from ext_proc.schemas.estimate import PER_MESSAGE_TOKENS, REPLY_PRIMER_TOKENS
@@ -129,6 +130,7 @@ class _OpenAIResponses:
             input_tokens=tally.tokens,
             max_tokens=limit,
             max_tokens_field="max_output_tokens" if limit is not None else None,
+            limit_null=limit is None and sent_null(body, "max_output_tokens"),
             stream=body.get("stream") is True,
             message_count=count,
             media_parts=tally.media_parts,

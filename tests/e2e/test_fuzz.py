@@ -3,10 +3,10 @@
 Every family of the fuzzer is sent (wrong types, huge numbers, NaN, deep nesting, BOM,
 invalid UTF-8, cut-off JSON, repeated keys, content types, oversized and chunked bodies,
 odd paths and methods, media headers of many steps, brackets in strings, chunked bodies
-asking much). ICE must not crash or leave a request unjudged, nothing may take over 5 s,
-every body the backend got must be the one sent or differ only in its output limit (a
-downgrade), and ICE must answer no 5xx. The fuzzer must also really reach each outcome, so
-that a tame generator cannot pass.
+asking much, null output limits on every generating path). ICE must not crash or leave a
+request unjudged, nothing may take over 5 s, every body the backend got must be the one sent
+or differ only in its output limit (a downgrade), and ICE must answer no 5xx. The fuzzer must
+also really reach each outcome, so that a tame generator cannot pass.
 """
 
 from __future__ import annotations
@@ -30,8 +30,12 @@ def test_two_thousand_mutated_requests_break_nothing(tmp_path: Path) -> None:
         assert not report.errors, report.errors[:5]
         assert not report.unjudged, report.unjudged[:5]
         families = report.families
-        for family in ("media_walk", "brackets_string", "chunked_big_ask"):
+        for family in ("media_walk", "brackets_string", "chunked_big_ask", "null_limit"):
             assert sum(families[family].values()) > 0, family
+        # a null limit is judged on every generating path: a verdict, never unjudged, and
+        # on an idle pool the whole context fits (passed, or a budget's downgrade)
+        nulls = families["null_limit"]
+        assert nulls["passed"] > 0 and nulls["400:missing_field"] > 0, nulls
         outcomes = report.outcomes
         assert outcomes["passed"] > 0 and outcomes["mutated"] > 0
         assert any(k.startswith("400:invalid_json") for k in outcomes)
