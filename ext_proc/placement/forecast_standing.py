@@ -1,0 +1,164 @@
+"""The standing forecast of one endpoint: what ``ForecastBook.fit`` reads between decisions
+where the endpoint runs many requests (``admission: forecast`` at a GPU pool's scale).
+
+The fit at a decision's time reads every trajectory: n states, a length quantile each, a
+sort (O(n log n)). A ``Standing`` is built once for a span [t0, t1] and serves every
+decision within it; a one-sequence request then costs O(bs log n) (``Peaks.with_new``).
+
+- **Upper states over the span.** g(t) is nondecreasing in time, so for any now in the span
+  g0 = g(t0) ≤ g(now) ≤ g1 = g(t1); T(g) is nondecreasing in g (``ext_proc.policy.outlen``:
+  the target rises with F(g)). A trajectory's blocks L decode steps after now are
+  b(g + L) for L ≤ T(g) − g, at most b(g1 + L) for L ≤ T(g1) − g0. Its upper state is
+
+      (b̂, ℓ̂, ŝ, room̂) = (b(g1), max(0, T(g1) − g0), seqs, room(g1))
+
+  and, placed by Envoy (a share p = 1/endpoints of it counts), b̂ = ⌈b(g0) p⌉ +
+  ⌈seqs p⌉ × (b(g1) − b(g0)) / seqs, ŝ = ⌈seqs p⌉ (⌈(x + y) p⌉ ≤ ⌈x p⌉ + ⌈y p⌉). The peak
+  (the highest point of the stepped decode, a sum of the requests' steps) and the peak with
+  a newcomer are then at most those of the upper states: never below the exact ones.
+- **Blocks now** (Σ b_j in ``other``, where more blocks now mean a larger budget) are read at
+  t0: Σ ⌈b(g0) p⌉, never above the exact sum.
+- **The span.** t1 = t0 + ``TICK_TOKENS`` / r (r the decode rate; r unknown: nothing is
+  generated and states do not move with time, ``MAX_SPAN_S``): each request is read at most
+  ``TICK_TOKENS`` tokens ahead of where it is, and predicted from there.
+- **Changes within the span.** A request passed after t0 counts flat at its upper final
+  blocks, b̂ + ŝ × ⌈max(0, ℓ̂ − room̂) / bs⌉, at every point of the peak (the peak of a sum is
+  at most the sum of the peaks), and its blocks at t0 join the blocks now. A request that
+  ended stays in the peak (a peak without a request is not higher) and leaves the blocks
+  now. After ``rebuild_after(n)`` such changes the standing is built again.
+- **Built again** also at t1, when the outlook's readings change (r, d, the length
+  histogram, the limit share, a kind's factor f_k, the profile, the block size), when the
+  caution rises above the standing's (a caution that falls within the span only lowers the
+  exact totals), and when a trajectory is recounted (``ForecastBook.changed``).
+
+The bound: the standing's peak exceeds the exact one by at most what each running request
+adds in ``TICK_TOKENS`` more tokens (at most ⌈TICK_TOKENS / bs⌉ blocks a sequence) and in its
+prediction from there (T(g1) instead of T(g)), plus the final blocks of the requests passed
+since t0 (at most ``rebuild_after(n)``). Decisions move only towards refusing.
+
+Invariant: ``low`` maps each member and counted newcomer to its blocks at t0, and
+``blocks_now`` is their sum; ``flat`` is the sum of the counted newcomers' final blocks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ext_proc.placement.forecast import Outlook, Peaks, Trajectory
+from ext_proc.placement.lengths import Kind, limit_bucket
+
+__all__ = ["MAX_SPAN_S", "TICK_TOKENS", "Standing", "rebuild_after", "upper_state"]
+
+TICK_TOKENS = 16  # tokens a request may generate within one standing's span
+MAX_SPAN_S = 1.0  # the span when the decode rate is unknown
+
+
+def rebuild_after(members: int) -> int:
+    """Changes (requests passed or ended) a standing of ``members`` takes before it is
+    built again: 1/64 of them, at least 16."""
+    return max(16, members // 64)
+
+
+def upper_state(
+    look: Outlook, t: Trajectory, part: float, t0: float, t1: float
+) -> tuple[tuple[int, int, int, int], int]:
+    """(the upper state over [t0, t1], the blocks at t0) of ``t`` counted at ``part`` (the
+    module docstring)."""
+    seqs = math.ceil(t.seqs * part)
+    if t.whole is not None:
+        b = math.ceil(t.whole * part)
+        return (b, 0, seqs, 0), b
+    g0, g1 = look.generated(t, t0), look.generated(t, t1)
+    left = max(0, look.total(g1, t.limit, t.floor, t.kind) - g0)
+    b0, _ = look.held(t, g0)
+    b1, room1 = look.held(t, g1)
+    low = math.ceil(b0 * part)
+    high = b1 if part >= 1.0 else low + seqs * ((b1 - b0) // t.seqs)
+    return (high, left, seqs, room1), low
+
+
+def _readings(look: Outlook) -> tuple[object, ...]:
+    return (
+        look.rate,
+        look.delay_s,
+        id(look.lengths),
+        look.limit_share,
+        look.block_size,
+        look.spec,
+        look.profile,
+        look.factor is None,
+    )
+
+
+@dataclass(slots=True, eq=False)
+class Standing:
+    """One endpoint's standing forecast over [t0, t1] (the module docstring)."""
+
+    look: Outlook
+    t0: float
+    t1: float
+    peaks: Peaks  # of the upper states, no fixed blocks
+    low: dict[int, int]  # id(trajectory) → its blocks at t0 (members and counted newcomers)
+    blocks_now: int
+    factors: dict[Kind, float]  # f_k of the members' kinds when built
+    part: dict[str, float]  # endpoint → the share its trajectories count at
+    flat: int = 0
+    changes: int = 0
+    pending: list[tuple[Trajectory, float]] = field(default_factory=list)
+
+    @classmethod
+    def build(
+        cls,
+        look: Outlook,
+        members: list[tuple[Trajectory, float]],
+        now: float,
+        parts: dict[str, float],
+    ) -> Standing:
+        """The standing of ``members`` (trajectory, share) from ``now``."""
+        span = TICK_TOKENS / look.rate if look.rate else MAX_SPAN_S
+        t1 = now + min(span, MAX_SPAN_S)
+        states, low, factors = [], {}, {}
+        for t, part in members:
+            state, blocks = upper_state(look, t, part, now, t1)
+            states.append(state)
+            low[id(t)] = blocks
+            kind = (t.kind, limit_bucket(t.limit))
+            if kind not in factors:
+                factors[kind] = look.factor_of(kind)
+        peaks = Peaks(states, look.block_size)
+        return cls(look, now, t1, peaks, low, sum(low.values()), factors, parts)
+
+    def fresh(self, look: Outlook, now: float, members: int) -> bool:
+        """Whether decisions at ``now`` under ``look`` may read this standing."""
+        if not self.t0 <= now <= self.t1 or self.changes > rebuild_after(members):
+            return False
+        if look.caution > self.look.caution or _readings(look) != _readings(self.look):
+            return False
+        return all(look.factor_of(k) == f for k, f in self.factors.items())
+
+    def added(self, t: Trajectory, endpoint: str) -> None:
+        """``t`` was passed to ``endpoint`` (one this standing counts) after t0."""
+        self.pending.append((t, self.part[endpoint]))
+        self.changes += 1
+
+    def removed(self, t: Trajectory) -> None:
+        """``t`` ended: it leaves the blocks now (and the newcomers not yet counted)."""
+        self.changes += 1
+        blocks = self.low.pop(id(t), None)
+        if blocks is not None:
+            self.blocks_now -= blocks
+        else:
+            self.pending = [(p, s) for p, s in self.pending if p is not t]
+
+    def extra(self) -> int:
+        """The newcomers' final blocks, counted flat (those passed since the last call are
+        read now)."""
+        bs, look = self.look.block_size, self.look
+        for t, part in self.pending:
+            (b, left, seqs, room), blocks = upper_state(look, t, part, self.t0, self.t1)
+            self.flat += b + seqs * -(-max(0, left - room) // bs)
+            self.low[id(t)] = blocks
+            self.blocks_now += blocks
+        self.pending.clear()
+        return self.flat
