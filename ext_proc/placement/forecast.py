@@ -45,9 +45,11 @@ the clock.
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import accumulate
+from operator import itemgetter
 
 from ext_proc.placement.lengths import Kind, limit_bucket, scaled
 from ext_proc.policy.kvfit import Shape
@@ -208,29 +210,6 @@ def _up(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
 
-class _Counts:
-    """Sequences by the free slots of their last block (0..block_size − 1): a Fenwick tree,
-    so that "sequences with at least m free slots" costs O(log block_size)."""
-
-    __slots__ = ("_tree",)
-
-    def __init__(self, block_size: int) -> None:
-        self._tree = [0] * (block_size + 1)
-
-    def add(self, room: int, seqs: int) -> None:
-        i = len(self._tree) - 1 - room  # reversed: a prefix is "room ≥ m"
-        while i < len(self._tree):
-            self._tree[i] += seqs
-            i += i & -i
-
-    def at_least(self, m: int) -> int:
-        i, total = len(self._tree) - 1 - m, 0
-        while i > 0:
-            total += self._tree[i]
-            i -= i & -i
-        return total
-
-
 def _grow(left: int, room: int, bs: int) -> int:
     """Blocks one sequence with ``room`` free slots in its last block adds over ``left``
     more tokens: ceil(max(0, left − room) / bs)."""
@@ -238,43 +217,55 @@ def _grow(left: int, room: int, bs: int) -> int:
 
 
 class _Index:
-    """What ``Peaks.with_new`` reads for a one-sequence request in O(bs log n) instead of
-    O(n): the prefix maxima of the points; per free-slot count ρ, the positions of the
-    requests with that room and their running sum of sequences (Σ_{j<k} seqs_j [room_j ≥ m]
-    is a bisect per ρ ≥ m); per m = left mod bs, the positions of the requests with that
-    remainder and the suffix maxima of point_i + ceil(left_i / bs) over them (a one-sequence
-    newcomer with room ρ adds ceil(left_i / bs) − [0 < m ≤ ρ] blocks at point i)."""
+    """What ``Peaks.with_new`` reads in O(bs log n) instead of O(n): the prefix maxima of
+    the points; per free-slot count ρ, the positions of the requests with that room and their
+    running sum of sequences (Σ_{j<k} seqs_j [room_j ≥ m] is a bisect per ρ ≥ m); per
+    m = left mod bs, the positions of the requests with that remainder and, per number of
+    sequences s of a newcomer (built when first asked), the suffix maxima of
+    point_i + s × ceil(left_i / bs) over them: a newcomer of s sequences with room ρ adds
+    s × (ceil(left_i / bs) − [0 < m ≤ ρ]) blocks at point i."""
 
-    __slots__ = ("by_class", "by_room", "prefix_max")
+    __slots__ = ("by_room", "classes", "prefix_max", "tails")
 
     def __init__(self, peaks: Peaks) -> None:
-        bs = peaks._bs
-        self.prefix_max: list[int] = []
-        best = 0
-        rooms: dict[int, tuple[list[int], list[int]]] = {}
-        classes: dict[int, tuple[list[int], list[int]]] = {}
-        for i, point in enumerate(peaks._points):
-            best = max(best, point)
-            self.prefix_max.append(best)
-            room, seqs = peaks._rooms[i]
-            pos, cum = rooms.setdefault(room, ([], [0]))
-            pos.append(i)
-            cum.append(cum[-1] + seqs)
-            left = -peaks._lefts[i]
-            pos, vals = classes.setdefault(left % bs, ([], []))
-            pos.append(i)
-            vals.append(point + _up(left, bs))
-        for _, vals in classes.values():  # suffix maxima, in place
-            for j in range(len(vals) - 2, -1, -1):
-                vals[j] = max(vals[j], vals[j + 1])
-        self.by_room = sorted(rooms.items())
-        self.by_class = sorted(classes.items())
+        bs, n = peaks._bs, len(peaks._points)
+        self.prefix_max = list(accumulate(peaks._points, max))
+        rooms = [r for r, _ in peaks._rooms]
+        seqs = [s for _, s in peaks._rooms]
+        self.by_room = [
+            (r, (pos, list(accumulate([seqs[i] for i in pos], initial=0))))
+            for r, pos in _groups(rooms, n)
+        ]
+        self.classes = _groups([-left % bs for left in peaks._lefts], n)
+        self.tails: dict[int, list[list[int]]] = {}  # s → per class, the suffix maxima
+
+    def tail(self, peaks: Peaks, s: int) -> list[list[int]]:
+        """Per class (``classes``' order), the suffix maxima of point_i + s × c_i."""
+        got = self.tails.get(s)
+        if got is None:
+            got = self.tails[s] = []
+            points, lefts, bs = peaks._points, peaks._lefts, peaks._bs
+            for _, pos in self.classes:
+                vals = [points[i] - s * (lefts[i] // bs) for i in pos]  # c_i = −(−left // bs)
+                got.append(list(accumulate(reversed(vals), max))[::-1])
+        return got
+
+
+def _groups(keys: list[int], n: int) -> list[tuple[int, list[int]]]:
+    """The positions 0..n−1 grouped by ``keys[i]``, each group ascending, by key."""
+    order = sorted(range(n), key=keys.__getitem__)  # stable: positions ascend in a group
+    ranked = [keys[i] for i in order]
+    out, lo = [], 0
+    while lo < n:
+        hi = bisect_right(ranked, ranked[lo], lo)
+        out.append((ranked[lo], order[lo:hi]))
+        lo = hi
+    return out
 
 
 class Peaks:
     """The running requests of one endpoint, sorted for the peak; ``with_new`` gives the
-    peak with one more request: O(bs log n) for one sequence (``_Index``), O(n) for more
-    (the module docstring's formula)."""
+    peak with one more request in O(bs log n) (``_Index``; the module docstring's formula)."""
 
     __slots__ = (
         "_bs",
@@ -293,28 +284,33 @@ class Peaks:
         """``states``: (blocks now, left tokens, seqs, free slots of its last block) per
         request; ``fixed``: blocks held by others (left 0)."""
         bs = self._bs = block_size
-        ordered = sorted(states, key=lambda s: -s[1])
-        self._lefts: list[int] = []  # negated, ascending: for bisect
-        self._sums: list[int] = []  # Σ b over 1..i
-        self._seqs: list[int] = []  # Σ seqs over 1..i
-        self._rooms: list[tuple[int, int]] = []  # (free slots, seqs) of 1..i
-        self._points: list[int] = []  # the peak candidate at i
-        self._index: _Index | None = None  # built by the first one-sequence ``with_new``
-        counts = _Counts(bs)
-        h = s = 0
-        for blocks, left, seqs, room in ordered:
-            h += blocks
-            s += seqs
-            counts.add(room, seqs)
-            self._lefts.append(-left)
-            self._sums.append(h)
-            self._seqs.append(s)
-            self._rooms.append((room, seqs))
-            # Σ_{j ≤ i} seqs_j × _grow(left, room_j): each is ceil(left / bs), less one for
-            # a sequence whose free slots hold the last partial block's m = left mod bs
+        ordered = sorted(states, key=itemgetter(1), reverse=True)  # stable: ties in order
+        self._lefts = [-x[1] for x in ordered]  # negated, ascending: for bisect
+        self._sums = list(accumulate([x[0] for x in ordered]))  # Σ b over 1..i
+        self._seqs = list(accumulate([x[2] for x in ordered]))  # Σ seqs over 1..i
+        self._rooms = [(x[3], x[2]) for x in ordered]  # (free slots, seqs) of each
+        self._index: _Index | None = None  # built by the first fast ``with_new``
+        # the peak candidate at i: Σ_{j ≤ i} b_j + seqs_j × _grow(left_i, room_j), each
+        # grow ceil(left_i / bs), less one for a sequence whose free slots hold the last
+        # partial block's m = left_i mod bs: a Fenwick tree of the sequences by free slots,
+        # reversed (a prefix is "room ≥ m"), O(log bs) each
+        tree = [0] * (bs + 1)
+        top = bs
+        points: list[int] = []
+        for (_, left, seqs, room), h, s in zip(ordered, self._sums, self._seqs, strict=True):
+            i = top - room
+            while i <= top:
+                tree[i] += seqs
+                i += i & -i
             m = left % bs
-            fewer = counts.at_least(m) if m else 0
-            self._points.append(h + s * _up(left, bs) - fewer)
+            fewer = 0
+            i = top - m if m else 0
+            while i > 0:
+                fewer += tree[i]
+                i -= i & -i
+            points.append(h + s * -(-left // bs) - fewer)
+        self._points = points
+        h = self._sums[-1] if ordered else 0
         self.now_blocks = h + fixed
         self.peak = (max(self._points) if self._points else 0) + fixed
         self._fixed = fixed
@@ -330,7 +326,7 @@ class Peaks:
     def with_new(self, blocks: int, left: int, seqs: int, room: int = 0) -> int:
         """The peak with one more request of ``blocks`` now, ``left`` tokens per sequence
         ahead, ``seqs`` sequences and ``room`` free slots in each one's last block."""
-        if seqs != 1 or len(self._points) < FAST_FROM:
+        if len(self._points) < FAST_FROM:
             return self.with_new_slow(blocks, left, seqs, room)
         index = self._index
         if index is None:
@@ -349,11 +345,12 @@ class Peaks:
                     if r >= m:
                         grown -= cum[bisect_left(pos, k)]
             grown += self._sums[k - 1]
-        best = max(best, grown + blocks + _grow(left, room, bs))
-        for m, (pos, vals) in index.by_class:  # the requests that end first: i ≥ k
+        best = max(best, grown + blocks + seqs * _grow(left, room, bs))
+        tails = index.tail(self, seqs)
+        for (m, pos), vals in zip(index.classes, tails, strict=True):  # those ending first
             j = bisect_left(pos, k)
             if j < len(pos):
-                best = max(best, vals[j] - (0 < m <= room) + blocks)
+                best = max(best, vals[j] - seqs * (0 < m <= room) + blocks)
         return best + self._fixed
 
     def with_new_slow(self, blocks: int, left: int, seqs: int, room: int = 0) -> int:

@@ -119,14 +119,39 @@ class Standing:
         span = TICK_TOKENS / look.rate if look.rate else MAX_SPAN_S
         t1 = now + min(span, MAX_SPAN_S)
         states, low, factors = [], {}, {}
+        rate, delay, bs = look.rate or 0.0, look.delay_s, look.block_size
+        totals: dict[tuple[str, int, int, int], int] = {}
+        limits: set[tuple[str, int]] = set()  # (profile, output limit) of the members read
         for t, part in members:
-            state, blocks = upper_state(look, t, part, now, t1)
-            states.append(state)
-            low[id(t)] = blocks
-            kind = (t.kind, limit_bucket(t.limit))
+            if t.whole is not None or part < 1.0:
+                state, low[id(t)] = upper_state(look, t, part, now, t1)
+                limits.add((t.kind, t.limit))
+                states.append(state)
+                continue
+            # upper_state of a trajectory counted whole, inline (the build's hot loop)
+            s = t.start_s if t.runs_s is None else t.runs_s
+            g0 = min(t.limit, int(rate * max(0.0, now - s - delay)))
+            g1 = min(t.limit, int(rate * max(0.0, t1 - s - delay)))
+            key = (t.kind, t.limit, t.floor, g1)
+            total = totals.get(key)
+            if total is None:
+                total = totals[key] = look.total(g1, t.limit, t.floor, t.kind)
+            if t.tokens is None:
+                low[id(t)] = t.prompt_blocks + t.seqs * -(-g0 // bs)
+                states.append(
+                    (t.prompt_blocks + t.seqs * -(-g1 // bs), max(0, total - g0), t.seqs, 0)
+                )
+                continue
+            first = -(-t.tokens // bs)
+            x = t.tokens + g1
+            low[id(t)] = t.prompt_blocks + t.seqs * (-(-(t.tokens + g0) // bs) - first)
+            high = t.prompt_blocks + t.seqs * (-(-x // bs) - first)
+            states.append((high, max(0, total - g0), t.seqs, -x % bs))
+        for profile, limit in limits | {(k[0], k[1]) for k in totals}:
+            kind = (profile, limit_bucket(limit))
             if kind not in factors:
                 factors[kind] = look.factor_of(kind)
-        peaks = Peaks(states, look.block_size)
+        peaks = Peaks(states, bs)
         return cls(look, now, t1, peaks, low, sum(low.values()), factors, parts)
 
     def fresh(self, look: Outlook, now: float, members: int) -> bool:
