@@ -21,7 +21,10 @@ Two ways of running:
   each decision computes);
 - ``churn``: after each decision the candidate is passed (added) and the oldest request
   ends (removed), one decision a millisecond (``--pace-ms``): the standing forecast is
-  built again after its changes and when its span ends, and those builds are in the figures.
+  built again after its changes and when its span ends, and those builds are in the figures;
+- ``finish`` (not run unless asked, ``--modes finish``): as ``churn``, and the request that
+  ends is observed (``ForecastBook.finished``): under ``refine`` the kinds' factors move
+  with every one, and the standing forecast is built again at the next decision.
 
 Usage: .venv/bin/python bench/forecast_decision.py [--sizes 100,1000,10000]
        [--decisions 2000] [--pace-ms 1] [--before-rev REV]
@@ -112,29 +115,37 @@ def _arm(
         base = KvFit(
             free_blocks=usable * 3 // 10, usable_blocks=usable, block_size=BS, blocks=blocks
         )
-        count = decisions if arm != "before" else max(20, min(decisions, 2_000_000 // n))
+        count = decisions if arm == "after" else max(20, min(decisions, 2_000_000 // n))
         took: list[float] = []
+        cpu: list[float] = []
         for _ in range(count + 5):
             prompt, limit, seqs = _request(rnd)
             shape = Shape(((prompt, 1),), seqs)
             book._last.clear()  # the 5 ms memo of one request's judgements: every decision computes
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             fit = book.fit(profile, "pool", "e", 1, backend, base, 0, 0)
             fit.charge(shape, limit)
             took.append(time.perf_counter() - t0)
-            if mode == "churn":
-                book.remove("pool", "e", live.pop(0))
+            cpu.append(time.thread_time() - c0)
+            if mode in ("churn", "finish"):
+                gone = live.pop(0)
+                book.remove("pool", "e", gone)
+                if mode == "finish":  # its length observed: under refine the factors move
+                    book.finished("pool", "e", gone)
                 t = _trajectory(rnd, time.monotonic())
                 live.append(t)
                 book.add("pool", "e", t)
                 if pace_ms:
                     time.sleep(pace_ms / 1000.0)
-        took = sorted(took[5:])  # the first ones build memos
+        took, cpu = sorted(took[5:]), sorted(cpu[5:])  # the first ones build memos
+        p99 = min(len(took) - 1, int(len(took) * 0.99))
         out[str(n)] = {
             "decisions": len(took),
             "median_ms": statistics.median(took) * 1000,
-            "p99_ms": took[min(len(took) - 1, int(len(took) * 0.99))] * 1000,
+            "p99_ms": took[p99] * 1000,
             "mean_ms": statistics.fmean(took) * 1000,
+            "cpu_median_ms": statistics.median(cpu) * 1000,
+            "cpu_p99_ms": cpu[p99] * 1000,
         }
     return out
 
@@ -203,19 +214,20 @@ def main() -> None:
                 ]
                 got = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
                 results[(mode, arm)] = json.loads(got.stdout.strip().splitlines()[-1])
-    print(f"before = {rev}; blocks of {BS}; one decision = fit + charge; ms")
-    print(
-        "| mode | in flight | "
-        + " | ".join(f"{a} median / p99" for a in args.arms.split(","))
-        + " |"
-    )
-    print("|---|---|" + "---|" * len(args.arms.split(",")))
+    arms = args.arms.split(",")
+    print(f"before = {rev}; blocks of {BS}; one decision = fit + charge")
+    print("ms: wall median / p99 [mean] (CPU of the thread: median / p99)")
+    print("| mode | in flight | " + " | ".join(arms) + " |")
+    print("|---|---|" + "---|" * len(arms))
     for mode in args.modes.split(","):
         for n in sizes:
             cells = []
-            for arm in args.arms.split(","):
+            for arm in arms:
                 r = results[(mode, arm)][str(n)]
-                cells.append(f"{r['median_ms']:.3f} / {r['p99_ms']:.3f}")
+                cells.append(
+                    f"{r['median_ms']:.3f} / {r['p99_ms']:.3f} [{r['mean_ms']:.3f}] "
+                    f"({r['cpu_median_ms']:.3f} / {r['cpu_p99_ms']:.3f})"
+                )
             print(f"| {mode} | {n:,} | " + " | ".join(cells) + " |")
 
 

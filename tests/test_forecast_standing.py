@@ -358,3 +358,29 @@ def test_a_standing_forecast_is_built_again_when_the_readings_change(
         book._last.clear()
         book.fit(PROFILE, "pool", "e", 1, b, base, 0, 0)
         assert (book._standing["pool"][("e", 1)] is not first) == built_again
+
+
+def test_an_endpoint_below_the_threshold_keeps_no_standing_forecast() -> None:
+    clock = Clock(1000.0)
+    base = KvFit(free_blocks=200, usable_blocks=400, block_size=BS, blocks=blocks16)
+    book = ForecastBook()
+    rnd = random.Random(3)
+    ts = [trajectory(rnd, clock.now) for _ in range(3)]
+    for t in ts:
+        book.add("pool", "e", t)
+    b = backend(40.0, 0.0)
+    with standing_from(3, clock):
+        book.fit(PROFILE, "pool", "e", 1, b, base, 0, 0)
+        assert ("e", 1) in book._standing["pool"]
+        book.remove("pool", "e", ts[0])  # 2 left: read at the decision's time again
+        book.fit(PROFILE, "pool", "e", 1, b, base, 0, 0)
+        assert ("e", 1) not in book._standing["pool"]
+    # one no longer read stops keeping what is passed past its rebuild point
+    with standing_from(1, clock):
+        book._last.clear()
+        book.fit(PROFILE, "pool", "e", 1, b, base, 0, 0)
+        standing = book._standing["pool"][("e", 1)]
+        for _ in range(rebuild_after(2) + 5):
+            book.add("pool", "e", trajectory(rnd, clock.now))
+        assert len(standing.pending) <= rebuild_after(2)
+        assert not standing.fresh(standing.look, clock.now, 2)

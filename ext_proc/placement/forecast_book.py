@@ -296,6 +296,7 @@ class ForecastBook:
         here, anywhere = mine.get(endpoint, {}), mine.get("", {})
         members = len(here) + len(anywhere)
         if members < STANDING_FROM:
+            self._standing.get(pool, {}).pop((endpoint, endpoints), None)
             states = self._states(pool, endpoint, endpoints, look, now)
             peaks = Peaks(states, look.block_size, others)
             return peaks, 0, peaks.now_blocks, True

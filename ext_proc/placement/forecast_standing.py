@@ -156,16 +156,22 @@ class Standing:
 
     def fresh(self, look: Outlook, now: float, members: int) -> bool:
         """Whether decisions at ``now`` under ``look`` may read this standing."""
-        if not self.t0 <= now <= self.t1 or self.changes > rebuild_after(members):
+        limit = min(rebuild_after(members), rebuild_after(len(self.low)))
+        if not self.t0 <= now <= self.t1 or self.changes > limit:
             return False
         if look.caution > self.look.caution or _readings(look) != _readings(self.look):
             return False
         return all(look.factor_of(k) == f for k, f in self.factors.items())
 
     def added(self, t: Trajectory, endpoint: str) -> None:
-        """``t`` was passed to ``endpoint`` (one this standing counts) after t0."""
-        self.pending.append((t, self.part[endpoint]))
+        """``t`` was passed to ``endpoint`` (one this standing counts) after t0. Past
+        ``rebuild_after`` changes the standing is built again before it is read: what is
+        passed then is not kept (an endpoint no longer judged keeps nothing growing)."""
         self.changes += 1
+        if self.changes > rebuild_after(len(self.low)):
+            self.pending.clear()
+            return
+        self.pending.append((t, self.part[endpoint]))
 
     def removed(self, t: Trajectory) -> None:
         """``t`` ended: it leaves the blocks now (and the newcomers not yet counted)."""
