@@ -19,9 +19,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ext_proc.placement import forecast, forecast_book
-from ext_proc.placement.forecast import Peaks, Trajectory
+from ext_proc.placement.forecast import Outlook, Peaks, Trajectory
 from ext_proc.placement.forecast_book import ForecastBook
-from ext_proc.placement.forecast_standing import TICK_TOKENS, rebuild_after
+from ext_proc.placement.forecast_standing import (
+    FACTOR_BAND,
+    TICK_TOKENS,
+    banded_total,
+    rebuild_after,
+)
+from ext_proc.placement.lengths import limit_bucket, scaled
 from ext_proc.policy.kvfit import KvFit, Shape
 from ext_proc.policy.model import ForecastSpec, Profile
 from ext_proc.policy.outlen import remaining_total
@@ -384,3 +390,84 @@ def test_an_endpoint_below_the_threshold_keeps_no_standing_forecast() -> None:
             book.add("pool", "e", trajectory(rnd, clock.now))
         assert len(standing.pending) <= rebuild_after(2)
         assert not standing.fresh(standing.look, clock.now, 2)
+
+
+# --- kinds' factors within a band ---------------------------------------------------------
+
+
+def histogram() -> st.SearchStrategy[Histogram]:
+    def build(bounds: list[int], adds: list[int]) -> Histogram:
+        cum, total = [], 0
+        for a in adds:
+            total += a
+            cum.append(float(total))
+        return Histogram((*sorted(set(bounds)), INF)[: len(cum)], tuple(cum), total, 0.0)
+
+    return st.lists(st.integers(1, 2000), min_size=1, max_size=6, unique=True).flatmap(
+        lambda b: st.lists(st.integers(0, 30), min_size=len(b) + 1, max_size=len(b) + 1).map(
+            lambda a: build(b, a)
+        )
+    )
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    h=histogram(),
+    q=st.floats(0.1, 1.0),
+    caution=st.sampled_from([0.0, 0.3]),
+    share=st.sampled_from([0.0, 0.2]),
+    g=st.integers(0, 3000),
+    limit=st.integers(1, 5000),
+    floor=st.sampled_from([0, 40]),
+    f=st.floats(0.125, 4.0),
+    rho=st.floats(1.0 / (1.0 + FACTOR_BAND), 1.0 + FACTOR_BAND),
+)
+def test_the_banded_total_bounds_every_factor_within_the_band(
+    h: Histogram,
+    q: float,
+    caution: float,
+    share: float,
+    g: int,
+    limit: int,
+    floor: int,
+    f: float,
+    rho: float,
+) -> None:
+    spec = ForecastSpec(quantile=q, min_observations=1)
+    look = Outlook(None, h, caution, BS, spec, 0.0, share, "p", lambda kind: f)
+    exact = remaining_total(scaled(h, f * rho), q, g, limit, floor, 1, caution, share)
+    assert exact <= banded_total(look, g, limit, floor, "p")
+
+
+def test_a_factor_moving_within_its_band_keeps_the_standing_forecast() -> None:
+    clock = Clock(1000.0)
+    base = KvFit(free_blocks=200, usable_blocks=400, block_size=BS, blocks=blocks16)
+    book = ForecastBook()
+    profile = Profile(
+        name="p",
+        admission="forecast",
+        forecast=ForecastSpec(quantile=QUANTILE, margin=MARGIN, min_observations=1),
+    )
+    rnd = random.Random(4)
+    for _ in range(4):
+        t = trajectory(rnd, clock.now)
+        t.limit = 200  # one kind: ("p", bucket of 256)
+        book.add("pool", "e", t)
+    kind, other = ("p", limit_bucket(200)), ("q", 0)
+    for _ in range(50):
+        book.lengths.observe("pool", kind, 100)
+        book.lengths.observe("pool", other, 50)
+    b = backend(40.0, 0.0)
+    with standing_from(1, clock):
+        book.fit(profile, "pool", "e", 1, b, base, 0, 0)
+        first = book._standing["pool"][("e", 1)]
+        assert first.factors[kind] == pytest.approx(100 / 75)
+        book.lengths.observe("pool", kind, 110)  # f moves by less than 1/32
+        book._last.clear()
+        book.fit(profile, "pool", "e", 1, b, base, 0, 0)
+        assert book._standing["pool"][("e", 1)] is first
+        for _ in range(60):  # and now by more: f = 1127 / 793 = 1.42
+            book.lengths.observe("pool", kind, 2000)
+        book._last.clear()
+        book.fit(profile, "pool", "e", 1, b, base, 0, 0)
+        assert book._standing["pool"][("e", 1)] is not first

@@ -26,15 +26,24 @@ decision within it; a one-sequence request then costs O(bs log n) (``Peaks.with_
   at most the sum of the peaks), and its blocks at t0 join the blocks now. A request that
   ended stays in the peak (a peak without a request is not higher) and leaves the blocks
   now. After ``rebuild_after(n)`` such changes the standing is built again.
+- **Kinds' factors** (``forecast.refine``) move with every finished request (a ratio of
+  means over the last 1,024). Stretching a kind's lengths by ρ = f'/f gives
+  x_{f'}(g) = ρ × x_f(g / ρ) (F_{f'}(x) = F_f(x / ρ), and every branch of
+  ``remaining_total`` scales alike), so for every f' within [f / (1 + ε), f × (1 + ε)]
+  T_{f'}(g) ≤ min(limit, max(floor, g, ⌈(1 + ε) × T_f(⌈(1 + ε) g⌉)⌉ + 1))
+  (``banded_total``; + 1 for the float rounding; x_f nondecreasing). A kind whose f is 1
+  (a single kind, or too few observations) is read exactly and any move builds again.
 - **Built again** also at t1, when the outlook's readings change (r, d, the length
-  histogram, the limit share, a kind's factor f_k, the profile, the block size), when the
-  caution rises above the standing's (a caution that falls within the span only lowers the
-  exact totals), and when a trajectory is recounted (``ForecastBook.changed``).
+  histogram, the limit share, the profile, the block size), when a kind's factor leaves
+  its band, when the caution rises above the standing's (a caution that falls within the
+  span only lowers the exact totals), and when a trajectory is recounted
+  (``ForecastBook.changed``).
 
 The bound: the standing's peak exceeds the exact one by at most what each running request
 adds in ``TICK_TOKENS`` more tokens (at most ⌈TICK_TOKENS / bs⌉ blocks a sequence) and in its
-prediction from there (T(g1) instead of T(g)), plus the final blocks of the requests passed
-since t0 (at most ``rebuild_after(n)``). Decisions move only towards refusing.
+prediction from there (T(g1) instead of T(g); with kinds refined, (1 + ε) T at (1 + ε) g,
++ 1), plus the final blocks of the requests passed since t0 (at most ``rebuild_after(n)``).
+Decisions move only towards refusing.
 
 Invariant: ``low`` maps each member and counted newcomer to its blocks at t0, and
 ``blocks_now`` is their sum; ``flat`` is the sum of the counted newcomers' final blocks.
@@ -48,9 +57,18 @@ from dataclasses import dataclass, field
 from ext_proc.placement.forecast import Outlook, Peaks, Trajectory
 from ext_proc.placement.lengths import Kind, limit_bucket
 
-__all__ = ["MAX_SPAN_S", "TICK_TOKENS", "Standing", "rebuild_after", "upper_state"]
+__all__ = [
+    "FACTOR_BAND",
+    "MAX_SPAN_S",
+    "TICK_TOKENS",
+    "Standing",
+    "banded_total",
+    "rebuild_after",
+    "upper_state",
+]
 
 TICK_TOKENS = 16  # tokens a request may generate within one standing's span
+FACTOR_BAND = 1.0 / 32  # ε: a kind's factor may move by × (1 + ε)^±1 within one standing
 MAX_SPAN_S = 1.0  # the span when the decode rate is unknown
 
 
@@ -70,12 +88,23 @@ def upper_state(
         b = math.ceil(t.whole * part)
         return (b, 0, seqs, 0), b
     g0, g1 = look.generated(t, t0), look.generated(t, t1)
-    left = max(0, look.total(g1, t.limit, t.floor, t.kind) - g0)
+    left = max(0, banded_total(look, g1, t.limit, t.floor, t.kind) - g0)
     b0, _ = look.held(t, g0)
     b1, room1 = look.held(t, g1)
     low = math.ceil(b0 * part)
     high = b1 if part >= 1.0 else low + seqs * ((b1 - b0) // t.seqs)
     return (high, left, seqs, room1), low
+
+
+def banded_total(look: Outlook, g: int, limit: int, floor: int, profile: str) -> int:
+    """T of a request of ``profile`` with output limit ``limit`` at ``g``, for every factor
+    f' of its kind within the band of the outlook's f (the module docstring): T itself when
+    f is 1, else min(limit, max(floor, g, ⌈(1 + ε) × T_f(⌈(1 + ε) g⌉)⌉ + 1))."""
+    if look.factor_of((profile, limit_bucket(limit))) == 1.0:
+        return look.total(g, limit, floor, profile)
+    e = 1.0 + FACTOR_BAND
+    shifted = look.total(math.ceil(g * e), limit, floor, profile)
+    return min(limit, max(floor, g, math.ceil(shifted * e) + 1))
 
 
 def _readings(look: Outlook) -> tuple[object, ...]:
@@ -135,7 +164,7 @@ class Standing:
             key = (t.kind, t.limit, t.floor, g1)
             total = totals.get(key)
             if total is None:
-                total = totals[key] = look.total(g1, t.limit, t.floor, t.kind)
+                total = totals[key] = banded_total(look, g1, t.limit, t.floor, t.kind)
             if t.tokens is None:
                 low[id(t)] = t.prompt_blocks + t.seqs * -(-g0 // bs)
                 states.append(
@@ -161,7 +190,12 @@ class Standing:
             return False
         if look.caution > self.look.caution or _readings(look) != _readings(self.look):
             return False
-        return all(look.factor_of(k) == f for k, f in self.factors.items())
+        e = 1.0 + FACTOR_BAND
+        for kind, f in self.factors.items():
+            now_f = look.factor_of(kind)
+            if now_f != f and (f == 1.0 or not f / e <= now_f <= f * e):
+                return False
+        return True
 
     def added(self, t: Trajectory, endpoint: str) -> None:
         """``t`` was passed to ``endpoint`` (one this standing counts) after t0. Past
