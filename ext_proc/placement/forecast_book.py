@@ -25,6 +25,10 @@ a request is judged against (``ext_proc.placement.forecast`` has the formulas).
   the new request (its prompt blocks now, its predicted total ahead, its sequences), and
   start = ``KvFit.need(shape, 1)``, the blocks it takes the moment it starts: so a request
   is admitted only when the forecast peak fits the budget *and* it fits the free blocks now.
+- **At scale**: from ``STANDING_FROM`` trajectories at an endpoint, b_now and the peaks
+  come from its standing forecast (``ext_proc.placement.forecast_standing``: built once for
+  a span, read by every decision in it, never below the exact peak nor above the exact
+  blocks now); the wait below still reads the trajectories at now.
 - **Kinds** (``ext_proc.placement.lengths``): when a trajectory's stream ends, its ĝ at the
   last outlook read for its endpoint is one observation of its kind (profile, limit
   bucket); under ``forecast.refine`` an outlook's lengths of kind k are the backend's,

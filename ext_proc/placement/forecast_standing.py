@@ -221,6 +221,9 @@ class Standing:
         read now)."""
         bs, look = self.look.block_size, self.look
         for t, part in self.pending:
+            kind = (t.kind, limit_bucket(t.limit))
+            if kind not in self.factors:  # a new kind's factor is watched from now on
+                self.factors[kind] = look.factor_of(kind)
             (b, left, seqs, room), blocks = upper_state(look, t, part, self.t0, self.t1)
             self.flat += b + seqs * -(-max(0, left - room) // bs)
             self.low[id(t)] = blocks
