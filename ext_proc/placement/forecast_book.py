@@ -311,7 +311,9 @@ class ForecastBook:
             parts = {endpoint: 1.0, "": share}
             everyone = [(t, 1.0) for t in here.values()]
             everyone += [(t, share) for t in anywhere.values()]
-            s = standings[(endpoint, endpoints)] = Standing.build(look, everyone, now, parts)
+            least = 4.0 * s.build_s if s is not None else 0.0
+            s = standings[(endpoint, endpoints)] = Standing.build(look, everyone, now, parts, least)
+            s.build_s = time.monotonic() - now
         return s.peaks, others + s.extra(), others + s.blocks_now, False
 
     def fit(

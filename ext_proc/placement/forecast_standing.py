@@ -20,7 +20,10 @@ decision within it; a one-sequence request then costs O(bs log n) (``Peaks.with_
   t0: Σ ⌈b(g0) p⌉, never above the exact sum.
 - **The span.** t1 = t0 + ``TICK_TOKENS`` / r (r the decode rate; r unknown: nothing is
   generated and states do not move with time, ``MAX_SPAN_S``): each request is read at most
-  ``TICK_TOKENS`` tokens ahead of where it is, and predicted from there.
+  ``TICK_TOKENS`` tokens ahead of where it is, and predicted from there. When the last build
+  took longer than a quarter of that (a loaded machine, a large endpoint), the span is 4
+  times the build's time, and the tokens ahead r × that: else a build outlasting the span
+  would leave every decision building again.
 - **Changes within the span.** A request passed after t0 counts flat at its upper final
   blocks, b̂ + ŝ × ⌈max(0, ℓ̂ − room̂) / bs⌉, at every point of the peak (the peak of a sum is
   at most the sum of the peaks), and its blocks at t0 join the blocks now. A request that
@@ -40,9 +43,10 @@ decision within it; a one-sequence request then costs O(bs log n) (``Peaks.with_
   (``ForecastBook.changed``).
 
 The bound: the standing's peak exceeds the exact one by at most what each running request
-adds in ``TICK_TOKENS`` more tokens (at most ⌈TICK_TOKENS / bs⌉ blocks a sequence) and in its
-prediction from there (T(g1) instead of T(g); with kinds refined, (1 + ε) T at (1 + ε) g,
-+ 1), plus the final blocks of the requests passed since t0 (at most ``rebuild_after(n)``).
+adds in ``TICK_TOKENS`` more tokens, or r × the span (⌈tokens / bs⌉ blocks a sequence), and
+in its prediction from there (T(g1) instead of T(g); with kinds refined, (1 + ε) T at
+(1 + ε) g, + 1), plus the final blocks of the requests passed since t0 (at most
+``rebuild_after(n)``).
 Decisions move only towards refusing.
 
 Invariant: ``low`` maps each member and counted newcomer to its blocks at t0, and
@@ -135,6 +139,7 @@ class Standing:
     flat: int = 0
     changes: int = 0
     pending: list[tuple[Trajectory, float]] = field(default_factory=list)
+    build_s: float = 0.0  # how long its build took (the next one's span is 4 times that)
 
     @classmethod
     def build(
@@ -143,10 +148,12 @@ class Standing:
         members: list[tuple[Trajectory, float]],
         now: float,
         parts: dict[str, float],
+        least_s: float = 0.0,
     ) -> Standing:
-        """The standing of ``members`` (trajectory, share) from ``now``."""
+        """The standing of ``members`` (trajectory, share) from ``now``, for a span of at
+        least ``least_s``."""
         span = TICK_TOKENS / look.rate if look.rate else MAX_SPAN_S
-        t1 = now + min(span, MAX_SPAN_S)
+        t1 = now + max(min(span, MAX_SPAN_S), least_s)
         states, low, factors = [], {}, {}
         rate, delay, bs = look.rate or 0.0, look.delay_s, look.block_size
         totals: dict[tuple[str, int, int, int], int] = {}
