@@ -25,6 +25,10 @@ a request is judged against (``ext_proc.placement.forecast`` has the formulas).
   the new request (its prompt blocks now, its predicted total ahead, its sequences), and
   start = ``KvFit.need(shape, 1)``, the blocks it takes the moment it starts: so a request
   is admitted only when the forecast peak fits the budget *and* it fits the free blocks now.
+- **At scale**: from ``STANDING_FROM`` trajectories at an endpoint, b_now and the peaks
+  come from its standing forecast (``ext_proc.placement.forecast_standing``: built once for
+  a span, read by every decision in it, never below the exact peak nor above the exact
+  blocks now); the wait below still reads the trajectories at now.
 - **Kinds** (``ext_proc.placement.lengths``): when a trajectory's stream ends, its ĝ at the
   last outlook read for its endpoint is one observation of its kind (profile, limit
   bucket); under ``forecast.refine`` an outlook's lengths of kind k are the backend's,
@@ -47,9 +51,11 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from typing import Any
 
 from ext_proc import telemetry
 from ext_proc.placement.forecast import Outlook, Peaks, Trajectory, slot_tokens
+from ext_proc.placement.forecast_standing import Standing
 from ext_proc.placement.inflight import Endpoint
 from ext_proc.placement.lengths import LIMIT_LABELS, Kind, ObservedLengths, limit_bucket
 from ext_proc.policy.kvfit import KvFit, Shape
@@ -63,6 +69,8 @@ REUSE_S = 0.005
 LATER_POINTS = 32  # predicted ends within the wait that a request is tried against
 PLANNED_FOR_S = 1.0  # a start planned by a fit is taken by a hold within this
 PLANNED_KEPT = 256  # planned starts kept before the old ones are dropped
+STANDING_FROM = 64  # trajectories at an endpoint from which a fit reads a standing forecast
+MEMOS = 8  # totals memos kept (one per length readings: histogram, quantile, caution, p)
 
 
 class ForecastBook:
@@ -83,14 +91,24 @@ class ForecastBook:
         # (pool, endpoint) and (pool, None) → the last outlook read there: a finished
         # trajectory's ĝ is read with it
         self._looks: dict[tuple[str, str | None], Outlook] = {}
+        # pool → (endpoint, endpoints) → its standing forecast (STANDING_FROM trajectories)
+        self._standing: dict[str, dict[tuple[str, int], Standing]] = {}
+        # the length readings → (the histogram, kept alive for its id; the totals memo)
+        self._memos: dict[tuple[object, ...], tuple[object, dict[Any, int]]] = {}
 
     def add(self, pool: str, endpoint: str, t: Trajectory) -> None:
         self.items.setdefault(pool, {}).setdefault(endpoint, {})[id(t)] = t
         self._version += 1
+        for (where, _), s in self._standing.get(pool, {}).items():
+            if endpoint in (where, ""):
+                s.added(t, endpoint)
 
     def remove(self, pool: str, endpoint: str, t: Trajectory) -> None:
         if self.items.get(pool, {}).get(endpoint, {}).pop(id(t), None) is not None:
             self._version += 1
+            for (where, _), s in self._standing.get(pool, {}).items():
+                if endpoint in (where, ""):
+                    s.removed(t)
 
     def finished(self, pool: str, endpoint: str, t: Trajectory) -> None:
         """``t``'s stream ended: its ĝ now, at the endpoint's last outlook (the pool's when
@@ -103,8 +121,10 @@ class ForecastBook:
         self.lengths.observe(pool, (t.kind, limit_bucket(t.limit)), g)
 
     def changed(self) -> None:
-        """A trajectory in the book changed (``PoolViews.shrink``): fits are computed again."""
+        """A trajectory in the book changed (``PoolViews.shrink``): fits are computed again,
+        standing forecasts built again."""
         self._version += 1
+        self._standing.clear()
 
     def _plan(self, key: tuple[str, Shape, int], runs_s: float | None, now_s: float) -> None:
         """Remember that a request judged now starts at ``runs_s`` (None: at once, or not
@@ -162,9 +182,22 @@ class ForecastBook:
         c = self.caution(pool, b, spec.recovery_s, now, busy)
         factor = self._factor(pool, spec.min_observations) if spec.refine else None
         share = b.limit_share or 0.0
-        look = Outlook(rate, b.output_lengths, c, bs, spec, delay, share, profile.name, factor)
+        readings = (id(b.output_lengths), spec.quantile, spec.min_observations, c, share)
+        memo = self._memo(readings, b.output_lengths)
+        look = Outlook(
+            rate, b.output_lengths, c, bs, spec, delay, share, profile.name, factor, memo
+        )
         self._looks[(pool, endpoint)] = self._looks[(pool, None)] = look
         return look
+
+    def _memo(self, readings: tuple[object, ...], lengths: object) -> dict[Any, int]:
+        """The totals memo of outlooks with these length ``readings`` (the last MEMOS kept)."""
+        got = self._memos.get(readings)
+        if got is None or got[0] is not lengths:
+            if len(self._memos) >= MEMOS:
+                del self._memos[next(iter(self._memos))]
+            got = self._memos[readings] = (lengths, {})
+        return got[1]
 
     def _factor(self, pool: str, min_observations: int) -> Callable[[Kind], float]:
         def factor(kind: Kind) -> float:
@@ -228,11 +261,17 @@ class ForecastBook:
         look: Outlook,
         now: float,
         wait_s: float,
-        current: Peaks,
+        current: Peaks | None,
+        others: int,
     ) -> list[tuple[float, Peaks, int]]:
         """The endpoint at each predicted end of a running request within ``wait_s``: the
         time, the peaks of what still runs then (the others' holds flat, as in ``current``,
-        the fit's peaks now), and the blocks freed by then."""
+        the fit's peaks now; None: a standing forecast's, read again at ``now``), and the
+        blocks freed by then."""
+        if current is None:
+            current = Peaks(
+                self._states(pool, endpoint, endpoints, look, now), look.block_size, others
+            )
         mine = self.items.get(pool, {})
         ends: dict[int, float] = {}
         for where in (endpoint, ""):
@@ -249,6 +288,33 @@ class ForecastBook:
             then = Peaks(states, bs, current.fixed)
             out.append((e, then, max(0, current.now_blocks - then.now_blocks)))
         return out
+
+    def _peaks(
+        self, pool: str, endpoint: str, endpoints: int, look: Outlook, now: float, others: int
+    ) -> tuple[Peaks, int, int, bool]:
+        """(the peaks, blocks added to each of their points, the blocks now, whether they
+        are read at ``now``, not from a standing forecast) of ``endpoint``: read at ``now`` below
+        ``STANDING_FROM`` trajectories there, else from its standing forecast
+        (``ext_proc.placement.forecast_standing``), built again when it is not fresh."""
+        mine = self.items.get(pool, {})
+        here, anywhere = mine.get(endpoint, {}), mine.get("", {})
+        members = len(here) + len(anywhere)
+        if members < STANDING_FROM:
+            self._standing.get(pool, {}).pop((endpoint, endpoints), None)
+            states = self._states(pool, endpoint, endpoints, look, now)
+            peaks = Peaks(states, look.block_size, others)
+            return peaks, 0, peaks.now_blocks, True
+        standings = self._standing.setdefault(pool, {})
+        s = standings.get((endpoint, endpoints))
+        if s is None or not s.fresh(look, now, members):
+            share = 1.0 / max(1, endpoints)
+            parts = {endpoint: 1.0, "": share}
+            everyone = [(t, 1.0) for t in here.values()]
+            everyone += [(t, share) for t in anywhere.values()]
+            least = 4.0 * s.build_s if s is not None else 0.0
+            s = standings[(endpoint, endpoints)] = Standing.build(look, everyone, now, parts, least)
+            s.build_s = time.monotonic() - now
+        return s.peaks, others + s.extra(), others + s.blocks_now, False
 
     def fit(
         self,
@@ -270,22 +336,21 @@ class ForecastBook:
         if last is not None and last[0] == inputs and now - last[1] < REUSE_S:
             return last[2]
         look = self.outlook(profile, pool, backend, base.block_size, endpoint)
-        peaks = Peaks(self._states(pool, endpoint, endpoints, look, now), base.block_size, others)
-        u, f = base.usable_blocks, base.free_blocks
-        other = max(0, (u - f) - peaks.now_blocks)
+        peaks, extra, blocks_now, exact = self._peaks(pool, endpoint, endpoints, look, now, others)
+        u, f, peak = base.usable_blocks, base.free_blocks, peaks.peak + extra
+        other = max(0, (u - f) - blocks_now)
         budget = math.floor(u * (1.0 - profile.forecast.margin)) - other
-        free = max(0, budget - peaks.peak)
+        free = max(0, budget - peak)
         gap = max(0, free - max(0, f - unseen))  # what the free blocks now lack of ``free``
         log.debug(
             "forecast %s/%s: usable %d free %d unseen %d others %d now %d other %d budget %d "
             "peak %d → free %d (caution %.2f, rate %s)",
-            *(pool, endpoint, u, f, unseen, others, peaks.now_blocks, other, budget),
-            *(peaks.peak, free, look.caution, look.rate),
+            *(pool, endpoint, u, f, unseen, others, blocks_now, other, budget),
+            *(peak, free, look.caution, look.rate),
         )
-        telemetry.FORECAST_PEAK.labels(pool=pool, endpoint=endpoint).set(peaks.peak)
+        telemetry.FORECAST_PEAK.labels(pool=pool, endpoint=endpoint).set(peak)
         telemetry.FORECAST_CAUTION.labels(pool=pool, endpoint=endpoint).set(look.caution)
-        read_floors = profile.forecast.read_floors
-        wait_s = profile.forecast.start_within_s
+        read_floors, wait_s = profile.forecast.read_floors, profile.forecast.start_within_s
         later: list[list[tuple[float, Peaks, int]]] = []  # built when a request first needs it
 
         def charge(shape: Shape, limit: int) -> int:
@@ -294,14 +359,15 @@ class ForecastBook:
             tokens = slot_tokens(shape, profile)
             room = 0 if tokens is None else -tokens % base.block_size
             prompt = base.need(shape, 0)
-            added = peaks.with_new(prompt, total, shape.sequences, room) - peaks.peak
+            added = peaks.with_new(prompt, total, shape.sequences, room) + extra - peak
             now_charge = max(added, start + gap)
             key = (pool, shape, limit)
             if now_charge <= free or wait_s <= 0 or not look.rate:
                 self._plan(key, None, now)
                 return now_charge
             if not later:
-                later.append(self._later(pool, endpoint, endpoints, look, now, wait_s, peaks))
+                where, current = (pool, endpoint, endpoints), peaks if exact else None
+                later.append(self._later(*where, look, now, wait_s, current, others))
             new = (prompt, total, shape.sequences, room)
             runs = _starts_later(later[0], new, start, budget, max(0, f - unseen))
             self._plan(key, runs, now)
