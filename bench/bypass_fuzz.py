@@ -11,7 +11,14 @@ whose backend reading asks for more than ICE's verdict allowed: more sequences t
 ``features.sequences``, a larger output limit than the downgrade's (else
 ``features.max_tokens``; unbounded beats any number), more media parts than
 ``features.media_parts``; or a body ICE could not judge that goes on, a rewrite that is not
-JSON or that changed more than the limit fields.
+JSON or that changed more than the limit fields. Each body is also judged from its size
+(``Pipeline.on_size``, as a busy worker judges it): a coarse pass of a body the full verdict
+refuses or edits is a bypass too (``check_coarse``; issue 44: a verdict without the body is
+never more permissive than one with it). Beside the ``--bodies`` bodies, one per endpoint
+every 16 rounds comes from the coarse family (``BodyGen.coarse_ask``, its own seeded
+generator): ``n`` past ``max_sequences``, limits past the context, 17+ prompts, media parts,
+2,049 embedding inputs, a stored response. ``--without-unread-bounds`` judges the coarse
+verdict as before issue 44, to show what the check catches.
 
 Invariant: the checker never calls ICE's adapters, ``rawjson`` or ``media`` code; it decodes
 with the standard library only, twice (last copy of a repeated key wins, as ``json.loads``
