@@ -16,6 +16,14 @@ context, max_model_len − the shortest prompt, against the downgrade's limit, e
 ``features.media_parts``, a body ``priority`` that schedules it ahead of vLLM's default under
 the route's ``client_priority: cap`` (``body_priority``); or a body ICE could not judge that
 goes on, a rewrite that is not JSON or that changed more than the limit and priority fields.
+Each body is also judged from its size
+(``Pipeline.on_size``, as a busy worker judges it): a coarse pass of a body the full verdict
+refuses or edits is a bypass too (``check_coarse``; issue 44: a verdict without the body is
+never more permissive than one with it). Beside the ``--bodies`` bodies, one per endpoint
+every 16 rounds comes from the coarse family (``BodyGen.coarse_ask``, its own seeded
+generator): ``n`` past ``max_sequences``, limits past the context, 17+ prompts, media parts,
+2,049 embedding inputs, a stored response. ``--without-unread-bounds`` judges the coarse
+verdict as before issue 44, to show what the check catches.
 
 Invariant: the checker never calls ICE's adapters, ``rawjson`` or ``media`` code; it decodes
 with the standard library only, twice (last copy of a repeated key wins, as ``json.loads``
@@ -76,6 +84,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ext_proc.admit import headeronly
 from ext_proc.admit.outcome import Continue
 from ext_proc.admit.pipeline import BodyVerdict, Pipeline, RequestFacts
 from ext_proc.admit.routing import Route
@@ -255,6 +264,9 @@ PRIORITIES: tuple[Any, ...] = (
 COUNTS_OK = (1, 2, 3, 4, 8, 16)
 COUNTS_BIG = (17, 64, 10**9, 2**63)
 ODD_COUNTS: tuple[Any, ...] = (0, -1, -16, 2.0, 1.5, "4", True, False, Raw("4e0"), Raw("-0"))
+# one body of the coarse family (``BodyGen.coarse_ask``) per endpoint every 16 rounds, on
+# top of the ``count`` bodies of the other families
+COARSE_ASK_EVERY = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,8 +282,9 @@ class Case:
 class BodyGen:
     """Seeded bodies for every endpoint; ``self.tags`` collects what the current one holds."""
 
-    def __init__(self, rng: random.Random, fx: Fixtures) -> None:
+    def __init__(self, rng: random.Random, fx: Fixtures, coarse_seed: int = 0) -> None:
         self.rng = rng
+        self.coarse_rng = random.Random(coarse_seed)
         self.fx = fx
         self.tags: set[str] = set()
         self.short_texts = [
@@ -300,6 +313,53 @@ class BodyGen:
             text = dump(self.makers[endpoint](), spaced=r.random() < 0.3)
         priority = r.choice(("", "", "", "", "sheddable", "critical", "bogus"))
         return Case(endpoint, text, frozenset(self.tags), priority)
+
+    def coarse_case(self, endpoint: str) -> Case:
+        """A body of the coarse family, drawn from its own generator (``coarse_rng``), so
+        that the other families' bodies are the same with or without it."""
+        main, self.rng = self.rng, self.coarse_rng
+        try:
+            self.tags = set()
+            text = dump(self.coarse_ask(endpoint))
+            return Case(endpoint, text, frozenset(self.tags), self.rng.choice(("", "critical")))
+        finally:
+            self.rng = main
+
+    def coarse_ask(self, endpoint: str) -> Obj:
+        """A body that asks in a few bytes what no body size bounds (issue 44, item 2): ``n``
+        / ``best_of`` past ``max_sequences``, a limit past the context, a list of 17 or more
+        prompts (the ``/invocations`` case: prompts × ``n``), media parts, 2,049 embedding
+        inputs, a stored response; the old coarse verdict passed such bodies on the calm
+        pool."""
+        r = self.rng
+        self.tags.add("coarse_ask")
+        n, limit = r.choice((17, 64, 500)), r.choice((100_000, 10**6, 10**9))
+        msgs = [Obj(("role", "user"), ("content", self.text()))]
+        prompts = ["hi"] * r.choice((17, 200))
+        image = Obj(("type", "image_url"), ("image_url", Obj(("url", self.fx.png_url(r)))))
+        media = [Obj(("role", "user"), ("content", [image] * r.choice((1, 17))))]
+        pick = r.choice
+        bodies: dict[str, Callable[[], Obj]] = {
+            "chat": lambda: Obj(("messages", pick((msgs, media))), ("n", n), ("max_tokens", limit)),
+            "completions": lambda: Obj(("prompt", prompts), ("n", pick((1, n)))),
+            "messages": lambda: Obj(
+                ("messages", [Obj(("role", "user"), ("content", "hi"))]), ("max_tokens", limit)
+            ),
+            "responses": lambda: Obj(
+                ("input", "hi"), ("max_output_tokens", limit), ("previous_response_id", "resp_1")
+            ),
+            "embeddings": lambda: Obj(("input", ["a"] * 2049)),
+            "chat_batch": lambda: Obj(("messages", [msgs] * 17), ("max_tokens", limit)),
+            "invocations": lambda: Obj(("prompt", prompts), ("n", 4), ("max_tokens", limit)),
+            "generate_tokens": lambda: Obj(
+                ("token_ids", [1, 2, 3]), ("sampling_params", Obj(("n", n), ("max_tokens", limit)))
+            ),
+            "sglang": lambda: Obj(
+                ("text", pick(("hi", prompts))),
+                ("sampling_params", Obj(("n", n), ("max_new_tokens", limit))),
+            ),
+        }
+        return Obj(("model", "m"), *bodies[endpoint]().pairs)
 
     # values -------------------------------------------------------------------------------
 
@@ -753,12 +813,16 @@ class BodyGen:
 
 
 def generate(count: int, seed: int, fx: Fixtures | None = None) -> Iterable[Case]:
-    """``count`` cases, the endpoints in turn, from ``random.Random(seed)``."""
+    """``count`` cases, the endpoints in turn, from ``random.Random(seed)``; and, every
+    ``COARSE_ASK_EVERY`` rounds, one more case per endpoint of the coarse family."""
     rng = random.Random(seed)
-    gen = BodyGen(rng, fx or Fixtures.make())
+    gen = BodyGen(rng, fx or Fixtures.make(), coarse_seed=seed)
     names = list(ENDPOINTS)
     for i in range(count):
-        yield gen.case(names[i % len(names)])
+        name = names[i % len(names)]
+        yield gen.case(name)
+        if (i // len(names)) % COARSE_ASK_EVERY == COARSE_ASK_EVERY - 1:  # the coarse family
+            yield gen.coarse_case(name)
 
 
 # --- the backends' reading ---------------------------------------------------------------
@@ -1082,7 +1146,7 @@ class Bypass:
     """A body that goes on asking for more than ICE allowed."""
 
     # sequences | output_limit | output_charge | media_parts | body_priority | unjudged |
-    # reject_goes_on | invalid_rewrite | rewrite_changed | coarse_passes_a_shed |
+    # reject_goes_on | invalid_rewrite | rewrite_changed | coarse_passes_a_refusal |
     # coarse_passes_a_cut
     kind: str
     endpoint: str
@@ -1319,24 +1383,26 @@ class Judge:
         return pipeline.on_size(route, facts, len(case.text.encode("utf-8")))
 
 
-def check_coarse(endpoint: str, full: BodyVerdict | None, coarse: BodyVerdict) -> list[Bypass]:
-    """A coarse pass where the full verdict would not send the body on untouched: it sheds
-    it (429), or cuts its output for memory (a downgrade for the level's cap or the free
-    blocks; ``context_budget``, the backend's own context limit, is not a memory cut). The
-    full verdict's 400s are out of the coarse verdict's reach (``ext_proc.admit.headeronly``)."""
-    if not isinstance(coarse.outcome, Continue) or full is None or full.features is None:
+def check_coarse(
+    endpoint: str, full: BodyVerdict | None, coarse: BodyVerdict, body: str = ""
+) -> list[Bypass]:
+    """A coarse pass where the full verdict would not send the body on untouched (issue 44:
+    a verdict without the body is never more permissive than one with it): it refuses it
+    (any 429 or 400, a body it cannot judge included), or cuts it (any downgrade, the
+    context budget's too, a truncation, a rewrite)."""
+    if not isinstance(coarse.outcome, Continue) or full is None:
         return []
     d = full.decision
-    if isinstance(d, Truncated):
-        d = d.then
-    if isinstance(d, Reject) and d.status == 429:
-        kind = "coarse_passes_a_shed"
-    elif isinstance(d, Downgrade) and d.reason != "context_budget":
+    if d is None or isinstance(d, Reject):
+        kind = "coarse_passes_a_refusal"
+    elif isinstance(d, Truncated | Downgrade) or (
+        isinstance(full.outcome, Continue) and full.outcome.body is not None
+    ):
         kind = "coarse_passes_a_cut"
     else:
         return []
     what = _describe(full)
-    return [Bypass(kind, endpoint, "", what, _describe(coarse), what, "", "")]
+    return [Bypass(kind, endpoint, "", what, _describe(coarse), what, body, body)]
 
 
 @dataclass(slots=True)
@@ -1351,6 +1417,7 @@ class Report:
     forwarded_tags: dict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
     scenarios: Counter[str] = field(default_factory=Counter)
     coarse: Counter[str] = field(default_factory=Counter)  # the same bodies judged by size
+    coarse_family: Counter[str] = field(default_factory=Counter)  # those of ``coarse_ask``
     bypasses: list[Bypass] = field(default_factory=list)
     bypass_bodies: int = 0
     elapsed_s: float = 0.0
@@ -1373,13 +1440,25 @@ def _outcome_name(verdict: BodyVerdict | None) -> str:
     return d.decision
 
 
-def run(bodies: int, seed: int, fx: Fixtures | None = None) -> Report:
-    """Generate ``bodies`` bodies, judge and check each."""
+def run(bodies: int, seed: int, fx: Fixtures | None = None, unread_bounds: bool = True) -> Report:
+    """Generate ``bodies`` bodies, judge and check each. ``unread_bounds`` False: the coarse
+    verdict as before issue 44, blind to what a body sets in a few bytes (its
+    ``unread_risk`` finds nothing), to show what the checker catches."""
+    if not unread_bounds:
+        real = headeronly.unread_risk
+        headeronly.unread_risk = lambda *_args: None  # type: ignore[assignment]
+        try:
+            return run(bodies, seed, fx)
+        finally:
+            headeronly.unread_risk = real
     start = time.perf_counter()
     judge = Judge()
     report = Report()
-    for i, case in enumerate(generate(bodies, seed, fx)):
-        scenario = judge.scenario(i // len(ENDPOINTS))
+    main = 0  # bodies of the other families: the scenario goes by their round
+    for case in generate(bodies, seed, fx):
+        coarse_family = "coarse_ask" in case.tags
+        scenario = judge.scenario((main - coarse_family) // len(ENDPOINTS))
+        main += not coarse_family
         verdict = judge.judge(scenario, case)
         report.bodies += 1
         report.per_endpoint[case.endpoint] += 1
@@ -1389,11 +1468,13 @@ def run(bodies: int, seed: int, fx: Fixtures | None = None) -> Report:
         if verdict is not None and isinstance(verdict.outcome, Continue):
             report.forwarded_tags[case.endpoint].update(case.tags)
         found = check(case.endpoint, case.text.encode("utf-8"), verdict)
-        if verdict is not None and verdict.features is not None:  # judged: and from its size?
+        if verdict is not None:  # judged (or refused as a bad body): and from its size?
             coarse = judge.coarse(scenario, case)
             if coarse is not None:
                 report.coarse[_outcome_name(coarse)] += 1
-                found += check_coarse(case.endpoint, verdict, coarse)
+                if coarse_family:
+                    report.coarse_family[_outcome_name(coarse)] += 1
+                found += check_coarse(case.endpoint, verdict, coarse, case.text)
         if found:
             report.bypass_bodies += 1
             report.bypasses.extend(found)
@@ -1414,6 +1495,8 @@ def _print(report: Report, show: int) -> None:
     print("scenarios: " + ", ".join(f"{k}={v}" for k, v in sorted(report.scenarios.items())))
     coarse = ", ".join(f"{k}={v}" for k, v in sorted(report.coarse.items()))
     print(f"judged from their size too (the coarse verdict): {coarse}")
+    family = ", ".join(f"{k}={v}" for k, v in sorted(report.coarse_family.items()))
+    print(f"  of them the coarse family (coarse_ask): {family}")
     hard = (
         "dup_limit",
         "dup_n",
@@ -1423,6 +1506,7 @@ def _print(report: Report, show: int) -> None:
         "media",
         "prompt_list",
         "priority",
+        "coarse_ask",
     )
     print("hard cases per endpoint, generated (went on):")
     print(f"  {'':<16}" + "".join(f"{h:>13}" for h in hard))
@@ -1457,12 +1541,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bodies", type=int, default=100_000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--show", type=int, default=12, help="offending bodies to print")
+    parser.add_argument(
+        "--without-unread-bounds",
+        action="store_true",
+        help="the coarse verdict as before issue 44 (what a body sets in a few bytes unread)",
+    )
     args = parser.parse_args(argv)
     missing = set(ADAPTERS) - {p for p, _ in ENDPOINTS.values()}
     if missing:
         print(f"no generator for judged paths: {sorted(missing)}", file=sys.stderr)
         return 2
-    report = run(args.bodies, args.seed)
+    report = run(args.bodies, args.seed, unread_bounds=not args.without_unread_bounds)
     _print(report, args.show)
     return 1 if report.bypasses else 0
 

@@ -1,6 +1,7 @@
 """Mutated requests through real Envoy, ICE and the dev backend: nothing crashes, hangs, alters.
 
-    .venv/bin/python bench/fuzz.py [--bodies 100000] [--seed 1] [--concurrency 8] [--json F]
+    .venv/bin/python bench/fuzz.py [--bodies 100000] [--seed 1] [--concurrency 8] [--busy]
+        [--json F]
 
 Job: from valid chat, completions and Anthropic messages bodies, make seeded mutations —
 wrong types, huge numbers (1e30, 10^30), NaN / Infinity literals, nesting 20,000 deep, a
@@ -11,9 +12,12 @@ judged endpoint (``odd_field``), images and audio whose headers take many steps 
 (``media_walk``: PNGs padded with empty chunks, JPEGs with empty segments, GIFs with
 one-byte sub-blocks, WebPs with empty chunks, WAVs whose data size says 0), over 20,000
 ``[`` inside a string with ``n: 16, max_tokens: 1e6`` (``brackets_string``), chunked
-bodies asking as much (``chunked_big_ask``) and a ``null`` output limit, with ``n`` 1 or 16,
+bodies asking as much (``chunked_big_ask``), a ``null`` output limit, with ``n`` 1 or 16,
 on every generating endpoint (``null_limit``: judged as the backend runs it, to the end of
-the context; docs/endpoints.md "A request without a limit") — and send each through the
+the context; docs/endpoints.md "A request without a limit") and 200 kB bodies asking ``n: 17``
+or ``500`` and ``max_tokens: 1e6`` (``coarse_big_ask``: with ``--busy``, every batch is sent
+beside two slow uploads that hold ICE's body window, so such a body is judged from its size) —
+and send each through the
 stack (one ICE worker, ``envoy/envoy.yaml``, the dev backend). Every request carries
 ``x-fuzz-id``; the dev backend records what reached it. Reported by outcome: passed
 (the backend's 200 with the body byte for byte as sent), mutated (ICE rewrote it: the body
@@ -21,9 +25,11 @@ the backend got is JSON and differs from the sent one only in the output-limit f
 4xx by status and ``x-ice-reason`` (Envoy's own: ``envoy``), 5xx by who sent it, requests
 over 5 s, ICE's crashes (its process gone or restarted) and ICE's own faults while judging
 (``ice_judge_errors_total``: a fault fails open on the fuzz policy, so it is read from
-ICE's metrics) and unjudged requests (a POST to a judged path answered 2xx without
-``x-ice-decision``: Envoy let it through). Targets: 0 crashes, 0 hangs, 0 altered passed
-bodies, 0 5xx from ICE, 0 judge faults, 0 unjudged.
+ICE's metrics), unjudged requests (a POST to a judged path answered 2xx without
+``x-ice-decision``: Envoy let it through) and coarse passes (a 2xx with ``x-ice-judged:
+headers``: a body passed unread, which a body of any size may make more permissive than its
+full verdict, docs/flood.md). Targets: 0 crashes, 0 hangs, 0 altered passed bodies, 0 5xx
+from ICE, 0 judge faults, 0 unjudged, 0 coarse passes.
 
 ``run`` is what ``tests/e2e/test_fuzz.py`` calls with 2,000 bodies on the e2e stack.
 """
@@ -32,9 +38,11 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import http.client
 import json
 import random
+import socket
 import struct
 import sys
 import tempfile
@@ -57,6 +65,11 @@ sys.path.insert(0, str(HERE))
 LIMIT_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "max_new_tokens")
 SLOW_S = 5.0
 BIG = 9 * 1024 * 1024  # over the 8 MiB body limit
+COARSE_PAD = 200_000  # coarse_big_ask: beside the busy uploads, past the 16 MiB window's 7/8
+# ``--busy``: two slow uploads (headers and one byte each) that hold 14.6 MB of ICE's 16 MiB
+# body window (7/8 of it for bodies over 64 KiB), so that a body over ~80 kB is judged from
+# its size, not read (docs/flood.md)
+BUSY_UPLOADS = (7_300_000, 7_300_000)
 CONTENT_TYPES = (
     "application/json",
     "application/json; charset=utf-8",
@@ -289,6 +302,7 @@ def mutations(count: int, seed: int) -> Iterator[Case]:
         "valid", "wrong_type", "huge_number", "nan", "deep", "bom", "bad_utf8", "cut",
         "repeated_key", "content_type", "oversized", "chunked", "odd_path", "odd_method",
         "odd_field", "media_walk", "brackets_string", "chunked_big_ask", "null_limit",
+        "coarse_big_ask",
     )  # fmt: skip
     for i in range(count):
         family = families[i % len(families)]
@@ -346,6 +360,10 @@ def mutations(count: int, seed: int) -> Iterator[Case]:
             path, text = _null_limit(rng)
         elif family == "media_walk":
             path, text = "/v1/chat/completions", json.dumps(_media_walk(rng))
+        elif family == "coarse_big_ask":  # over 64 KiB: judged from its size when busy
+            doc.update({"n": rng.choice([17, 500]), "max_tokens": 10**6})
+            doc["metadata"] = {"pad": "x" * COARSE_PAD}
+            text = json.dumps(doc)
         elif family in ("brackets_string", "chunked_big_ask"):
             doc.update({"n": 16, "max_tokens": 10**6})
             if family == "brackets_string":
@@ -397,6 +415,27 @@ def send(port: int, case: Case, timeout_s: float = 30) -> Sent:
         conn.close()
 
 
+@contextlib.contextmanager
+def busy_uploads(port: int, lengths: tuple[int, ...] = BUSY_UPLOADS) -> Iterator[None]:
+    """Slow uploads (their headers and one byte each, the rest never sent) held open while
+    the block runs: ICE promises their bodies places in its window (``--busy``)."""
+    socks = []
+    try:
+        for length in lengths:
+            sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+            socks.append(sock)
+            head = (
+                f"POST /v1/chat/completions HTTP/1.1\r\nhost: fuzz\r\n"
+                f"content-type: application/json\r\ncontent-length: {length}\r\n\r\n{{"
+            )
+            sock.sendall(head.encode())
+        time.sleep(0.2)  # ICE has seen their headers
+        yield
+    finally:
+        for sock in socks:
+            sock.close()
+
+
 def recorded(backend_url: str) -> dict[int, bytes]:
     """The bodies the dev backend received, by ``x-fuzz-id``; then cleared."""
     with urllib.request.urlopen(f"{backend_url}/_dev/requests", timeout=30) as r:
@@ -445,6 +484,7 @@ class Report:
     slow: list[int] = field(default_factory=list)
     ice_5xx: list[int] = field(default_factory=list)
     unjudged: list[int] = field(default_factory=list)
+    coarse_passes: list[int] = field(default_factory=list)  # 2xx with x-ice-judged: headers
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
     judge_errors: float = 0.0  # ICE's faults while judging (``ice_judge_errors_total``)
@@ -472,6 +512,9 @@ def classify(s: Sent, got: bytes | None, report: Report) -> None:
     elif c.method == "POST" and c.path in JUDGED and "x-ice-decision" not in s.headers:
         outcome = "2xx:unjudged"  # Envoy let it through without a verdict
         report.unjudged.append(c.id)
+    elif s.headers.get("x-ice-judged") == "headers":
+        outcome = "2xx:coarse_pass"  # passed unread: never, since issue 44 (docs/flood.md)
+        report.coarse_passes.append(c.id)
     elif got is None:
         outcome = "2xx:not_at_backend"  # e.g. a read-only path answered by another route
     elif got == c.body or (c.chunked and got == c.body):
@@ -506,9 +549,12 @@ def run(
     concurrency: int = 8,
     batch: int = 400,
     metrics_url: str | None = None,
+    busy: bool = False,
 ) -> Report:
     """Send ``count`` cases; verify them against what the backend received (and, with
-    ``metrics_url``, ICE's /metrics: its faults while judging them)."""
+    ``metrics_url``, ICE's /metrics: its faults while judging them). ``busy``: each batch
+    is sent beside slow uploads (``busy_uploads``), so that long bodies are judged from
+    their size."""
     report = Report()
     faults_before = judge_errors(metrics_url) if metrics_url else 0.0
     started = time.perf_counter()
@@ -519,7 +565,8 @@ def run(
             chunk = [c for _, c in zip(range(batch), cases, strict=False)]
             if not chunk:
                 break
-            results = list(pool.map(lambda c: send(port, c), chunk))
+            with busy_uploads(port) if busy else contextlib.nullcontext():
+                results = list(pool.map(lambda c: send(port, c), chunk))
             bodies = recorded(backend_url)
             for s in results:
                 classify(s, bodies.get(s.case.id), report)
@@ -535,7 +582,7 @@ def print_report(r: Report, crashes: int) -> None:
         f"{r.sent:,} requests in {r.seconds:.0f} s; ICE crashes {crashes}; over "
         f"{SLOW_S:.0f} s: {len(r.slow)}; altered: {len(r.altered)}; 5xx from ICE: "
         f"{len(r.ice_5xx)}; ICE's faults while judging: {r.judge_errors:.0f}; unjudged: "
-        f"{len(r.unjudged)}"
+        f"{len(r.unjudged)}; coarse passes: {len(r.coarse_passes)}"
     )
     for outcome, n in r.outcomes.most_common():
         print(f"  {outcome:<40} {n:>8,}")
@@ -551,6 +598,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--json")
+    ap.add_argument("--busy", action="store_true", help="send beside slow uploads (coarse)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="ice-fuzz-") as tmp, Stack(Path(tmp)) as stack:
         backend, ice, ingress, admin = free_port(), free_port(), free_port(), free_port()
@@ -569,7 +617,13 @@ def main(argv: list[str] | None = None) -> int:
         proc = stack.procs["ice"]
         metrics_url = f"http://127.0.0.1:{metrics}/metrics"
         report = run(
-            ingress, backend_url, args.bodies, args.seed, args.concurrency, metrics_url=metrics_url
+            ingress,
+            backend_url,
+            args.bodies,
+            args.seed,
+            args.concurrency,
+            metrics_url=metrics_url,
+            busy=args.busy,
         )
         crashes = 0 if proc.poll() is None else 1
         print_report(report, crashes)
@@ -584,6 +638,7 @@ def main(argv: list[str] | None = None) -> int:
                 "slow": report.slow,
                 "ice_5xx": report.ice_5xx,
                 "unjudged": report.unjudged,
+                "coarse_passes": report.coarse_passes,
                 "errors": report.errors,
                 "judge_errors": report.judge_errors,
             }
@@ -595,6 +650,7 @@ def main(argv: list[str] | None = None) -> int:
             or report.slow
             or report.judge_errors
             or report.unjudged
+            or report.coarse_passes
         )
         return 1 if bad else 0
 

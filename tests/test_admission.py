@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from ext_proc.admit import headeronly
 from ext_proc.admit.admission import (
     Admission,
     Coarse,
@@ -40,11 +41,11 @@ QUEUED = (
 NO_QUEUE = "profiles: {default: {on_kv_shortfall: shed}}\n"
 
 
-def snapshot(gpu_blocks: int) -> PoolSnapshot:
-    """An idle backend of ``gpu_blocks`` (one of them vLLM's null block)."""
+def snapshot(gpu_blocks: int, usage: float = 0.0) -> PoolSnapshot:
+    """A backend of ``gpu_blocks`` (one of them vLLM's null block), ``usage`` of them used."""
     backend = BackendSignals(
         url="u",
-        kv_cache_usage=0.0,
+        kv_cache_usage=usage,
         num_requests_waiting=0,
         num_gpu_blocks=gpu_blocks,
         block_size=16,
@@ -163,12 +164,17 @@ def test_a_busy_worker_judges_at_the_headers_and_commits_once() -> None:
     a = rig.admission()
     got = asyncio.run(request(a))
     assert [type(s) for s in got] == [Coarse]
-    assert dict(got[0].outcome.headers)["x-ice-judged"] == "headers"  # type: ignore[union-attr]
+    headers = dict(got[0].outcome.headers)  # type: ignore[union-attr]
+    assert headers["x-ice-judged"] == "headers" and headers["x-ice-reason"] == "ice_busy"
     assert len(rig.pipeline.counted) == 1 and a.stream.committed
 
 
-def test_a_coarse_refusal_that_waits_is_committed_once() -> None:
-    rig = Rig(QUEUED, gpu_blocks=3)
+def test_a_coarse_refusal_that_waits_is_committed_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # an API that reads no field a body's size leaves unbounded (a test double: every API
+    # ICE judges reads media parts, so its coarse verdict is a 429 ice_busy)
+    monkeypatch.setattr(headeronly, "unread_risk", lambda *_args: None)
+    rig = Rig(QUEUED, gpu_blocks=100_000)
+    rig.view["now"] = snapshot(100_000, usage=0.95)  # 5,000 free: the worst body needs 8,192
     busy(rig)
 
     async def run() -> list[Step]:

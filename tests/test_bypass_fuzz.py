@@ -373,8 +373,30 @@ def test_raw_json_keeps_repeated_and_escaped_keys() -> None:
 
 
 def test_the_coarse_verdict_is_checked_against_the_full_one(report: Any) -> None:
-    # every judged body is also judged from its size; both kinds of answer are reached
-    assert report.coarse["passed"] > 0 and report.coarse["rejected"] > 0
+    # every judged body is also judged from its size: every API reads a field no size
+    # bounds (issue 44), so none passes, the coarse family's included
+    assert report.coarse["passed"] == 0 and report.coarse["rejected"] > 2500
+    assert report.coarse_family["rejected"] >= 100
+
+
+@pytest.fixture(scope="module")
+def blind_report() -> Any:
+    """The same bodies judged by the coarse verdict as before issue 44 (blind to what a body
+    sets in a few bytes)."""
+    return fuzz.run(BODIES, SEED, unread_bounds=False)
+
+
+def test_the_checker_catches_the_coarse_passes_of_before(blind_report: Any) -> None:
+    """Before: beside passes of bodies the full verdict also passes, coarse passes of
+    bodies it refuses (n past max_sequences, 2,049 inputs …) and cuts (a limit past the
+    context), the coarse family's among them."""
+    assert blind_report.coarse["passed"] > 300 and blind_report.coarse_family["passed"] > 20
+    kinds = {b.kind for b in blind_report.bypasses}
+    assert kinds == {"coarse_passes_a_refusal", "coarse_passes_a_cut"}
+    refused = {b.endpoint for b in blind_report.bypasses if b.kind == "coarse_passes_a_refusal"}
+    assert refused == set(fuzz.ENDPOINTS)
+    n_500 = [b for b in blind_report.bypasses if '"n":500' in b.body]
+    assert n_500, "no coarse pass of an n: 500 body was caught"
 
 
 @pytest.mark.parametrize(
@@ -382,16 +404,26 @@ def test_the_coarse_verdict_is_checked_against_the_full_one(report: Any) -> None
     [
         (BodyVerdict(down(1024, "pressure_cap"), features(), Continue([], b"{}")), "cut"),
         (BodyVerdict(down(50, "kv_free_blocks"), features(), Continue([], b"{}")), "cut"),
+        (BodyVerdict(down(7000, "context_budget"), features(), Continue([], b"{}")), "cut"),
+        (BodyVerdict(Pass(None), features(), Continue([], b'{"a":1}')), "cut"),  # a rewrite
         (
             BodyVerdict(Reject(None, 429, "kv_exhausted", "m"), features(), Continue([], None)),
-            "shed",
+            "refusal",
         ),
-        (BodyVerdict(down(7000, "context_budget"), features(), Continue([], b"{}")), ""),
+        (
+            BodyVerdict(
+                Reject(None, 400, "too_many_sequences", "m"), features(), Continue([], None)
+            ),
+            "refusal",
+        ),
+        (BodyVerdict(None, None, Respond(400, [], b"{}"), bad="invalid_json"), "refusal"),
         (BodyVerdict(Pass(None), features(), Continue([], None)), ""),
     ],
-    ids=["cap", "kv-fit", "shed", "context-only", "pass"],
+    ids=["cap", "kv-fit", "context", "rewrite", "shed", "too-many-sequences", "bad-body", "pass"],
 )
-def test_a_coarse_pass_where_the_full_verdict_cuts_or_sheds_is_caught(full: Any, kind: str) -> None:
+def test_a_coarse_pass_where_the_full_verdict_refuses_or_cuts_is_caught(
+    full: Any, kind: str
+) -> None:
     coarse = BodyVerdict(Pass(None), features(), Continue([], None))
     found = {b.kind for b in fuzz.check_coarse("chat", full, coarse)}
     assert found == ({f"coarse_passes_a_{kind}"} if kind else set())

@@ -6,6 +6,10 @@ tokens each, to the end of the context (M = 32,768 here). It passes only where e
 that size would pass untouched: no shedding, no output cap at the level, and the worst
 request's blocks 16 × ceil(M / 16) = 32,768 within the free blocks; otherwise a 429 with
 Retry-After, never a 400.
+
+These cases judge the ladder after ``refuse_unbounded``: every API ICE judges reads a field
+no body size bounds (``unread_risk``; ``tests/test_coarse_bounds.py``), so here, as a test
+double, ``unread_risk`` finds none.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import time
 
 import pytest
 
+from ext_proc.admit import headeronly
 from ext_proc.admit.headeronly import (
     H_JUDGED,
     TEMPLATE_SLACK_TOKENS,
@@ -49,6 +54,11 @@ routes:
   queued: {profile: queued}
 """
 )
+
+
+@pytest.fixture(autouse=True)
+def _nothing_unbounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(headeronly, "unread_risk", lambda *_args: None)
 
 
 def snap(usage: float, blocks: int = 10_001, waiting: float = 0.0) -> PoolSnapshot:
@@ -109,13 +119,14 @@ def test_a_body_whose_worst_request_fits_passes_untouched_and_is_held_as_that_re
 
 
 def test_a_body_whose_worst_request_does_not_fit_gets_a_429_even_when_one_sequence_would() -> None:
-    # the same 20,000 bytes on 10,000 blocks at 30 %: free 7,000 < 32,768 (one sequence of
-    # P + 16, 1,267 blocks, would fit: the old coarse verdict passed it)
-    _, verdict = judge(20_000, snap(0.3))
+    # the same 20,000 bytes on 30,000 blocks at 30 %: free 21,000 < 32,768 (one sequence of
+    # P + 16, 1,267 blocks, would fit: the old coarse verdict passed it); its 16 sequences
+    # with one output token each, 16 × ⌈20,257 / 16⌉ = 20,272 blocks, fit the 30,000
+    _, verdict = judge(20_000, snap(0.3, blocks=30_001))
     decision = reject_of(verdict)
     assert (decision.status, decision.reason) == (429, "kv_exhausted")
     assert "16 sequences of up to 32768 tokens, 32768 KV-cache blocks" in decision.message
-    assert "has 7000 free blocks" in decision.message
+    assert "has 21000 free blocks" in decision.message
     outcome = verdict.outcome  # type: ignore[attr-defined]
     assert isinstance(outcome, Respond) and outcome.status == 429
     headers = dict(outcome.headers)
@@ -155,10 +166,16 @@ def test_the_retry_after_of_an_unread_body_counts_the_output_the_backend_will_ru
 
 
 def test_critical_is_never_refused_for_room_and_ignore_never_checks_it() -> None:
-    tight = snap(0.1, blocks=101)  # low pressure, 90 free blocks
+    """Neither for the free blocks; both for blocks the backend does not hold at all."""
+    # low pressure, 360 free blocks: 16 × ⌈357 / 16⌉ = 368 with one output token each fit
+    # the 400 usable (the full verdict's kv_capacity_exceeded), the worst 32,768 do not
+    tight = snap(0.1, blocks=401)
     assert isinstance(judge(100, tight, priority="critical")[1].decision, Pass)  # type: ignore[attr-defined]
     assert isinstance(judge(100, tight, route_name="ignore")[1].decision, Pass)  # type: ignore[attr-defined]
     assert reject_of(judge(100, tight)[1]).reason == "kv_exhausted"
+    small = snap(0.1, blocks=101)  # 100 usable < 368
+    for priority, route in (("critical", "chat"), ("standard", "ignore")):
+        assert reject_of(judge(100, small, priority, route)[1]).reason == "ice_busy"
 
 
 def test_an_output_no_max_model_len_bounds_is_refused_wherever_the_pool_is_known() -> None:
@@ -189,7 +206,7 @@ def test_the_first_in_flight_pass_is_seen_by_the_next_coarse_verdict() -> None:
 
 
 def test_a_coarse_refusal_for_memory_is_queued_on_a_route_with_a_queue() -> None:
-    pipeline, verdict = judge(20_000, snap(0.3), route_name="queued")
+    pipeline, verdict = judge(20_000, snap(0.3, blocks=30_001), route_name="queued")
     route = pipeline.router.resolve((("x-ice-route", "queued"),))
     decision = verdict.decision  # type: ignore[attr-defined]
     assert isinstance(decision, Wait) and decision.reason == "kv_exhausted"  # waits

@@ -2,6 +2,12 @@
 
 Scripted ext_proc streams as in test_servicer.py; the worker's ``Backlog`` is set up so that
 each case is busy in one precise way.
+
+Every API ICE judges reads a field no body size bounds (``ext_proc.admit.headeronly``
+``unread_risk``), so every real coarse verdict is a 429 ``ice_busy``
+(``test_a_coarse_verdict_on_a_real_api_is_a_429_at_the_headers``). The other cases drive the
+servicer's coarse paths (a pass with the body phase off, the queue, the late lane) with a
+test double for which ``unread_risk`` finds nothing.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from test_servicer import (  # type: ignore[import-not-found]
     snapshot,
 )
 
+from ext_proc.admit import headeronly
 from ext_proc.admit.backlog import Backlog
 from ext_proc.admit.pipeline import Pipeline
 from ext_proc.serve.servicer import ExtProcServicer
@@ -35,6 +42,14 @@ CHAT = json.dumps(
 LONG = json.dumps(
     {"model": "m", "messages": [{"role": "user", "content": "word " * 30_000}], "max_tokens": 8}
 ).encode()  # 150 kB: over the 64 KiB of a short body
+
+
+REAL_UNREAD_RISK = headeronly.unread_risk
+
+
+@pytest.fixture(autouse=True)
+def _nothing_unbounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(headeronly, "unread_risk", lambda *_args: None)
 
 
 def metric(name: str, **labels: str) -> float:
@@ -80,6 +95,29 @@ def test_a_body_past_the_inflight_limit_is_judged_from_its_headers_and_not_sent(
     assert metric("ice_coarse_verdicts_total", route="chat", why="bytes") == before + 1
     assert backlog.inflight_bytes == 700_000  # only the other stream's promise
     backlog.release(other)  # type: ignore[arg-type]
+
+
+def test_a_coarse_verdict_on_a_real_api_is_a_429_at_the_headers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A chat names ``n`` in a few bytes: on the calm page, beside another body, a 429
+    ``ice_busy`` with Retry-After, not a pass with the body phase off; at the body phase
+    too (a chunked body on a full worker)."""
+    monkeypatch.setattr(headeronly, "unread_risk", REAL_UNREAD_RISK)
+    backlog = Backlog(max_inflight_bytes=1 * MIB)
+    other = backlog.admit(700_000, "inline")
+    out = stream(servicer(backlog, usage=0.0), [headers_msg(**{"content-length": "500000"})])
+    ir = out[0].immediate_response
+    assert ir.status.code == 429 and not out[0].HasField("mode_override")
+    assert json.loads(ir.body)["error"]["code"] == "ice_busy"
+    sent = set_headers(ir.headers)
+    assert sent["x-ice-judged"] == "headers" and sent["retry-after"] == "1"
+    backlog.release(other)  # type: ignore[arg-type]
+    full = backlog.admit(1 * MIB, "inline")
+    out = stream(servicer(backlog, usage=0.0), [headers_msg(), body_msg(CHAT)])
+    ir = out[1].immediate_response
+    assert ir.status.code == 429 and json.loads(ir.body)["error"]["code"] == "ice_busy"
+    backlog.release(full)  # type: ignore[arg-type]
 
 
 def test_a_busy_worker_refuses_at_the_headers_under_pressure_in_the_api_format() -> None:

@@ -39,7 +39,7 @@ from ext_proc.admit.body_priority import strip_priority
 from ext_proc.admit.carry import carried_counters, carried_prefix, carried_views
 from ext_proc.admit.counting import H_TOKENS, bounds, exact_count, same_verdict
 from ext_proc.admit.faults import judging
-from ext_proc.admit.headeronly import COARSE_LADDER, H_JUDGED, coarse_features
+from ext_proc.admit.headeronly import COARSE_LADDER, H_JUDGED, coarse_features, coarse_ladder
 from ext_proc.admit.headers import DEFAULT_MAX_BODY_BYTES, SPOOF_PREFIXES, HeaderRules
 from ext_proc.admit.outcome import Continue, Respond, reject_outcome
 from ext_proc.admit.recording import Recording, SnapshotLookup
@@ -185,7 +185,8 @@ class Pipeline(Recording):
         adapter = facts.adapter or OPENAI_CHAT_FALLBACK
         per_byte = self.counters.tokens_per_byte if self.counters is not None else 1.0
         features = coarse_features(adapter, nbytes, route.profile, per_byte)
-        decision, placement = self.judge(route, facts, features, COARSE_LADDER)
+        ladder = coarse_ladder(adapter.name, nbytes, route.profile, per_byte)
+        decision, placement = self.judge(route, facts, features, ladder)
         if route.profile.mode == "shadow":
             would = (decision.decision, decision.reason)
             verdict = shadowed(would, features, adapter, None, placement, decision.pressure)

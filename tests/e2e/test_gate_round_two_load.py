@@ -6,7 +6,8 @@ so that one slow upload (headers and a first byte of a 1,000,000-byte body, the 
 back) leaves the worker "busy" for any body over 48,576 bytes. Each request asks for what the
 full verdict would cut at high pressure: ``n: 16, max_tokens: 1,000,000`` (the cap there is
 1,024). Before this change each one reached the backend with ``max_tokens`` 1,000,000 (a
-coarse pass), or unjudged (the padded PNG).
+coarse pass), or unjudged (the padded PNG). Since issue 44 a chat judged from its size is
+never passed (``tests/e2e/test_gate_round_three_coarse.py``).
 """
 
 from __future__ import annotations
@@ -83,31 +84,32 @@ def sent_max_tokens(e2e: E2E) -> list[int]:
 
 
 def test_a_busy_worker_refuses_at_high_pressure_what_it_cannot_cap(busy_stack: E2E) -> None:
-    """Case 3 (a): judged from its headers, the request cannot be held to the cap."""
+    """Case 3 (a): judged from its headers, the request cannot be held to the cap. (Since
+    issue 44 a chat is refused first for the ``n`` it may name: ``ice_busy``.)"""
     busy_stack.set_state(HIGH, level="high")
     with slow_upload(busy_stack):
         reply = busy_stack.post(CHAT, chat(pad=60_000))  # 1,000,000 + 60 kB > 1 MiB
     assert reply.status == 429, reply
     assert reply.header("x-ice-judged") == "headers"
-    assert reply.header("x-ice-reason") == "memory_pressure"
+    assert reply.header("x-ice-reason") == "ice_busy"
     assert reply.header("retry-after") is not None
-    assert reply.json()["error"]["code"] == "memory_pressure"
+    assert reply.json()["error"]["code"] == "ice_busy"
     assert sent_max_tokens(busy_stack) == []
 
 
-def test_a_busy_worker_passes_only_where_every_body_of_the_size_fits(busy_stack: E2E) -> None:
-    """Case 3 (a): the worst body of 60 kB is 16 sequences of 8,192 prompt tokens (no room
-    for output): 16 × 512 = 8,192 blocks. Idle, 65,535 free blocks hold them: a coarse pass;
-    floor(999 × 0.9) = 899 free blocks hold one such sequence (513 blocks: the old coarse
-    verdict passed it) but not sixteen: a 429."""
-    for state, level, status in ((IDLE, "low", 200), (ROOM_FOR_ONE, "low", 429)):
+def test_a_busy_worker_never_passes_a_chat_it_has_not_read(busy_stack: E2E) -> None:
+    """Case 3 (a), after issue 44: the old coarse verdict passed the worst body of 60 kB
+    (16 sequences of 8,192 prompt tokens) on the idle pool and refused it for the free
+    blocks on a tight one. A chat names ``n`` and its limit in a few bytes whatever its
+    size, so neither state passes it: a 429 ``ice_busy``."""
+    for state, level in ((IDLE, "low"), (ROOM_FOR_ONE, "low")):
         busy_stack.set_state(state, level=level)
         with slow_upload(busy_stack):
             reply = busy_stack.post(CHAT, chat(pad=60_000))
-        assert reply.status == status, reply
+        assert reply.status == 429, reply
         assert reply.header("x-ice-judged") == "headers"
-        if status == 429:
-            assert reply.header("x-ice-reason") == "kv_exhausted"
+        assert reply.header("x-ice-reason") == "ice_busy"
+        assert sent_max_tokens(busy_stack) == []
 
 
 def test_brackets_in_a_string_do_not_leave_a_body_to_the_coarse_verdict(busy_stack: E2E) -> None:

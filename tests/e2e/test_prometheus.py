@@ -217,7 +217,7 @@ def every_decision(e2e: E2E) -> None:
         "bad request": e2e.post(CHAT, b"{not json"),
     }
     # a slow upload holds 15 of the worker's 16 MiB: a body over 64 KiB is judged from its
-    # size (the worst body of its size fits the idle pool: a coarse pass)
+    # size (a chat may name any n: a coarse 429, docs/flood.md)
     with slow_upload(e2e, 15_000_000):
         decided["coarse"] = e2e.post(CHAT, {**_chat(), "metadata": {"pad": "x" * 70_000}})
     e2e.set_state(HIGH, level="high")
@@ -233,7 +233,7 @@ def every_decision(e2e: E2E) -> None:
         "reject 400": (400, "reject", None),
         "truncate": (200, "truncate", None),
         "bad request": (400, "reject", None),
-        "coarse": (200, "pass", "headers"),
+        "coarse": (429, "reject", "headers"),
         "downgrade": (200, "downgrade", None),
         "reject 429": (429, "reject", None),
     }, seen
