@@ -1,10 +1,12 @@
 """The ext_proc messages' small parts, read and written: a timeout extension, the picker's
-subset hint, the request id, Envoy's response code details, and the do-nothing answer of any
-phase (the servicer's vocabulary; protobuf only, no verdicts).
+subset hint, the request id (and the log line of a request Envoy let through because ICE's
+answer was late), Envoy's response code details, and the do-nothing answer of any phase (the
+servicer's vocabulary; protobuf only, no verdicts).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -18,6 +20,7 @@ __all__ = [
     "code_details",
     "continue_phase",
     "extend_timeout",
+    "log_dropped",
     "request_id",
     "subset_hint",
 ]
@@ -70,6 +73,14 @@ def request_id(headers: pb.HttpHeaders) -> str:
             raw: bytes = h.raw_value or h.value.encode()
             return raw.decode("utf-8", "replace")[:128]
     return ""
+
+
+def log_dropped(rid: str, why: str) -> None:
+    """A request Envoy let through unjudged because ICE's answer was late, logged with its
+    ``x-request-id`` (also counted in ``ice_bodies_dropped_total``)."""
+    logging.getLogger("ice.servicer").warning(
+        "request %s went on unjudged: %s", rid or "without x-request-id", why
+    )
 
 
 def code_details(request: pb.ProcessingRequest) -> str | None:

@@ -34,7 +34,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from ext_proc import telemetry
 from ext_proc.admit import overload_answer
-from ext_proc.admit.backlog import SMALL_BODY_BYTES, Backlog, Lane, Ticket
+from ext_proc.admit.backlog import SMALL_BODY_BYTES, Backlog, BodyClock, Lane, Ticket
 from ext_proc.admit.faults import JudgeFault
 from ext_proc.admit.outcome import Continue, Outcome, priority_fields, reject_outcome
 from ext_proc.admit.pipeline import BodyVerdict, Pipeline, RequestFacts, Route
@@ -44,12 +44,13 @@ from ext_proc.admit.stream import Stream
 from ext_proc.admit.truncation import finish_truncation
 from ext_proc.schemas import OPENAI_CHAT_FALLBACK
 from ext_proc.serve import render
-from ext_proc.serve.helper import Offload, Weight, weigh
+from ext_proc.serve.helper import Late, Offload, Weight, judge_within, weigh
 from ext_proc.serve.memtrim import Trimmer
 from ext_proc.serve.messages import (
     code_details,
     continue_phase,
     extend_timeout,
+    log_dropped,
     request_id,
     subset_hint,
 )
@@ -89,6 +90,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self.queue = AdmissionQueue()  # shared by every stream of the worker
         self.recounter = Recounter()  # holds at the estimate's bound, counted after the answer
         self._logged: set[str] = set()
+        self._rid = ""  # the stream's x-request-id (set on each stream's own view)
 
     def swap(self, pipeline: Pipeline, offload: Offload | None) -> None:
         """A reloaded policy: streams that start from now on use ``pipeline``; a stream
@@ -109,7 +111,8 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             async for response in view._process(request_iterator, route, stream):
                 yield response
         except asyncio.CancelledError:  # Envoy closed the stream (its message timeout)
-            stream.abandoned()  # an admitted body Envoy gave up on: admit less
+            if stream.abandoned():  # an admitted body Envoy gave up on: admit less
+                log_dropped(view._rid, "Envoy closed its stream before ICE answered its body")
             raise
         finally:
             stream.close()  # the request is over: its ticket, blocks and slot are free
@@ -122,13 +125,13 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self, request_iterator: AsyncIterator[pb.ProcessingRequest], route: Route, stream: Stream
     ) -> Replies:
         facts = RequestFacts(priority=route.default_priority)
-        rid = ""  # Envoy's x-request-id, for the fault log
+        answered = 0.0  # when ICE handed gRPC its answer to the headers (perf_counter)
         async for request in request_iterator:
             started = time.perf_counter()
             phase = request.WhichOneof("request")
             try:
                 if phase == "request_headers":
-                    rid = request_id(request.request_headers)
+                    self._rid = request_id(request.request_headers)  # for the logs
                     subset = subset_hint(request.metadata_context)
                     facts, got = self._headers(route, stream, request.request_headers, subset)
                     if isinstance(got, Waiter):  # a coarse refusal waits in the queue
@@ -138,7 +141,8 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                 elif phase == "request_body":
                     response = None
                     data = request.request_body.body
-                    async for reply in self._body(route, facts, stream, data, started):
+                    clock = self.backlog.clock(answered, started, len(data))
+                    async for reply in self._body(route, facts, stream, data, clock):
                         if reply.HasField("override_message_timeout"):
                             yield reply  # at once: Envoy waits longer (it is not the answer)
                         else:
@@ -151,18 +155,21 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             except asyncio.CancelledError:
                 raise
             except Exception as e:
-                response = self._fault(route, facts, phase, e, rid)
+                response = self._fault(route, facts, phase, e, self._rid)
             telemetry.PROCESSING_SECONDS.labels(phase=phase or "unknown").observe(
                 time.perf_counter() - started
             )
+            if phase == "request_headers":
+                answered = time.perf_counter()  # Envoy sends the body after this answer
             yield response
 
     async def _body(
-        self, route: Route, facts: RequestFacts, stream: Stream, data: bytes, started: float
+        self, route: Route, facts: RequestFacts, stream: Stream, data: bytes, clock: BodyClock
     ) -> Replies:
         """The body phase: timeout extensions while ICE waits (truncation's embeddings, the
-        admission queue), then the answer, last."""
-        verdict = await self._judge(route, facts, stream, data, started)
+        admission queue), then the answer, last. ``clock``: when the body arrived, and when
+        Envoy's timer for it started as near as ICE can know (``backlog.timer_started``)."""
+        verdict = await self._judge(route, facts, stream, data, clock)
         verdict = self.queue.behind_critical(route, facts, verdict)
         recorded = False
         if verdict is not None and verdict.pending is not None:
@@ -298,12 +305,13 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         return render.render_immediate(got, overload_answer.DETAILS)
 
     async def _judge(
-        self, route: Route, facts: RequestFacts, stream: Stream, data: bytes, started: float
+        self, route: Route, facts: RequestFacts, stream: Stream, data: bytes, clock: BodyClock
     ) -> BodyVerdict | None:
         """The body's verdict: in full (in-process or in the offload helper), from its size
         when it arrived too late to be read in time, None for a body that is not judged, or
         ``_GONE`` (continue untouched, uncounted) when Envoy can no longer hear it. A long
         body's receipt, its scan and its judgement each take their own turn of the loop."""
+        started = clock.arrived_s
         if len(data) > SMALL_BODY_BYTES:
             await asyncio.sleep(0)
         heavy: Weight = ""  # truthy: the helper lane ("size": tried in-process first)
@@ -316,20 +324,21 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                 return admitted
         ticket = stream.ticket
         if ticket is None:  # not admitted at the headers (an unknown path's body, tests)
-            return await self._judge_now(route, facts, data, heavy)
+            if heavy and self.offload is not None:
+                return await self.offload.on_body(self.pipeline, route, facts, data, heavy)
+            return self.pipeline.on_body(route, facts, data)
         backlog = self.backlog
         backlog.arrived(ticket, len(data), lane)
         alone = backlog.queued_bytes[lane] == ticket.nbytes
         if heavy or len(data) <= SMALL_BODY_BYTES:
-            verdict = await self._judged_in_time(route, facts, ticket, data, heavy, started, alone)
+            verdict = await self._judged_in_time(route, facts, ticket, data, heavy, clock, alone)
         else:  # one long body per turn of the event loop: what is ready (headers) goes first
             async with self._gate:
                 await asyncio.sleep(0)  # also where a stream Envoy has closed is cancelled
-                verdict = await self._judged_in_time(
-                    route, facts, ticket, data, heavy, started, True
-                )
+                verdict = await self._judged_in_time(route, facts, ticket, data, heavy, clock, True)
         if verdict is not None and backlog.expired(time.perf_counter() - started):
             telemetry.BODIES_DROPPED.labels(reason="deadline").inc()
+            log_dropped(self._rid, "its verdict came past Envoy's message timeout")
             backlog.lost()
             return _GONE
         return verdict
@@ -355,41 +364,35 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         ticket: Ticket,
         data: bytes,
         heavy: Weight,
-        started: float,
+        clock: BodyClock,
         alone: bool,
     ) -> BodyVerdict | None:
-        """The full verdict, or the coarse one when the body is too late to be read in time;
-        the judge time feeds the lane's cost (``alone``: nothing was ahead of it)."""
-        if self.backlog.late(ticket, time.perf_counter() - started):
+        """The full verdict, or the coarse one when it could not come before Envoy's deadline
+        (``clock``); the judge time feeds the lane's cost (``alone``: none was ahead of it)."""
+        # a body alone in the helper lane is tried (its wait ends by the deadline, below)
+        if not (heavy and alone) and self.backlog.late_by(ticket, clock, time.perf_counter()):
             telemetry.COARSE_VERDICTS.labels(route=route.name, why="late").inc()
             return self.pipeline.on_size(route, facts, len(data))
         judging = time.perf_counter()
         if heavy and self.offload is not None:
-            # exact counting of a long prompt has a budget: past it, the size decides
-            budget = self.pipeline.policy.exact_count_budget_ms / 1000 - (judging - started)
-            try:
-                await asyncio.sleep(0)  # the scan took this turn; the helper's is the next
-                verdict = await asyncio.wait_for(
-                    self.offload.on_body(self.pipeline, route, facts, data, heavy),
-                    max(0.0, budget),
-                )
-            except TimeoutError:
-                telemetry.COARSE_VERDICTS.labels(route=route.name, why="budget").inc()
+            # the exact count's budget (from arrival) and Envoy's deadline: past either, the size
+            budget = self.pipeline.policy.exact_count_budget_ms / 1000 - (judging - clock.arrived_s)
+            left = self.backlog.answer_by(clock) - judging
+            got = await judge_within(
+                self.offload, self.pipeline, route, facts, data, heavy, min(budget, left)
+            )
+            if isinstance(got, Late):
+                why = "budget" if budget <= left else "late"
+                telemetry.COARSE_VERDICTS.labels(route=route.name, why=why).inc()
                 self.backlog.observe("helper", len(data), time.perf_counter() - judging)
                 return self.pipeline.on_size(route, facts, len(data))
+            verdict = got
         else:
             verdict = self.pipeline.on_body(route, facts, data)
         if alone:  # with bodies ahead of it in the helper, the time includes their wait
             lane: Lane = "helper" if heavy else "inline"
             self.backlog.observe(lane, len(data), time.perf_counter() - judging)
         return verdict
-
-    async def _judge_now(
-        self, route: Route, facts: RequestFacts, data: bytes, heavy: Weight
-    ) -> BodyVerdict | None:
-        if heavy and self.offload is not None:
-            return await self.offload.on_body(self.pipeline, route, facts, data, heavy)
-        return self.pipeline.on_body(route, facts, data)
 
     def _body_response(
         self,
