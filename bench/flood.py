@@ -568,9 +568,14 @@ def set_message_timeout(config: dict[str, Any], ms: int) -> None:
 
 def tune_envoy(config: dict[str, Any], args: argparse.Namespace) -> None:
     """Experiments on the shipped bench config: the ingress listener's read size per event
-    (``--listener-buffer-bytes``) and the HTTP/2 streams one client connection may have open
-    at once (``--downstream-max-streams``)."""
+    (``--listener-buffer-bytes``), the buffer of Envoy's connections to ICE
+    (``--ice-cluster-buffer-bytes``), and the downstream HTTP/2 settings (streams one client
+    connection may have open at once, its windows)."""
     ingress = config["static_resources"]["listeners"][0]
+    if args.ice_cluster_buffer_bytes:
+        for cluster in config["static_resources"]["clusters"]:
+            if cluster["name"] == "ice":
+                cluster["per_connection_buffer_limit_bytes"] = args.ice_cluster_buffer_bytes
     if args.listener_buffer_bytes:
         ingress["per_connection_buffer_limit_bytes"] = args.listener_buffer_bytes
     h2 = {
@@ -738,6 +743,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--busy", type=ints, default=[0, 2], help="--matrix's busy loops")
     ap.add_argument("--after-s", type=float, default=None, help="quiet after each flood")
     ap.add_argument("--listener-buffer-bytes", type=int, help="experiment: Envoy's read size")
+    ap.add_argument("--ice-cluster-buffer-bytes", type=int, help="experiment: ICE's connection")
     ap.add_argument("--downstream-max-streams", type=int, help="experiment: h2 streams a client")
     ap.add_argument("--downstream-stream-window", type=int, help="experiment: h2 stream window")
     ap.add_argument("--downstream-connection-window", type=int, help="experiment: its connection's")
