@@ -22,7 +22,7 @@ from ext_proc.admit.admission import (
     Step,
     Untouched,
 )
-from ext_proc.admit.backlog import Backlog
+from ext_proc.admit.backlog import Backlog, BodyClock
 from ext_proc.admit.pipeline import BodyVerdict, Pipeline, Route
 from ext_proc.admit.queue import AdmissionQueue
 from ext_proc.admit.shared_ledger import view_age_ms
@@ -103,7 +103,8 @@ async def steps(gen: AsyncIterator[Step]) -> list[Step]:
 async def request(a: Admission, body: str = BODY, *, length: bool = True) -> list[Step]:
     got = await steps(a.on_headers(headers(body, length=length), False))
     if isinstance(got[-1], Proceed):
-        got += await steps(a.on_body(body.encode(), time.perf_counter()))
+        now = time.perf_counter()
+        got += await steps(a.on_body(body.encode(), BodyClock(now, now)))
     return got
 
 
@@ -206,7 +207,7 @@ def test_a_body_envoy_gave_up_on_goes_on_untouched_and_uncommitted() -> None:
     async def run() -> list[Step]:
         got = await steps(a.on_headers(headers(), False))
         started = time.perf_counter() - 10 * rig.backlog.message_timeout_s  # long ago
-        return got + await steps(a.on_body(BODY.encode(), started))
+        return got + await steps(a.on_body(BODY.encode(), BodyClock(started, started)))
 
     got = asyncio.run(run())
     assert isinstance(got[-1], Untouched | Judged)

@@ -185,3 +185,22 @@ def test_the_default_message_timeout_is_the_shipped_envoy_configs() -> None:
         # Envoy bounds its own memory under the same flood (overload manager on its heap)
         actions = {a["name"] for a in config["overload_manager"]["actions"]}
         assert "envoy.overload_actions.stop_accepting_requests" in actions
+
+
+def test_envoys_timer_for_a_body_is_taken_from_the_headers_answer_or_the_transfer_bound() -> None:
+    """T = min(A, max(H, A − lag − L × 150 ns)) (``timer_started``)."""
+    from ext_proc.admit.backlog import TRANSFER_S_PER_BYTE, timer_started
+
+    assert pytest.approx(150e-9) == TRANSFER_S_PER_BYTE
+    # a fast client: the body was buffered before ICE answered its headers at H = 10.0;
+    # 6.4 MB arriving at A = 10.9: 10.9 − 0 − 0.96 = 9.94 < H, so T = H
+    assert timer_started(10.0, 10.9, 6_400_000, 0.0) == pytest.approx(10.0)
+    # a slow upload: headers answered at 1.0, a 100 kB body at 30.0, the loop 20 ms late:
+    # 30.0 − 0.02 − 0.015 = 29.965
+    assert timer_started(1.0, 30.0, 100_000, 0.02) == pytest.approx(29.965)
+    # never after the arrival (a negative lag counts as none)
+    assert timer_started(5.0, 5.0, 0, -1.0) == pytest.approx(5.0)
+    b = Backlog(message_timeout_s=1.0, lag=lambda: 0.1)
+    clock = b.clock(1.0, 30.0, 100_000)  # 30.0 − 0.1 − 0.015
+    assert clock.arrived_s == 30.0 and clock.timer_from_s == pytest.approx(29.885)
+    assert b.answer_by(clock) == pytest.approx(29.885 + 1.0 - 0.1)  # less 10 % of 1 s

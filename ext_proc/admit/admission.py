@@ -34,6 +34,7 @@ no-op.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, replace
@@ -41,7 +42,7 @@ from typing import Protocol
 
 from ext_proc import telemetry
 from ext_proc.admit import overload_answer
-from ext_proc.admit.backlog import SMALL_BODY_BYTES, Backlog, Lane, Ticket, Weight
+from ext_proc.admit.backlog import SMALL_BODY_BYTES, Backlog, BodyClock, Lane, Ticket, Weight
 from ext_proc.admit.outcome import Continue, Outcome, Respond, priority_fields
 from ext_proc.admit.pipeline import BodyVerdict, Pipeline, RequestFacts, Route
 from ext_proc.admit.queue import AdmissionQueue, Waiter, queueable
@@ -63,7 +64,16 @@ __all__ = [
     "SkipBody",
     "Step",
     "Untouched",
+    "log_dropped",
 ]
+
+log = logging.getLogger("ice.servicer")
+
+
+def log_dropped(rid: str, why: str) -> None:
+    """A request Envoy let through unjudged because ICE's answer was late, logged with its
+    ``x-request-id`` (also counted in ``ice_bodies_dropped_total``)."""
+    log.warning("request %s went on unjudged: %s", rid or "without x-request-id", why)
 
 
 class Helper(Protocol):
@@ -168,6 +178,7 @@ class Admission:
         self.queue = queue
         self.recount = recount
         self.facts = RequestFacts(priority=route.default_priority)
+        self.rid = ""  # Envoy's x-request-id (set by the shell from the headers), for the logs
 
     # --- committing ----------------------------------------------------------------------
 
@@ -259,10 +270,13 @@ class Admission:
 
     # --- the body ------------------------------------------------------------------------
 
-    async def on_body(self, data: bytes, started: float) -> AsyncIterator[Step]:
-        """The body's steps (module docstring), then its answer, last."""
+    async def on_body(self, data: bytes, clock: BodyClock) -> AsyncIterator[Step]:
+        """The body's steps (module docstring), then its answer, last. ``clock``: when the
+        body arrived, and when Envoy's timer for it started as near as ICE can know
+        (``ext_proc.admit.backlog.timer_started``): no lane answers after that timer's
+        deadline less the answer's margin."""
         pipeline, route, facts, stream = self.pipeline, self.route, self.facts, self.stream
-        verdict = await self._judge(data, started)
+        verdict = await self._judge(data, clock)
         verdict = self.queue.behind_critical(route, facts, verdict)
         if verdict is not None and verdict.pending is not None:
             # Truncation waits on the embedding worker: ask Envoy for the time first.
@@ -299,12 +313,13 @@ class Admission:
         remote = self.pipeline.views.remote
         return remote is not None and remote.active
 
-    async def _judge(self, data: bytes, started: float) -> BodyVerdict | None:
+    async def _judge(self, data: bytes, clock: BodyClock) -> BodyVerdict | None:
         """The body's verdict: in full (in-process or in the helper), from its size when it
         arrived too late to be read in time, None for a body that is not judged, or ``GONE``
         (continue untouched, uncounted) when Envoy can no longer hear it. A long body's
         receipt, its scan and its judgement each take their own turn of the loop."""
         pipeline, facts = self.pipeline, self.facts
+        started = clock.arrived_s
         if len(data) > SMALL_BODY_BYTES:
             await asyncio.sleep(0)
         heavy: Weight = ""  # truthy: the helper lane ("size": tried in-process first)
@@ -328,13 +343,14 @@ class Admission:
         backlog.arrived(ticket, len(data), lane)
         alone = backlog.queued_bytes[lane] == ticket.nbytes
         if heavy or len(data) <= SMALL_BODY_BYTES:
-            verdict = await self._judged_in_time(ticket, data, heavy, started, alone=alone)
+            verdict = await self._judged_in_time(ticket, data, heavy, clock, alone=alone)
         else:  # one long body per turn of the event loop: what is ready (headers) goes first
             async with self.gate:
                 await asyncio.sleep(0)  # also where a stream Envoy has closed is cancelled
-                verdict = await self._judged_in_time(ticket, data, heavy, started, alone=True)
+                verdict = await self._judged_in_time(ticket, data, heavy, clock, alone=True)
         if verdict is not None and backlog.expired(time.perf_counter() - started):
             telemetry.BODIES_DROPPED.labels(reason="deadline").inc()
+            log_dropped(self.rid, "its verdict came past Envoy's message timeout")
             backlog.lost()
             return GONE
         return verdict
@@ -352,25 +368,29 @@ class Admission:
         return None
 
     async def _judged_in_time(
-        self, ticket: Ticket, data: bytes, heavy: Weight, started: float, *, alone: bool
+        self, ticket: Ticket, data: bytes, heavy: Weight, clock: BodyClock, *, alone: bool
     ) -> BodyVerdict | None:
-        """The full verdict, or the coarse one when the body is too late to be read in time;
-        the judge time feeds the lane's cost (``alone``: nothing was ahead of it)."""
+        """The full verdict, or the coarse one when it could not come before Envoy's deadline
+        (``clock``); the judge time feeds the lane's cost (``alone``: none was ahead of it)."""
         pipeline, route, facts = self.pipeline, self.route, self.facts
-        if self.backlog.late(ticket, time.perf_counter() - started):
+        # a body alone in the helper lane is tried (its wait ends by the deadline, below)
+        if not (heavy and alone) and self.backlog.late_by(ticket, clock, time.perf_counter()):
             telemetry.COARSE_VERDICTS.labels(route=route.name, why="late").inc()
             return pipeline.on_size(route, facts, len(data))
         judging = time.perf_counter()
         if heavy and self.helper is not None:
-            # exact counting of a long prompt has a budget: past it, the size decides
-            budget = pipeline.policy.exact_count_budget_ms / 1000 - (judging - started)
+            # the exact count's budget (from arrival) and Envoy's deadline: past either, the size
+            budget = pipeline.policy.exact_count_budget_ms / 1000 - (judging - clock.arrived_s)
+            left = self.backlog.answer_by(clock) - judging
             try:
                 await asyncio.sleep(0)  # the scan took this turn; the helper's is the next
                 verdict = await asyncio.wait_for(
-                    self.helper.on_body(pipeline, route, facts, data, heavy), max(0.0, budget)
+                    self.helper.on_body(pipeline, route, facts, data, heavy),
+                    max(0.0, min(budget, left)),
                 )
-            except TimeoutError:
-                telemetry.COARSE_VERDICTS.labels(route=route.name, why="budget").inc()
+            except TimeoutError:  # a count under way in the helper still finishes and teaches
+                why = "budget" if budget <= left else "late"
+                telemetry.COARSE_VERDICTS.labels(route=route.name, why=why).inc()
                 self.backlog.observe("helper", len(data), time.perf_counter() - judging)
                 return pipeline.on_size(route, facts, len(data))
         else:

@@ -35,13 +35,33 @@ Accounting (one ``Backlog`` per worker; called from the event loop's thread only
     does not see. In an empty lane the whole message_timeout is the budget: a body that
     could not be judged in time even alone (exact counting of a very long prompt with a slow
     tokenizer) gets the coarse verdict rather than Envoy's fail-open.
-- ``late(L, lane, waited_s)`` at the body phase: waited_s (since the body reached the
-  servicer) + (queued bytes of the lane ahead of it + L) × c_lane > budget_s (the whole
-  message_timeout when nothing is ahead of it, as at admission): judged from its size
-  instead (the body is not parsed).
+- ``late(L, lane, waited_s)`` at the body phase: waited_s (since Envoy's timer started, as
+  ICE can know it: ``timer_started`` below; plus the answer's margin, ``ANSWER_MARGIN_
+  FRACTION`` × message_timeout: ``late_by``) + (queued bytes of the lane ahead of it + L) ×
+  c_lane > budget_s (the whole message_timeout when nothing is ahead of it, as at
+  admission): judged from its size instead (the body is not parsed).
 - ``expired(waited_s)``: waited_s > message_timeout. Envoy sent the body before ICE received
   it, so by then Envoy has certainly given up: the verdict is not recorded (no metrics, no
   KV blocks held) and the body is dropped.
+- **When Envoy's timer started** (``timer_started``). Envoy's ext_proc filter starts a
+  message's timer when it *sends* the message (``Filter::sendBodyChunk`` →
+  ``ProcessorState::onStartProcessorCall``, envoyproxy/envoy
+  ``source/extensions/filters/http/ext_proc/ext_proc.cc``). In BUFFERED mode it sends the
+  body once the whole body is buffered *and* ICE's answer to the headers is back (body data
+  that arrives while the headers message is out is held), so the body's timer runs from
+  B = max(the end of the client's upload, Envoy's receipt of ICE's headers answer), and it
+  covers the transfer from Envoy to ICE (0.15–0.9 s for 6.4 MB under load), which ICE does
+  not see: a body reaches ICE at A > B. ICE takes as B the latest moment it can vouch for:
+  T = max(H, A − lag − L × ``TRANSFER_S_PER_BYTE``), with H the moment ICE handed gRPC its
+  answer to the headers (B ≥ H always), lag the event loop's lag when the body was read
+  (the message may have waited in the loop) and ``TRANSFER_S_PER_BYTE`` (150 ns/B, i.e.
+  6.7 MB/s) a slow bound on the transfer (the slowest seen: 0.9 s for 6.4 MB, 141 ns/B).
+  A client that uploaded before ICE answered its headers (a flood, any fast client) gets
+  T = H, exact up to the answer's way back; a slow upload's body gets the transfer bound.
+  Every lane judges against T: the waits above are counted from T, the helper's wait ends
+  by T + message_timeout × (1 − ``ANSWER_MARGIN_FRACTION``) (``answer_by``; then the coarse
+  verdict answers), and ``expired`` alone is counted from A (dropping a verdict Envoy still
+  waits for would let the request through unjudged).
 - **Window** (bytes, ≤ max_inflight_bytes, starting there): what ICE cannot see is the time
   a body spends in Envoy and on the wire before it reaches ICE, and under a flood that is
   where the time goes (Envoy's worker thread also reads every client's upload). Envoy's
@@ -71,16 +91,20 @@ from dataclasses import dataclass
 from typing import Literal
 
 __all__ = [
+    "ANSWER_MARGIN_FRACTION",
     "BUDGET_FRACTION",
     "DEFAULT_COST_S_PER_BYTE",
     "DEFAULT_MAX_INFLIGHT_BYTES",
     "DEFAULT_MESSAGE_TIMEOUT_S",
     "LAG_FRACTION",
     "SMALL_BODY_BYTES",
+    "TRANSFER_S_PER_BYTE",
     "Backlog",
+    "BodyClock",
     "Lane",
     "Ticket",
     "Weight",
+    "timer_started",
 ]
 
 Lane = Literal["inline", "helper"]
@@ -97,8 +121,29 @@ LAG_FRACTION = 0.02
 SMALL_BODY_BYTES = 64 * 1024
 SMALL_RESERVE = 0.125
 COST_WEIGHT = 0.2
+# A slow bound on the transfer of a body from Envoy to ICE (s/byte; ``timer_started``)
+TRANSFER_S_PER_BYTE = 150e-9
+# What ICE keeps of Envoy's message_timeout for its answer's way back to Envoy (100 ms at 1 s)
+ANSWER_MARGIN_FRACTION = 0.1
 MIN_WINDOW_BYTES = 4 * 1024 * 1024
 DEFAULT_COST_S_PER_BYTE: dict[Lane, float] = {"inline": 10e-9, "helper": 100e-9}
+
+
+def timer_started(headers_answered_s: float, arrived_s: float, nbytes: int, lag_s: float) -> float:
+    """When Envoy's timer for a body message started, as late as ICE can vouch for it
+    (seconds on ICE's clock): max(H, A − lag − L × ``TRANSFER_S_PER_BYTE``), never after
+    the body's arrival A (the module docstring)."""
+    bound = arrived_s - max(0.0, lag_s) - nbytes * TRANSFER_S_PER_BYTE
+    return min(arrived_s, max(headers_answered_s, bound))
+
+
+@dataclass(frozen=True, slots=True)
+class BodyClock:
+    """A body message's clock (seconds, the caller's clock): when it reached ICE, and when
+    Envoy's timer for it started as near as ICE can know (``timer_started``)."""
+
+    arrived_s: float
+    timer_from_s: float
 
 
 @dataclass(slots=True)
@@ -129,6 +174,7 @@ class Backlog:
         self.max_inflight_bytes = max_inflight_bytes
         self.message_timeout_s = message_timeout_s
         self.budget_s = BUDGET_FRACTION * message_timeout_s
+        self.answer_margin_s = ANSWER_MARGIN_FRACTION * message_timeout_s
         self.inflight_bytes = 0
         self.lane_bytes: dict[Lane, int] = {"inline": 0, "helper": 0}
         self.queued_bytes: dict[Lane, int] = {"inline": 0, "helper": 0}  # received, unanswered
@@ -157,6 +203,16 @@ class Backlog:
         self.lane_bytes[lane] += nbytes
         return Ticket(nbytes, lane)
 
+    def clock(self, headers_answered_s: float, arrived_s: float, nbytes: int) -> BodyClock:
+        """A body's clock: ``timer_started`` with the event loop's lag now."""
+        return BodyClock(
+            arrived_s, timer_started(headers_answered_s, arrived_s, nbytes, self.lag())
+        )
+
+    def answer_by(self, clock: BodyClock) -> float:
+        """The latest moment ICE answers a body in (Envoy's deadline less the margin)."""
+        return clock.timer_from_s + self.message_timeout_s - self.answer_margin_s
+
     def arrived(self, ticket: Ticket, nbytes: int, lane: Lane) -> None:
         """The body is here (``nbytes``, judged in ``lane``): the promise becomes the size."""
         if ticket.released or ticket.received:
@@ -173,6 +229,11 @@ class Backlog:
         ahead = self.queued_bytes[ticket.lane] - ticket.nbytes
         budget = self.budget_s if ahead > 0 else self.message_timeout_s
         return waited_s + (ahead + ticket.nbytes) * self.cost[ticket.lane] > budget
+
+    def late_by(self, ticket: Ticket, clock: BodyClock, now_s: float) -> bool:
+        """``late``, counted from when Envoy's timer started (``clock``), with the answer's
+        margin."""
+        return self.late(ticket, now_s - clock.timer_from_s + self.answer_margin_s)
 
     def expired(self, waited_s: float) -> bool:
         """Envoy has certainly given up on a body that reached ICE ``waited_s`` ago."""

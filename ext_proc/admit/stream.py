@@ -91,14 +91,16 @@ class Stream:
         telemetry.BACKLOG_WINDOW.set(self._backlog.window)
         self._on_release(ticket)
 
-    def abandoned(self) -> None:
+    def abandoned(self) -> bool:
         """Envoy closed the stream before its body was answered (its message timeout): the
-        backlog admits less from now on."""
+        backlog admits less from now on. True when a body ICE had received was dropped."""
         ticket = self.ticket
-        if ticket is not None and not ticket.released:
-            self._backlog.lost()
-            if ticket.received:
-                telemetry.BODIES_DROPPED.labels(reason="stream_closed").inc()
+        if ticket is None or ticket.released:
+            return False
+        self._backlog.lost()
+        if ticket.received:
+            telemetry.BODIES_DROPPED.labels(reason="stream_closed").inc()
+        return ticket.received
 
     def close(self) -> None:
         """The stream is over: its ticket, its KV blocks and its slot are free again."""

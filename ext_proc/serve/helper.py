@@ -45,7 +45,8 @@ Invariants: the helper receives only picklable plain data (route key, adapter na
 priority, body bytes, pool snapshot, the KV blocks its worker's ledger holds against that
 snapshot, by endpoint: ``PoolViews.ledger``) and returns a ``BodyVerdict`` whose decode is
 slim (``JudgedBody.detached``); metrics are counted by the caller. The server starts the
-helper at start-up (``warm``), and a broken helper is replaced. An attempt in-process counts
+helper at start-up (``warm``) and reports SERVING only once it is ready (``ready``); a broken
+helper is replaced. An attempt in-process counts
 exactly what the helper would (the bound only decides where), and changes nothing that the
 helper's judgement then repeats: the bound trips inside the count stage, before the verdict.
 """
@@ -221,14 +222,28 @@ class Offload:
         self.heavy_containers = heavy_containers
         self._pool: ProcessPoolExecutor | None = None
         self._turn = asyncio.Lock()  # one in-process attempt per turn of the event loop
+        self._warming: Future[bool] | None = None  # the helper's start (``warm``)
         # bodies the helper lane took, by where they were judged ("worker": in-process;
         # "tripped": tried in-process, then judged in the helper; "helper": sent there)
         self.judged = {"worker": 0, "tripped": 0, "helper": 0}
 
     def warm(self) -> None:
-        """Start the helper now (its imports take about a second), so that the first heavy
-        body is not the one that waits for it past Envoy's message timeout."""
-        self._executor().submit(_ready)
+        """Start the helper now (its imports and the policy take 1–5 s), so that the first
+        heavy body is not the one that waits for it past Envoy's message timeout."""
+        self._warming = self._executor().submit(_ready)
+
+    async def ready(self, within_s: float) -> bool:
+        """Wait (at most ``within_s``) until the helper started by ``warm`` has loaded the
+        policy and can judge; False when it did not (the server then serves anyway: a body
+        for the helper lane gets the coarse verdict by Envoy's deadline)."""
+        if self._warming is None:
+            self.warm()
+        assert self._warming is not None
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(self._warming), within_s)
+        except (TimeoutError, BrokenProcessPool) as e:
+            log.error("the offload helper is not ready (%s); serving without it", e)
+            return False
 
     def weigh(self, pipeline: Pipeline, body: bytes) -> Weight:
         """Where a body with an adapter is judged (``weigh``)."""

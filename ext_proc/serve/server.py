@@ -5,7 +5,9 @@
   one endpoint each, and a port clash fails loudly (SO_REUSEPORT is off).
 - gRPC message limits are raised to ``max_body_bytes`` + 1 MiB so buffered bodies up to the
   limit (8 MiB by default, Envoy's buffer is set to match) pass.
-- SIGTERM/SIGINT: health turns NOT_SERVING, new streams are refused, in-flight streams get
+- Health: NOT_SERVING until the worker can judge in every lane (its helper process has
+  loaded the policy: 1–5 s here; it serves without it after ``HELPER_START_S``), then
+  SERVING. SIGTERM/SIGINT: health turns NOT_SERVING, new streams are refused, in-flight streams get
   ``shutdown_grace_s`` to finish, then the process exits 0.
 - Policy hot reload (``ext_proc.serve.reload``): the policy file is watched (every 0.5 s; a
   ConfigMap's ``..data`` swap too) and SIGHUP reloads it. A valid new policy replaces the old
@@ -67,6 +69,9 @@ from ext_proc.signals.store import SharedSnapshotStore, SnapshotStore
 __all__ = ["ServeOptions", "serve", "worker_addresses"]
 
 log = logging.getLogger("ice.server")
+
+# How long a worker waits for its helper process before it serves without it
+HELPER_START_S = 120.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +225,10 @@ class _Running:
         if self.remote is not None:
             await self.remote.start()
         await self.server.start()
+        for name in ("", "envoy.service.ext_proc.v3.ExternalProcessor"):
+            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self.servicer.offload is not None:  # every lane can judge before SERVING
+            await self.servicer.offload.ready(HELPER_START_S)
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self.health.set(
             "envoy.service.ext_proc.v3.ExternalProcessor", health_pb2.HealthCheckResponse.SERVING

@@ -39,6 +39,7 @@ from ext_proc.admit.admission import (
     SkipBody,
     Step,
     Untouched,
+    log_dropped,
 )
 from ext_proc.admit.backlog import Backlog, Ticket
 from ext_proc.admit.faults import JudgeFault
@@ -134,7 +135,8 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             async for response in self._process(request_iterator, admission):
                 yield response
         except asyncio.CancelledError:  # Envoy closed the stream (its message timeout)
-            admission.stream.abandoned()  # an admitted body Envoy gave up on: admit less
+            if admission.stream.abandoned():  # an admitted body Envoy gave up on: admit less
+                log_dropped(admission.rid, "Envoy closed its stream before ICE answered its body")
             raise
         finally:
             admission.stream.close()  # the request is over: its ticket, blocks and slot free
@@ -146,7 +148,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     async def _process(
         self, request_iterator: AsyncIterator[pb.ProcessingRequest], admission: Admission
     ) -> Replies:
-        rid = ""  # Envoy's x-request-id, for the fault log
+        answered = 0.0  # when ICE handed gRPC its answer to the headers (perf_counter)
         async for request in request_iterator:
             started = time.perf_counter()
             phase = request.WhichOneof("request")
@@ -155,14 +157,16 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                 steps: AsyncIterator[Step] | None = None
                 if phase == "request_headers":
                     headers = request.request_headers
-                    rid = request_id(headers)
+                    admission.rid = request_id(headers)  # for the logs
                     pairs = (
                         (h.key, h.raw_value or h.value.encode()) for h in headers.headers.headers
                     )
                     subset = subset_hint(request.metadata_context)
                     steps = admission.on_headers(pairs, headers.end_of_stream, subset)
                 elif phase == "request_body":
-                    steps = admission.on_body(request.request_body.body, started)
+                    data = request.request_body.body
+                    clock = self.backlog.clock(answered, started, len(data))
+                    steps = admission.on_body(data, clock)
                 elif phase == "response_headers":
                     response = self._response_headers(admission, request)
                 else:
@@ -178,10 +182,12 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             except asyncio.CancelledError:
                 raise
             except Exception as e:
-                response = self._fault(admission.route, admission.facts, phase, e, rid)
+                response = self._fault(admission.route, admission.facts, phase, e, admission.rid)
             telemetry.PROCESSING_SECONDS.labels(phase=phase or "unknown").observe(
                 time.perf_counter() - started
             )
+            if phase == "request_headers":
+                answered = time.perf_counter()  # Envoy sends the body after this answer
             yield response
 
     @staticmethod

@@ -17,7 +17,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -497,6 +497,7 @@ def running_stack(
     envoy_port: int | None = None,
     backend_port: int | None = None,
     host: str | None = None,
+    ice_link: Callable[[str], str] | None = None,
 ) -> Iterator[E2E]:
     """Backend, ICE (unless ``start_ice`` is false: its address stays dead) and Envoy;
     ``passthrough_paths`` go into the policy and, opened, into Envoy's config.
@@ -505,7 +506,9 @@ def running_stack(
     one per route rule): Envoy runs that instead. ``client_priority``: ``write_policy``'s.
     ``envoy_port`` / ``backend_port``: ports the caller chose (``free_port``) because its
     template needs them (a mesh's inbound listener keyed by its own port). ``host``: the Host
-    the E2E's requests send unless a test names one (a template whose virtual host is named)."""
+    the E2E's requests send unless a test names one (a template whose virtual host is named).
+    ``ice_link``: the address Envoy dials for each of ICE's (a relay between them,
+    tests/e2e/slowlink.py)."""
     paths = list(passthrough_paths)
     with Stack(workdir) as stack:
         backend_port = backend_port or free_port()
@@ -535,7 +538,7 @@ def running_stack(
             admin_port=admin_port,
             listeners={listener: envoy_port},
             clusters={
-                ice_cluster: addresses,
+                ice_cluster: [ice_link(a) for a in addresses] if ice_link else addresses,
                 **{
                     name: [f"127.0.0.1:{backend_port}"]
                     for name in (
