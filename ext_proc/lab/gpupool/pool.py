@@ -140,7 +140,9 @@ class PoolSpec:
         }
 
 
-def write_served_model(spec: PoolSpec, out_dir: Path, tiny_dir: Path = vl.DEFAULT_MODEL_DIR) -> Path:
+def write_served_model(
+    spec: PoolSpec, out_dir: Path, tiny_dir: Path = vl.DEFAULT_MODEL_DIR
+) -> Path:
     """A model folder for ``vllm serve``: the real config with the tiny tokenizer, no weights."""
     vl.ensure_model(tiny_dir)
     tiny = json.loads((tiny_dir / "config.json").read_text())
@@ -161,9 +163,15 @@ def write_served_model(spec: PoolSpec, out_dir: Path, tiny_dir: Path = vl.DEFAUL
     return out_dir
 
 
-def serve_config(spec: PoolSpec, workdir: Path, *, port: int | None = None) -> vl.ServeConfig:
+def serve_config(
+    spec: PoolSpec,
+    workdir: Path,
+    *,
+    port: int | None = None,
+    tiny_dir: Path = vl.DEFAULT_MODEL_DIR,
+) -> vl.ServeConfig:
     """The ``vllm serve`` of ``spec``: served model and executor spec written under ``workdir``."""
-    model_dir = write_served_model(spec, workdir / "model")
+    model_dir = write_served_model(spec, workdir / "model", tiny_dir)
     spec_path = workdir / "executor.json"
     spec_path.write_text(json.dumps(spec.executor_spec(), indent=2) + "\n")
     return vl.ServeConfig(

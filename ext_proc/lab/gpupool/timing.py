@@ -181,7 +181,9 @@ def step_time(cost: ModelCost, gpu: GpuSpec, chunks: Sequence[Chunk], sampled: i
     kv_tokens = sum(c.context_tokens + c.new_tokens for c in chunks)
     kv_bytes = float(cost.kv_bytes_per_token * kv_tokens)
     weight_bytes = cost.weight_bytes
-    pairs = sum(c.new_tokens * c.context_tokens + c.new_tokens * (c.new_tokens + 1) / 2 for c in chunks)
+    pairs = sum(
+        c.new_tokens * c.context_tokens + c.new_tokens * (c.new_tokens + 1) / 2 for c in chunks
+    )
     attn_width = cost.heads // cost.tp * cost.head_dim
     flops = (
         2.0 * cost.layer_params / cost.tp * tokens
