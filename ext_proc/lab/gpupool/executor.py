@@ -38,9 +38,10 @@ import json
 import os
 import time
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any
 
-import torch  # type: ignore[import-not-found]
+import torch
 from vllm.platforms.cpu import CpuPlatform  # type: ignore[import-not-found]
 from vllm.v1.executor.abstract import Executor  # type: ignore[import-not-found]
 from vllm.v1.kv_cache_interface import FullAttentionSpec  # type: ignore[import-not-found]
@@ -91,7 +92,7 @@ class FakeGPUExecutor(Executor):  # type: ignore[misc]
     supports_pp = False
 
     def _init_executor(self) -> None:
-        spec = json.loads(open(os.environ[SPEC_ENV]).read())
+        spec = json.loads(Path(os.environ[SPEC_ENV]).read_text())
         self._cost = ModelCost.from_config(spec["config"], tp=int(spec["tp"]))
         self._gpu = GpuSpec(**spec["gpu"])
         self._num_blocks = int(spec["num_blocks"])

@@ -66,7 +66,7 @@ _TOKENIZER_FIELDS = ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id
 
 
 def load_config(model: str) -> dict[str, Any]:
-    """The stored ``config.json`` of ``model`` (a key of ``MODELS``), without the ``_source`` note."""
+    """The stored ``config.json`` of ``model`` (a ``MODELS`` key), less its ``_source`` note."""
     if model not in MODELS:
         raise ValueError(f"unknown model {model!r}; known: {', '.join(MODELS)}")
     data: dict[str, Any] = json.loads((CONFIG_DIR / f"{model}.json").read_text())
