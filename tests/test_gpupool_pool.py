@@ -85,3 +85,9 @@ def test_serve_config(tmp_path: Path) -> None:
     executor_spec = json.loads(Path(env[SPEC_ENV]).read_text())
     assert executor_spec["num_blocks"] == 256 and executor_spec["dilation"] == 4.0
     assert env["PYTHONPATH"] == str(vl.REPO_ROOT)
+
+
+def test_serve_config_refuses_a_context_that_does_not_fit(tmp_path: Path) -> None:
+    # 512 blocks of 16: 511 usable → 8,176 tokens at most (vLLM's own message says so too).
+    with pytest.raises(ValueError, match="at most 8176"):
+        serve_config(PoolSpec(kv_memory_bytes=2**30, max_model_len=8192), tmp_path)

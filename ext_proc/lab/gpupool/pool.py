@@ -170,7 +170,15 @@ def serve_config(
     port: int | None = None,
     tiny_dir: Path = vl.DEFAULT_MODEL_DIR,
 ) -> vl.ServeConfig:
-    """The ``vllm serve`` of ``spec``: served model and executor spec written under ``workdir``."""
+    """The ``vllm serve`` of ``spec``: served model and executor spec written under ``workdir``;
+    ValueError when one ``max_model_len`` request does not fit the blocks (vLLM would refuse to
+    start, after half a minute)."""
+    plan = spec.plan()
+    if plan.fits_max_model_len is False:
+        raise ValueError(
+            f"max_model_len {spec.max_model_len} does not fit {plan.num_blocks} blocks of "
+            f"{spec.block_size} (one is vLLM's null block): at most {plan.estimated_max_model_len}"
+        )
     model_dir = write_served_model(spec, workdir / "model", tiny_dir)
     spec_path = workdir / "executor.json"
     spec_path.write_text(json.dumps(spec.executor_spec(), indent=2) + "\n")
