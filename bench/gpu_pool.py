@@ -214,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     t0 = time.monotonic()
     for admission, valve, arms in groups:
-        workdir = args.workdir / f"{admission}-{valve.name if valve else 'novalve'}"
+        workdir = args.workdir.resolve() / f"{admission}-{valve.name if valve else 'novalve'}"
         workdir.mkdir(parents=True, exist_ok=True)
         policy = gpu_policy(
             workdir / "policy-gpu.yaml",

@@ -16,7 +16,10 @@ What vLLM's EngineCore calls and what it gets (FACTS.md, "running its scheduler 
   (a decode, or the chunk that finishes a prefill, resumed requests' recompute included), ``[]``
   for a prefill chunk that does not; after sleeping k × ``timing.step_time`` of the step
   (minus the host time since the previous step, up to k × the modelled step overhead, which
-  stands for that host time).
+  stands for that host time). Every ``STATS_EVERY`` steps a line on stderr gives the steps, the
+  modelled seconds × k, and the wall time the steps took (their host time included; idle gaps
+  between steps counted up to one dilated step): where the wall exceeds the dilated model, the
+  host, not the model, set the pace, and k should be larger.
 - the token: ``FILLER_TOKEN_ID``, or the request's EOS when it would be sampled by a model
   driven the way the bench drives it: not ``ignore_eos``, a ``logit_bias`` on EOS of at least
   ``EOS_BIAS_MIN``, and at least ``min_tokens`` generated (vLLM masks EOS below min_tokens).
@@ -36,6 +39,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from concurrent.futures import Future
 from pathlib import Path
@@ -53,6 +57,7 @@ from ext_proc.lab.gpupool.timing import Chunk, GpuSpec, ModelCost, step_time
 __all__ = ["EOS_BIAS_MIN", "FILLER_TOKEN_ID", "FakeGPUExecutor"]
 
 FILLER_TOKEN_ID = 100
+STATS_EVERY = 500  # steps between the stats line on stderr (vLLM's log)
 EOS_BIAS_MIN = 10.0
 _original_check = CpuPlatform.check_and_update_config.__func__
 
@@ -100,8 +105,10 @@ class FakeGPUExecutor(Executor):  # type: ignore[misc]
         self._dilation = float(spec["dilation"])
         self._reqs: dict[str, _Req] = {}
         self._last_return = time.monotonic()
+        self._since = self._last_return
         self.steps = 0
         self.modelled_s = 0.0
+        self.busy_wall_s = 0.0  # wall time of steps, from the previous return (idle gaps capped)
 
     # --- KV cache ---------------------------------------------------------------------------
     def _layer_spec(self) -> Any:
@@ -169,7 +176,17 @@ class FakeGPUExecutor(Executor):  # type: ignore[misc]
         remaining = seconds * self._dilation - host_s - (time.monotonic() - start)
         if remaining > 0:
             time.sleep(remaining)
-        self._last_return = time.monotonic()
+        now = time.monotonic()
+        self.busy_wall_s += now - start + min(start - self._last_return, seconds * self._dilation)
+        self._last_return = now
+        if self.steps % STATS_EVERY == 0:
+            print(
+                f"gpupool: {self.steps} steps, modelled {self.modelled_s:.3f} s × k "
+                f"{self._dilation:g} = {self.modelled_s * self._dilation:.1f} s, "
+                f"busy wall {self.busy_wall_s:.1f} s",
+                file=sys.stderr,
+                flush=True,
+            )
         if non_block:
             done: Future[Any] = Future()
             done.set_result(out[0])

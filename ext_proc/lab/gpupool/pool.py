@@ -179,6 +179,7 @@ def serve_config(
             f"max_model_len {spec.max_model_len} does not fit {plan.num_blocks} blocks of "
             f"{spec.block_size} (one is vLLM's null block): at most {plan.estimated_max_model_len}"
         )
+    workdir = workdir.resolve()  # vLLM, ICE and the policy file read these paths from elsewhere
     model_dir = write_served_model(spec, workdir / "model", tiny_dir)
     spec_path = workdir / "executor.json"
     spec_path.write_text(json.dumps(spec.executor_spec(), indent=2) + "\n")
