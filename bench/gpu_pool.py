@@ -120,7 +120,9 @@ def _row(arm: str, seed: int, result: RunResult, k: float) -> dict[str, Any]:
 def _fmt(v: Any) -> str:
     if v is None:
         return "-"
-    return f"{v:.3g}" if isinstance(v, float) else str(v)
+    if isinstance(v, float):
+        return f"{v:.0f}" if abs(v) >= 100 else f"{v:.3g}"
+    return str(v)
 
 
 def _table(rows: Sequence[dict[str, Any]]) -> str:
