@@ -6,7 +6,7 @@ so that a dozen requests over-subscribe it), and checks the plumbing and vLLM's 
 not a figure:
 
 - ``vllm:cache_config_info``: ``num_gpu_blocks`` is ICE's arithmetic (``PoolSpec.num_blocks``),
-  ``block_size`` 16, prefix caching on (the CPU platform's 16-token switch-off is undone);
+  ``block_size`` 16, prefix caching on (the CPU platform keeps both for a Llama);
 - generated tokens are the requests' own limits: ``min_tokens`` 37 with an EOS ``logit_bias``
   gives 38 (finish ``stop``), ``ignore_eos`` with ``max_tokens`` 50 gives 50 (``length``),
   and ``vllm:generation_tokens_total`` rises by exactly their sum;

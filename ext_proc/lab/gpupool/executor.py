@@ -26,13 +26,11 @@ What vLLM's EngineCore calls and what it gets (FACTS.md, "running its scheduler 
   ``max_tokens`` and the context limit stop it in vLLM's own scheduler. So output lengths are
   the request's, as FACTS.md measured on the real tiny model (min_tokens k → k + 1 tokens).
 
-Import side effect (the block-size fix): under ``vllm serve`` the CPU platform defaults to 128-
-token blocks, and for a block size that is not a multiple of 32 (16) it switches chunked
-prefill and prefix caching off and raises ``max_num_batched_tokens`` to the context length, for
-its attention kernel's sake. No kernel runs here, so ``_keep_gpu_scheduling`` wraps the
-platform's ``check_and_update_config`` to put those three back as the command line set them.
-vLLM resolves the executor class in ``VllmConfig.__post_init__`` before it calls the
-platform's hook, so importing this module is early enough.
+Block size: ``vllm serve … --block-size 16`` is accepted by the CPU platform as it is (it
+warns that its attention kernel prefers multiples of 32); the platform switches chunked prefill
+and prefix caching off only for MLA models (``CpuPlatform.check_and_update_config``), which this
+pool does not serve. The executor's per-layer spec carries the same 16, which is the block size
+vLLM's engine then uses (``EngineCore._initialize_kv_caches``).
 """
 
 from __future__ import annotations
@@ -46,7 +44,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from vllm.platforms.cpu import CpuPlatform  # type: ignore[import-not-found]
 from vllm.v1.executor.abstract import Executor  # type: ignore[import-not-found]
 from vllm.v1.kv_cache_interface import FullAttentionSpec  # type: ignore[import-not-found]
 from vllm.v1.outputs import ModelRunnerOutput  # type: ignore[import-not-found]
@@ -59,19 +56,6 @@ __all__ = ["EOS_BIAS_MIN", "FILLER_TOKEN_ID", "FakeGPUExecutor"]
 FILLER_TOKEN_ID = 100
 STATS_EVERY = 500  # steps between the stats line on stderr (vLLM's log)
 EOS_BIAS_MIN = 10.0
-_original_check = CpuPlatform.check_and_update_config.__func__
-
-
-def _keep_gpu_scheduling(cls: Any, vllm_config: Any) -> None:
-    sched, cache = vllm_config.scheduler_config, vllm_config.cache_config
-    kept = (sched.enable_chunked_prefill, cache.enable_prefix_caching, sched.max_num_batched_tokens)
-    _original_check(cls, vllm_config)
-    if os.environ.get(SPEC_ENV):
-        sched.enable_chunked_prefill, cache.enable_prefix_caching = kept[0], kept[1]
-        sched.max_num_batched_tokens = kept[2]
-
-
-CpuPlatform.check_and_update_config = classmethod(_keep_gpu_scheduling)
 
 
 class _Req:
