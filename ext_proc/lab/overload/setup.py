@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -185,6 +186,7 @@ def overload_setup(
     queue_critical: str = "pass",
     valve: Valve | None = None,
     history: Sequence[Planned] = (),
+    serve: vl.ServeConfig | None = None,
 ) -> Iterator[Setup]:
     """Start vLLM (tiny model, 24 blocks), ICE with ``policy`` and Envoy; stop all on exit.
 
@@ -194,7 +196,9 @@ def overload_setup(
     policy does not load.
     ``ice_workers``: ICE's ``--workers`` (each ICE; Envoy balances over them). ``valve``:
     ``vllm serve`` also gets ``valve.vllm_args`` (ValueError when ``vllm_args`` set a valve
-    flag themselves: the runs' labels would not say so). Ports not given
+    flag themselves: the runs' labels would not say so). ``serve``: this vLLM instead of the
+    tiny model's (``ext_proc.lab.gpupool.serve_config``; ``vllm_args`` and the valve are
+    added to its own, its port kept). Ports not given
     are free ones (``ice_address``: the first worker's; the others follow it). Logs
     (``vllm.log``, ``ice.log``, ``envoy.log``, ``ice-queue.log``, ``envoy-queue.log``) and the
     rendered policies go to ``workdir``. ``warm``: one short request each way first, then wait
@@ -204,9 +208,12 @@ def overload_setup(
     if own is not None:
         raise ValueError(f"vllm_args set the admission valve ({own}): give it as valve=")
     workdir.mkdir(parents=True, exist_ok=True)
-    vl.ensure_model(vl.DEFAULT_MODEL_DIR)
     extra = (*vllm_args, *(valve.vllm_args if valve else ()))
-    cfg = vl.ServeConfig(port=vllm_port or vl.free_port(), extra_args=extra)
+    if serve is None:
+        vl.ensure_model(vl.DEFAULT_MODEL_DIR)
+        cfg = vl.ServeConfig(port=vllm_port or vl.free_port(), extra_args=extra)
+    else:
+        cfg = dataclasses.replace(serve, extra_args=(*serve.extra_args, *extra))
     rendered = render_policy(policy, workdir / "policy.yaml", cfg.port, cfg.model_dir)
     queued: Path | None = None
     if queue:

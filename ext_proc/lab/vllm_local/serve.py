@@ -63,10 +63,13 @@ class ServeConfig:
     # An explicit KV size skips the CPU worker's start-up check that
     # `--gpu-memory-utilization` (0.92) of the NUMA node's memory is free (it fails on a
     # shared 2-core machine) and its warm-up pass; the block override then sizes the cache.
-    kv_cache_memory_bytes: int = 64 * 2**20
+    # None: no flag (an executor that answers ``determine_available_memory`` itself sizes it).
+    kv_cache_memory_bytes: int | None = 64 * 2**20
     venv: Path = DEFAULT_VENV
     scratch: Path = DEFAULT_SCRATCH
     extra_args: tuple[str, ...] = ()
+    # Set in vLLM's environment after everything else (``ext_proc.lab.gpupool``'s spec file).
+    env: tuple[tuple[str, str], ...] = ()
 
     @property
     def base_url(self) -> str:
@@ -103,8 +106,11 @@ def serve_command(
         str(cfg.block_size),
         "--num-gpu-blocks-override",
         str(cfg.num_gpu_blocks),
-        "--kv-cache-memory-bytes",
-        str(cfg.kv_cache_memory_bytes),
+        *(
+            ()
+            if cfg.kv_cache_memory_bytes is None
+            else ("--kv-cache-memory-bytes", str(cfg.kv_cache_memory_bytes))
+        ),
         *cfg.extra_args,
     ]
     env = {k: v for k, v in (os.environ if base_env is None else base_env).items()}
@@ -126,6 +132,7 @@ def serve_command(
         }
     )
     env.pop("VIRTUAL_ENV", None)
+    env.update(dict(cfg.env))
     return argv, env
 
 

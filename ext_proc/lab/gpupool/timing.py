@@ -1,0 +1,201 @@
+"""``timing``: how long one vLLM engine step would take on a GPU, from what the scheduler scheduled.
+
+A roofline per tensor-parallel rank, plus a fixed step overhead and (TP > 1) the all-reduces:
+
+    t_step = overhead_s + max(t_mem, t_compute) + t_comm
+    t_mem     = (weight_bytes + kv_bytes) / (hbm_bytes_per_s × mem_efficiency)
+    t_compute = flops / (peak_flops × compute_efficiency)
+    t_comm    = 2 × layers × T × hidden × act_bytes × 2 (tp − 1) / tp
+                / (link_bytes_per_s × mem_efficiency)          (0 when tp = 1)
+
+Inputs of one step: the scheduled chunks, each ``Chunk(new_tokens, context_tokens)`` (a decode is
+a chunk of 1 token on top of its context; a prefill chunk under ``max_num_batched_tokens`` is n
+prompt tokens on top of the ones already computed), and ``sampled`` (the sequences that produce
+a token this step: decodes and the chunks that finish a prefill). T = Σ new_tokens.
+
+Per rank (``ModelCost``, from a Hugging Face ``config.json``; d = hidden, h = heads, g = KV heads,
+e = head_dim, f = intermediate, V = vocab, L = layers):
+
+- layer_params = L × (d·h·e + 2·d·g·e + h·e·d + 3·d·f + 2·d); lm_head = V·d; embed = V·d
+  (Llama-3.1-8B: 6,979,584,000 + 525,336,576 + 525,336,576 + 4,096 final norm = 8,030,261,248;
+  a model with tied embeddings has one V·d matrix, read as the head).
+- weight_bytes = (layer_params + lm_head) / tp × weight_bytes_per_param: every step reads
+  every layer's weights once (the embedding is a gather of T rows: not counted).
+- kv_bytes = kv_bytes_per_token × Σ (context_tokens + new_tokens): attention reads each
+  sequence's cached K and V and writes the new ones; kv_bytes_per_token =
+  2 × L × (g / tp) × e × kv_dtype_bytes (``ext_proc.kv``'s formula, per rank).
+- flops = 2 × layer_params / tp × T + 2 × lm_head / tp × sampled
+  + 4 × L × (h / tp) × e × Σ (n × c + n (n + 1) / 2)    (QKᵀ and PV, causal, per chunk n on c)
+
+Every constant is in ``GpuSpec`` and ``H100_SXM`` with its source; docs/gpu-pool.md has the
+calibration and its error. Invariant: pure (stdlib only, no I/O, no clock); the same inputs give
+the same seconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "H100_SXM",
+    "Chunk",
+    "GpuSpec",
+    "ModelCost",
+    "StepTime",
+    "step_time",
+]
+
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8": 1}
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSpec:
+    """One accelerator's roofline constants (bytes/s, FLOP/s, seconds; efficiencies in (0, 1])."""
+
+    name: str
+    hbm_bytes_per_s: float
+    peak_flops: float
+    link_bytes_per_s: float
+    memory_bytes: int
+    mem_efficiency: float
+    compute_efficiency: float
+    overhead_s: float
+
+
+# NVIDIA H100 SXM5 80 GB. Datasheet (nvidia.com/en-us/data-center/h100, "H100 SXM"): HBM3
+# 3.35 TB/s; BF16 Tensor Core 1,979 TFLOPS *with sparsity*, i.e. 989.5 TFLOPS dense; NVLink
+# 900 GB/s bidirectional, 450 GB/s each way. memory_bytes: 81,559 MiB, the total nvidia-smi
+# and torch.cuda report for an H100 SXM5 80 GB (what vLLM's --gpu-memory-utilization scales).
+# mem_efficiency 0.78 with overhead_s 1 ms: fitted to a published vLLM figure for Llama-3.1-8B
+# (bf16, one request, 1,024 in / 128 out, vLLM 0.23): ~75 tok/s (13.3 ms a token) on an A100
+# 40 GB (1.555 TB/s), "about 77 % of the memory-bandwidth ceiling" (johnmusgrave.com, "vLLM
+# throughput-latency sweep on NVIDIA A100"): 15.01 GB of layer and head weights /
+# (1.555 TB/s × 0.78) + 1 ms = 13.4 ms. Carried to the H100 on the assumption that vLLM reaches
+# the same fraction of HBM bandwidth there; the model then gives 6.8 ms (147 tok/s) for one
+# Llama-3.1-8B sequence at 1k context. compute_efficiency 0.6: assumed (BF16 GEMM utilisation in
+# large prefills), not calibrated: no GPU was lent to this work.
+H100_SXM = GpuSpec(
+    name="h100-sxm",
+    hbm_bytes_per_s=3.35e12,
+    peak_flops=989.5e12,
+    link_bytes_per_s=450e9,
+    memory_bytes=81_559 * 2**20,
+    mem_efficiency=0.78,
+    compute_efficiency=0.6,
+    overhead_s=1e-3,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """Tokens computed for one sequence in one step, on top of ``context_tokens`` already cached."""
+
+    new_tokens: int
+    context_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCost:
+    """What a step costs per rank for one model at one tensor-parallel size (module docstring)."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    layer_params: int
+    lm_head_params: int
+    embed_params: int
+    tied: bool
+    tp: int
+    weight_bytes_per_param: int
+    kv_dtype_bytes: int
+
+    @property
+    def params(self) -> int:
+        """The whole model's parameter count (embedding, layers, final norm, untied head)."""
+        head = 0 if self.tied else self.lm_head_params
+        return self.embed_params + self.layer_params + self.hidden + head
+
+    @property
+    def weight_bytes(self) -> float:
+        """Weight bytes one rank reads per step (layers and head; the embedding is a gather)."""
+        return (self.layer_params + self.lm_head_params) / self.tp * self.weight_bytes_per_param
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """2 × layers × KV heads per rank × head_dim × KV dtype bytes."""
+        return 2 * self.layers * (self.kv_heads // self.tp) * self.head_dim * self.kv_dtype_bytes
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], *, tp: int = 1) -> ModelCost:
+        """The cost of a dense decoder (Llama-style gated MLP) ``config.json`` at ``tp``."""
+        d = int(config["hidden_size"])
+        h = int(config["num_attention_heads"])
+        g = int(config.get("num_key_value_heads", h))
+        e = int(config.get("head_dim") or d // h)
+        f = int(config["intermediate_size"])
+        v = int(config["vocab_size"])
+        n_layers = int(config["num_hidden_layers"])
+        if tp < 1 or h % tp or g % tp:
+            raise ValueError(f"tp={tp} must divide {h} heads and {g} KV heads")
+        dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
+        per_layer = d * h * e + 2 * d * g * e + h * e * d + 3 * d * f + 2 * d
+        return cls(
+            layers=n_layers,
+            hidden=d,
+            heads=h,
+            kv_heads=g,
+            head_dim=e,
+            layer_params=n_layers * per_layer,
+            lm_head_params=v * d,
+            embed_params=v * d,
+            tied=bool(config.get("tie_word_embeddings", False)),
+            tp=tp,
+            weight_bytes_per_param=_DTYPE_BYTES[dtype],
+            kv_dtype_bytes=_DTYPE_BYTES[dtype],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StepTime:
+    """One step's modelled seconds and the terms they came from."""
+
+    seconds: float
+    mem_s: float
+    compute_s: float
+    comm_s: float
+    weight_bytes: float
+    kv_bytes: float
+    flops: float
+    tokens: int
+
+
+def step_time(cost: ModelCost, gpu: GpuSpec, chunks: Sequence[Chunk], sampled: int) -> StepTime:
+    """The modelled time of one engine step (module docstring); no chunks: no step, 0 s."""
+    tokens = sum(c.new_tokens for c in chunks)
+    if tokens == 0:
+        return StepTime(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0)
+    kv_tokens = sum(c.context_tokens + c.new_tokens for c in chunks)
+    kv_bytes = float(cost.kv_bytes_per_token * kv_tokens)
+    weight_bytes = cost.weight_bytes
+    pairs = sum(
+        c.new_tokens * c.context_tokens + c.new_tokens * (c.new_tokens + 1) / 2 for c in chunks
+    )
+    attn_width = cost.heads // cost.tp * cost.head_dim
+    flops = (
+        2.0 * cost.layer_params / cost.tp * tokens
+        + 2.0 * cost.lm_head_params / cost.tp * sampled
+        + 4.0 * cost.layers * attn_width * pairs
+    )
+    mem_s = (weight_bytes + kv_bytes) / (gpu.hbm_bytes_per_s * gpu.mem_efficiency)
+    compute_s = flops / (gpu.peak_flops * gpu.compute_efficiency)
+    comm_s = 0.0
+    if cost.tp > 1:
+        ring = 2.0 * (cost.tp - 1) / cost.tp
+        act_bytes = 2.0 * cost.layers * tokens * cost.hidden * cost.weight_bytes_per_param
+        comm_s = act_bytes * ring / (gpu.link_bytes_per_s * gpu.mem_efficiency)
+    seconds = gpu.overhead_s + max(mem_s, compute_s) + comm_s
+    return StepTime(seconds, mem_s, compute_s, comm_s, weight_bytes, kv_bytes, flops, tokens)
