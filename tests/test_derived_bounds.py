@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +29,10 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from ext_proc.admit.carry import estimate_request
 from ext_proc.admit.pipeline import Pipeline, RequestFacts
 from ext_proc.policy.decision import Pass, Reject
-from ext_proc.policy.load import parse_policy
 from ext_proc.schemas import BY_NAME
-from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
 from ext_proc.tokencount import TokenizerSpec
 from ext_proc.tokencount.counter import ExactCounter
+from tests.builders import counting_pipeline
 
 FAMILIES = ("sp-bpe-inst", "sp-unigram-gemma", "bert-wordpiece", "bytelevel-chatml")
 Loaded = dict[str, tuple[Path, ExactCounter]]
@@ -249,19 +247,7 @@ def test_every_exact_count_lies_between_the_derived_bounds(
 # -- through the pipeline: needed gives always's verdict; the header-only bound holds
 
 
-def pipeline(folder: Path, max_model_len: int, mode: str) -> Pipeline:
-    policy = parse_policy(
-        f"""
-profiles: {{default: {{max_model_len: {max_model_len}, output_buffer_tokens: 0,
-                      min_output_tokens: 1}}}}
-tokenizers:
-  m: {{model_dir: {folder}}}
-exact_count: {mode}
-"""
-    )
-    backend = BackendSignals(url="u", kv_cache_usage=0.1, num_requests_waiting=0)
-    snap = PoolSnapshot(pool="default", backends=(backend,), taken_at_s=time.monotonic())
-    return Pipeline(policy, lambda _pool: snap)
+pipeline = counting_pipeline
 
 
 def verdict(p: Pipeline, raw: bytes) -> tuple[str, int, str]:

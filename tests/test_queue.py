@@ -74,6 +74,13 @@ class Rig:
     def stream(self, facts: RequestFacts) -> Stream:
         return self.streams[id(facts)]
 
+    def offer_as_is(self, facts: RequestFacts, first: BodyVerdict) -> Waiter | BodyVerdict:
+        """The queue's answer to ``first`` (a waiter, or its refusal), with its commit."""
+        stream = self.stream(facts)
+        return self.queue.offer(
+            self.pipeline, self.route, facts, stream, first, commit=self.commit(facts)
+        )
+
     def commit(self, facts: RequestFacts) -> Callable[[BodyVerdict], None]:
         """The commit of the request ``facts`` names (its stream's ``Admission``)."""
         return admission(self.pipeline, self.route, facts, self.queue, self.stream(facts)).commit
@@ -93,9 +100,7 @@ class Rig:
     def offer(self, facts: RequestFacts) -> Waiter:
         first = self.judge(facts)
         assert queueable(self.route, first), first.decision
-        got = self.queue.offer(
-            self.pipeline, self.route, facts, self.stream(facts), first, commit=self.commit(facts)
-        )
+        got = self.offer_as_is(facts, first)
         assert isinstance(got, Waiter)
         return got
 
@@ -198,9 +203,7 @@ def test_a_full_queue_refuses_at_once_with_queue_full() -> None:
         rig.offer(rig.facts())
         facts = rig.facts()
         first = rig.judge(facts)
-        got = rig.queue.offer(
-            rig.pipeline, rig.route, facts, rig.stream(facts), first, commit=rig.commit(facts)
-        )
+        got = rig.offer_as_is(facts, first)
         assert isinstance(got, BodyVerdict) and got.decision is not None
         assert got.decision.reason == "queue_full"
         assert getattr(got.outcome, "status", None) == 429
@@ -234,9 +237,7 @@ def test_a_waiting_higher_band_holds_back_the_lower_one() -> None:
         facts = rig.facts("standard")
         first = rig.pipeline.on_body(rig.route, facts, big.encode())  # 10 blocks: fits idle only
         assert first is not None and queueable(rig.route, first)
-        high = rig.queue.offer(
-            rig.pipeline, rig.route, facts, rig.stream(facts), first, commit=rig.commit(facts)
-        )
+        high = rig.offer_as_is(facts, first)
         assert isinstance(high, Waiter)
         low = rig.offer(rig.facts("sheddable"))  # 7 blocks: it would fit at usage 0.2
         rig.newer_view(usage=0.2)  # 8 free: the standard request (10) does not fit
@@ -355,14 +356,7 @@ def test_shutting_down_answers_every_waiter_with_429_and_refuses_new_ones() -> N
         assert outcome(w) == "reject:queue_shutdown" and rig.queue.depth == 0
         assert "retry-after" in headers(w)
         facts = rig.facts()
-        got = rig.queue.offer(
-            rig.pipeline,
-            rig.route,
-            facts,
-            rig.stream(facts),
-            rig.judge(facts),
-            commit=rig.commit(facts),
-        )
+        got = rig.offer_as_is(facts, rig.judge(facts))
         assert isinstance(got, BodyVerdict) and got.decision is not None
         assert got.decision.reason == "queue_shutdown"
 

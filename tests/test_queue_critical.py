@@ -65,9 +65,7 @@ def test_a_critical_request_that_does_not_fit_waits_and_is_admitted_when_room_co
         first = rig.judge(facts)
         assert first.decision is not None and first.decision.reason == "kv_exhausted"
         assert queueable(rig.route, first)
-        w = rig.queue.offer(
-            rig.pipeline, rig.route, facts, rig.stream(facts), first, commit=rig.commit(facts)
-        )
+        w = rig.offer_as_is(facts, first)
         assert isinstance(w, Waiter) and w.band == "critical"
         rig.queue.tick()
         assert not w.future.done()  # still 3 free
@@ -125,9 +123,7 @@ def test_a_full_queue_lets_a_critical_request_pass_rather_than_refuse_it() -> No
         facts = rig.facts("critical")
         first = rig.judge(facts)
         assert queueable(rig.route, first)
-        got = rig.queue.offer(
-            rig.pipeline, rig.route, facts, rig.stream(facts), first, commit=rig.commit(facts)
-        )
+        got = rig.offer_as_is(facts, first)
         assert isinstance(got, BodyVerdict) and got.decision is not None
         assert got.decision.decision == "pass"
         assert rig.queue.depth == 1
@@ -145,14 +141,7 @@ def test_shutting_down_lets_critical_waiters_and_late_critical_requests_pass() -
         assert outcome(critical) == "pass:ok"
         assert outcome(standard) == "reject:queue_shutdown"
         facts = rig.facts("critical")
-        got = rig.queue.offer(
-            rig.pipeline,
-            rig.route,
-            facts,
-            rig.stream(facts),
-            rig.judge(facts),
-            commit=rig.commit(facts),
-        )
+        got = rig.offer_as_is(facts, rig.judge(facts))
         assert isinstance(got, BodyVerdict) and got.decision is not None
         assert got.decision.decision == "pass"
 
@@ -186,9 +175,7 @@ def test_a_critical_verdict_judged_without_its_body_waits_as_standard_and_times_
         # a coarse verdict (no body: the worker was busy) cannot be held to its output: it is
         # refused as before, in the standard band, never passed over the room
         first = dataclasses.replace(rig.judge(facts), body=None)
-        w = rig.queue.offer(
-            rig.pipeline, rig.route, facts, rig.stream(facts), first, commit=rig.commit(facts)
-        )
+        w = rig.offer_as_is(facts, first)
         assert isinstance(w, Waiter) and w.band == "standard"
         rig.clock.now += 59.0
         rig.queue.tick()
@@ -211,9 +198,7 @@ def test_a_request_that_fits_waits_behind_a_waiting_critical_one_and_goes_after_
         assert judged.decision.decision == "pass"  # on its own it fits
         behind = rig.queue.behind_critical(rig.route, small, judged)
         assert behind is not None and queueable(rig.route, behind)
-        w = rig.queue.offer(
-            rig.pipeline, rig.route, small, rig.stream(small), behind, commit=rig.commit(small)
-        )
+        w = rig.offer_as_is(small, behind)
         assert isinstance(w, Waiter) and w.band == "standard"
         rig.queue.tick()
         assert not critical.future.done() and not w.future.done()  # the band holds it back

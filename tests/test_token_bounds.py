@@ -10,7 +10,6 @@ digits and emoji bodies.
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import pytest
@@ -20,17 +19,16 @@ from test_token_families import Loaded, families  # noqa: F401  (the session fix
 
 from ext_proc.admit.carry import estimate_request
 from ext_proc.admit.counting import bounds
-from ext_proc.admit.pipeline import Pipeline, RequestFacts
+from ext_proc.admit.pipeline import RequestFacts
 from ext_proc.policy.decision import Reject
-from ext_proc.policy.load import parse_policy
 from ext_proc.schemas import BY_NAME
-from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
 from ext_proc.tokencount.calibration import (
     DEFAULT_BOUNDS,
     EstimateBounds,
     calibration_requests,
     measure_bounds,
 )
+from tests.builders import counting_pipeline
 
 
 def test_the_bounds_are_the_worst_ratios_with_a_margin_never_narrower_than_assumed() -> None:
@@ -130,19 +128,7 @@ def test_needed_never_holds_a_request_below_its_exact_count(
         assert lo.input_tokens <= exact <= hi.input_tokens, name
 
 
-def pipeline(folder: str, max_model_len: int, mode: str) -> Pipeline:
-    policy = parse_policy(
-        f"""
-profiles: {{default: {{max_model_len: {max_model_len}, output_buffer_tokens: 0,
-                      min_output_tokens: 1}}}}
-tokenizers:
-  m: {{model_dir: {folder}}}
-exact_count: {mode}
-"""
-    )
-    backend = BackendSignals(url="u", kv_cache_usage=0.1, num_requests_waiting=0)
-    snap = PoolSnapshot(pool="default", backends=(backend,), taken_at_s=time.monotonic())
-    return Pipeline(policy, lambda _pool: snap)
+pipeline = counting_pipeline
 
 
 BODIES = {
