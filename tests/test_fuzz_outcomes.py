@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from bench_module import load_bench  # type: ignore[import-not-found]
+from tests.builders import load_bench
 
 fuzz = load_bench("fuzz.py", "fuzz_bench")
 

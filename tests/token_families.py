@@ -35,6 +35,8 @@ from typing import Any
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
+from ext_proc.tokencount import ExactCounter
+
 TINY_DIR = Path(__file__).parent / "data" / "vllm_cpu" / "tokenizer"
 
 CORPUS = [
@@ -251,3 +253,22 @@ def reference_count(hf: Any, messages: list[dict[str, Any]]) -> int:
     """``apply_chat_template`` + encode, as vLLM does (``add_generation_prompt``)."""
     text = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return len(hf.encode(text, add_special_tokens=False))
+
+
+# --- from tests/tokencount/test_token_families.py ----------------------------------------
+
+Loaded = dict[str, tuple[Family, ExactCounter, Any]]
+
+
+def conversation(family: Family, contents: list[str], system: str | None) -> list[dict[str, Any]]:
+    """Alternating user/assistant turns, user first and last; a system turn first where the
+    template takes one."""
+    if len(contents) % 2 == 0:
+        contents = contents[:-1]
+    out = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": c}
+        for i, c in enumerate(contents)
+    ]
+    if family.system and system is not None:
+        out.insert(0, {"role": "system", "content": system})
+    return out

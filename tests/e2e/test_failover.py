@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from e2e.harness import (
+from ext_proc.lab.stack import Stack, free_port, render_envoy_config
+from ext_proc.tools.doctor import main
+from tests.e2e.harness import (
     CHAT,
     ENVOY_TEMPLATE,
     PROBE,
@@ -23,8 +25,6 @@ from e2e.harness import (
     request,
     write_policy,
 )
-from ext_proc.lab.stack import Stack, free_port, render_envoy_config
-from ext_proc.tools.doctor import main
 
 BODY = json.dumps(PROBE).encode()
 HEADERS = {"content-type": "application/json", **PROBE_HEADERS}

@@ -13,7 +13,8 @@ import asyncio
 from pathlib import Path
 
 import openai
-from bench_module import load_bench  # type: ignore[import-not-found]
+
+from tests.builders import load_bench
 
 from .harness import running_stack
 

@@ -19,8 +19,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import openai
-import token_families as tf
-from test_derived_bounds import build_nfkc_bytelevel
+
+from tests import token_families as tf
+from tests.builders import build_nfkc_bytelevel
 
 from .harness import running_stack
 

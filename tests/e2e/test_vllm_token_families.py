@@ -45,13 +45,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_token_families import conversation
-from test_tokencount import post_json
-from token_families import Family, build, reference, reference_count
 
 from ext_proc.admit.carry import estimate_request
 from ext_proc.lab import vllm_local as vl
 from ext_proc.tokencount import ExactCounter, TokenizerSpec
+from tests.builders import post_json
+from tests.token_families import Family, build, conversation, reference, reference_count
 
 pytestmark = [
     pytest.mark.vllm,

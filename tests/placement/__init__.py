@@ -1,0 +1,1 @@
+"""Tests of ``ext_proc.placement``."""
