@@ -64,7 +64,7 @@ bench-overload: vllm-install
 
 # Re-record vLLM's prompt-token counts for tests/data/tokens/vllm_usage.json.
 vllm-record-tokens: vllm-install
-	ICE_VLLM=1 ICE_RECORD_TOKENS=1 $(BIN)/pytest -q -m vllm tests/test_tokencount.py
+	ICE_VLLM=1 ICE_RECORD_TOKENS=1 $(BIN)/pytest -q -m vllm tests/tokencount/test_tokencount.py
 
 vllm-serve: vllm-install
 	$(BIN)/python -m ext_proc.lab.vllm_local serve --venv $(VLLM_VENV) --port 8000

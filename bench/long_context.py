@@ -280,8 +280,8 @@ def _timed(fn: Any) -> float:
 
 def family_specs() -> dict[str, TokenizerSpec]:
     """The test families (trained now, into a temporary folder) as model folders."""
-    sys.path.insert(0, str(REPO / "tests"))
-    import token_families
+    sys.path.insert(0, str(REPO))  # the tests package: its token families
+    from tests import token_families
 
     root = Path(tempfile.mkdtemp(prefix="ice-families-"))
     atexit.register(shutil.rmtree, root, True)  # the stacks' ICE reads the folders until then

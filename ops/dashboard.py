@@ -3,7 +3,7 @@
 It also writes ``envoy/k8s/components/alerts/prometheusrule.yaml``, the alert rules of
 ``ops/prometheus/ice-alerts.yaml`` wrapped in a prometheus-operator PrometheusRule.
 Run ``.venv/bin/python ops/dashboard.py`` after changing a panel or a rule (``--check`` exits
-1 when a checked-in file is not what this script writes; ``tests/test_ops.py`` runs the same
+1 when a checked-in file is not what this script writes; ``tests/lab/test_ops.py`` runs the same
 check).
 
 Built with Grafana's own typed builders (the ``grafana-foundation-sdk`` package, ``dev``
@@ -20,10 +20,10 @@ What the panels read:
 
 Invariants: the output depends only on this file and the rules file (same input, same
 bytes: no ids from a clock or a counter outside them); every query reads only metrics named in
-docs/configuration.md or Envoy's/vLLM's own (tests/test_ops.py checks both, and
+docs/configuration.md or Envoy's/vLLM's own (tests/lab/test_ops.py checks both, and
 tests/e2e/test_prometheus.py runs every query against a real Prometheus); the pressure levels
 are the built-in profile's thresholds (``LEVELS``) and the alert lines the rules' thresholds
-(both checked by tests/test_ops.py).
+(both checked by tests/lab/test_ops.py).
 """
 
 from __future__ import annotations

@@ -605,7 +605,7 @@ def _walk_schema(node: Any, where: str = "#") -> Iterator[tuple[str, Obj]]:
 
 
 def _generator_variants(tmp: Path) -> dict[str, list[Obj]]:
-    """Envoy Gateway objects of specs other than envoy/mesh.yaml, as tests/
+    """Envoy Gateway objects of specs other than envoy/mesh.yaml, as tests/tools/
     test_envoygen_gateway.py builds them: two profiles (and one route naming the default),
     a backend in another namespace than the gateway, more judged routes than an HTTPRoute holds."""
     from ext_proc.tools.envoygen import gateway, gateway_names

@@ -1,6 +1,6 @@
 """Debian packages unpacked, not installed: ``apt-get download`` and ``dpkg-deb -x``.
 
-Job: give the lab (``redis_local``) and the tests (``tests/test_ops.py``'s Prometheus) a
+Job: give the lab (``redis_local``) and the tests (``tests/lab/test_ops.py``'s Prometheus) a
 program that no PyPI package ships, without installing it system-wide: the packages are
 downloaded with ``apt-get download`` (any user; as root, after an ``apt-get update`` when the
 first try fails, since a fresh container has no package lists) and unpacked with ``dpkg-deb
@@ -17,7 +17,7 @@ folder beside it and renamed into place, so a failed or interrupted unpack never
 half tree that looks finished; every failure (no apt-get or dpkg-deb, a download that fails, a
 package that did not come) raises ``DebianUnpackError`` with a one-line reason, and a program
 that fails in a way of its own raises ``OSError`` / ``subprocess.SubprocessError``. Callers
-that may run at once take a lock around it (``tests/test_ops.py`` does).
+that may run at once take a lock around it (``tests/lab/test_ops.py`` does).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ Where the backend runs ``null`` and absent differently, ICE follows the backend:
 scheduler. vLLM's completions read ``null`` as absent: 16 (``normalize_null_max_tokens``).
 The vLLM rules were run against vLLM 0.32 itself (tests/e2e/test_vllm_unset_limits.py).
 The docs' table (docs/endpoints.md, "A request without a limit") is this one with its
-sources and SGLang's column; tests/test_unset_limits.py checks that the two agree and
+sources and SGLang's column; tests/policy/test_unset_limits.py checks that the two agree and
 drives the adapters and ``backend_output`` from this table.
 
 Invariant: every generating schema in ``ext_proc.schemas.ADAPTERS`` has a row (an unknown

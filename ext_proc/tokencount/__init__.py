@@ -7,7 +7,7 @@ Job: when the policy names a tokenizer for a model, count a request's prompt tok
 model names to counters, loaded once from configuration.
 
 What is mirrored (vLLM 0.32 with transformers 5, text content; checked against a real vLLM
-server in ``tests/test_tokencount.py``):
+server in ``tests/tokencount/test_tokencount.py``):
 
 - ``/v1/completions``: ``encode(prompt, add_special_tokens=True)``: the tokenizer's
   post-processor adds BOS/EOS as ``tokenizer.json`` says (``add_bos_token`` in

@@ -39,7 +39,7 @@ the counter counts whole texts (``mode`` ``whole``, ``reason`` says why), and sa
 ``ice_token_counts_total{mode}`` and the log at load.
 
 Invariants: ``count(text) == len(encode(text, add_special_tokens=False))`` whenever ``mode``
-is ``pieces`` (tests/test_token_families.py checks it against transformers over generated
+is ``pieces`` (tests/tokencount/test_token_families.py checks it against transformers over generated
 conversations for every tokenizer family and template the tests build; test_token_splits.py
 for every normalizer and pre-tokenizer kind); the cache's entries ≤ cache_bytes /
 ENTRY_BYTES, learned ones included; the cache and a lesson hold digests and counts, never

@@ -8,7 +8,7 @@ request's blocks 16 × ceil(M / 16) = 32,768 within the free blocks; otherwise a
 Retry-After, never a 400.
 
 These cases judge the ladder after ``refuse_unbounded``: every API ICE judges reads a field
-no body size bounds (``unread_risk``; ``tests/test_coarse_bounds.py``), so here, as a test
+no body size bounds (``unread_risk``; ``tests/admit/test_coarse_bounds.py``), so here, as a test
 double, ``unread_risk`` finds none.
 """
 

@@ -360,7 +360,8 @@ def test_a_star_tenant_on_the_shared_gateway_keeps_its_paths_and_ice_its_404(
     ICE's (which names its host, ``gateway.hosts``): through real Envoy, the tenant's GET /
     reaches the tenant, not ICE's 404; on ICE's host an unknown path gets ICE's 404, not the
     tenant, and a chat is judged. (With ICE's VirtualService on '*', istiod merges both into
-    one virtual host in creation order and one of these breaks: tests/test_istio_standin.py.)"""
+    one virtual host in creation order and one of these breaks:
+    tests/tools/test_istio_standin.py.)"""
     template = tmp_path / "gateway.json"
     bootstrap = meshes.istio_gateway(tenant_hosts=("*",), tenant_first=tenant_first)
     template.write_text(json.dumps(bootstrap))

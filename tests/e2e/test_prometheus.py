@@ -11,13 +11,13 @@ body). Then, through Prometheus's HTTP API:
 
 - every dashboard query (Grafana's variables at their All value) parses and returns data, save
   ``ice_bodies_dropped_total``, which has no series until Envoy gives up on a body ICE is
-  judging (tests/test_servicer_flood.py makes that happen): for it the query must parse and
+  judging (tests/serve/test_servicer_flood.py makes that happen): for it the query must parse and
   ICE's page must declare the family;
 - every alert rule loaded and evaluates without error; each alert's expression, without its
   threshold comparisons and split at ``and`` / ``unless`` / ``or``, returns data in every
   part; ICEFailOpen is pending or firing (ICE was down).
 
-Prometheus and promtool come from ``tests/test_ops.py``'s ``prometheus_tools`` (PATH, else
+Prometheus and promtool come from ``tests/lab/test_ops.py``'s ``prometheus_tools`` (PATH, else
 Debian's package unpacked into .scratch); Prometheus is stopped before the test ends.
 """
 
@@ -63,7 +63,7 @@ ICE_EXTRA = ["--max-body-bytes", str(512 << 20)]
 
 
 def _ops() -> ModuleType:
-    """tests/test_ops.py (its Prometheus finder and the dashboard's queries)."""
+    """tests/lab/test_ops.py (its Prometheus finder and the dashboard's queries)."""
     name = "ice_e2e_test_ops"
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(

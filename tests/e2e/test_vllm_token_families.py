@@ -1,9 +1,9 @@
 """ICE's exact counts equal vLLM's own on every tokenizer family (issue 31, item 4).
 
-``tests/test_token_families.py`` compares ICE with transformers' ``apply_chat_template`` +
-encode; this module asks the real vLLM 0.32 in ``.venv-vllm``. The families
-(``tests/token_families.py``: SentencePiece-style BPE and Unigram with byte fallback under
-``[INST]``, Llama-3 and Gemma templates, Metaspace ``always`` and Llama-2's legacy normalizer,
+``tests/tokencount/test_token_families.py`` compares ICE with transformers'
+``apply_chat_template`` + encode; this module asks the real vLLM 0.32 in ``.venv-vllm``.
+The families (``tests/token_families.py``: SentencePiece-style BPE and Unigram with byte fallback
+under ``[INST]``, Llama-3 and Gemma templates, Metaspace ``always`` and Llama-2's legacy normalizer,
 ByteLevel ChatML, BERT-style WordPiece, the recorded tiny model's tokenizer with its template
 and with ChatML's markers as plain text) are written as model folders, and every family's
 conversations (generated from a fixed seed, plus the issue's reproductions:
@@ -120,7 +120,7 @@ SPECIALS = [
     "<|user|>",
     "<|assistant|>",
 ]
-# the atoms tests/test_token_families.py draws its contents from
+# the atoms tests/tokencount/test_token_families.py draws its contents from
 ATOMS = [
     *SPECIALS,
     *"ab cde\n\t.,!?'\"{}[]:0123456789émigré内存压力🙂😀<>/|_-▁",

@@ -88,7 +88,7 @@ def test_a_kinds_total_is_the_quantile_of_its_stretched_lengths() -> None:
     factors = {("chat", 4): 0.4, ("summary", 4): 1.6}
     look = Outlook(10.0, LENGTHS, 0.0, 16, SPEC, profile="chat", factor=factors.__getitem__)
     # chat, f 0.4: bounds 4, 40, 400; q 0.9 → target 90 in (40, 400]: 40 + 360 × 30/40 = 310
-    # (unrefined: 775, tests/test_forecast.py)
+    # (unrefined: 775, tests/placement/test_forecast.py)
     assert look.total(0, 5000, 0) == 310
     # having made 200: F(200) = 60 + 40 × 160/360 = 77.78, target 77.78 + 0.9 × 22.22
     # = 97.78 → 40 + 360 × 37.78/40 = 380

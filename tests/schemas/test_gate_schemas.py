@@ -108,7 +108,8 @@ def test_a_bad_sample_count_is_a_400_naming_it(body: dict[str, Any]) -> None:
         (CHAT, {"messages": [], "max_completion_tokens": 4000, "max_tokens": 16}, 4000, "mct"),
         (CHAT, {"messages": [], "max_completion_tokens": None, "max_tokens": 16}, 16, "mt"),
         (RESPONSES, {"input": "hi", "max_output_tokens": 100000000}, 100000000, "mot"),
-        # absent and null: the rules of ext_proc/schemas/limits.py (tests/test_unset_limits.py)
+        # absent and null: the rules of ext_proc/schemas/limits.py
+        # (tests/policy/test_unset_limits.py)
         (VLLM_GENERATE, {"token_ids": [1], "sampling_params": {}}, None, None),
         (VLLM_GENERATE, {"token_ids": [1], "sampling_params": {"max_tokens": None}}, None, None),
         (SGLANG, {"text": "a"}, None, None),

@@ -5,7 +5,8 @@ ChatML's markers as special tokens, as Qwen's tokenizers have them, and with the
 text, cut inside the turn marker), generated conversations count the same piece by piece as
 whole; a resent history is counted from the cache; a tokenizer that prepends "▁" only at the
 input's start (SentencePiece's ``prepend_scheme: first``) counts the later pieces with a copy
-that does not (tests/test_token_families.py and test_token_splits.py cover the other kinds).
+that does not (tests/tokencount/test_token_families.py and test_token_splits.py cover the other
+kinds).
 """
 
 from __future__ import annotations
