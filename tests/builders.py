@@ -110,7 +110,7 @@ exact_count: {mode}
     return Pipeline(policy, lambda _pool: snap)
 
 
-# --- from tests/admit/test_queue.py ----------------------------------------
+# --- the admission queue's rig (tests/admit/test_queue*.py) -------------------------------------
 
 # 11 blocks of 16 tokens: floor((11 − 1) × (1 − usage)) free blocks
 QUEUE_IDLE = BackendSignals(
@@ -214,7 +214,7 @@ def waiter_headers(w: Waiter) -> dict[str, str]:
     return dict(w.future.result().outcome.headers)
 
 
-# --- from tests/serve/test_servicer.py ----------------------------------------
+# --- scripted ext_proc streams for the servicer (tests/serve/) ----------------------------------
 
 SERVICER_POLICY = parse_policy(
     """
@@ -275,7 +275,7 @@ def response_msg(
     return msg
 
 
-# --- from tests/signals/test_signals_nvml.py ----------------------------------------
+# --- pynvml's slice, faked (no GPU here) --------------------------------------------------------
 
 
 class FakeNVMLError(Exception):
@@ -359,7 +359,7 @@ H200 = {
 }
 
 
-# --- from tests/signals/test_signals_promapi.py ----------------------------------------
+# --- the Prometheus API's answers ---------------------------------------------------------------
 
 
 def promapi_answer(samples: list[tuple[str, dict[str, str], float]]) -> dict[str, Any]:
@@ -384,7 +384,7 @@ def as_prometheus(kind: str, path: Path, instance: str) -> list[tuple[str, dict[
     return [(n, {**lab, "instance": instance, "job": kind}, v) for n, lab, v in samples]
 
 
-# --- from tests/placement/test_forecast.py ----------------------------------------
+# --- the forecast's backend ---------------------------------------------------------------------
 
 # 100 finished requests: 20 of ≤ 10 tokens, 40 of 10–100, 40 of 100–1000
 LENGTHS = Histogram(bounds=(10, 100, 1000, INF), counts=(20, 60, 100, 100), count=100, sum=0)
@@ -407,7 +407,7 @@ def forecast_backend(usage: float, preemptions: float = 0.0) -> BackendSignals:
     )
 
 
-# --- from tests/placement/test_forecast_wait.py ----------------------------------------
+# --- the forecast's backend ---------------------------------------------------------------------
 
 
 def decoding(usage: float) -> BackendSignals:
@@ -421,7 +421,7 @@ def decoding(usage: float) -> BackendSignals:
 FORECAST_URL = "http://10.0.0.7:8000/metrics"
 
 
-# --- from tests/tokencount/test_token_pieces.py ----------------------------------------
+# --- the tiny tokenizer under a ChatML template -------------------------------------------------
 
 
 def chatml(tmp_path: Path) -> ExactCounter:
@@ -439,7 +439,7 @@ def chatml(tmp_path: Path) -> ExactCounter:
     return ExactCounter.load(spec)
 
 
-# --- from tests/admit/test_exact_tokens_pipeline.py ----------------------------------------
+# --- the recorded vLLM CPU tokenizer's pipeline -------------------------------------------------
 
 
 def exact_pipeline(max_model_len: int, exact_count: str = "always") -> Pipeline:
@@ -458,7 +458,7 @@ exact_count: {exact_count}
     return Pipeline(policy, lambda _pool: snap)
 
 
-# --- from tests/tokencount/test_derived_bounds.py ----------------------------------------
+# --- an NFKC + ByteLevel BPE, trained now -------------------------------------------------------
 
 
 def build_nfkc_bytelevel(root: Path) -> Path:
@@ -476,7 +476,7 @@ def build_nfkc_bytelevel(root: Path) -> Path:
     return tf._write(root / "nfkc-bytelevel", tok, tf.CHATML_SPECIAL, tf.CHATML_EXTRA, tf.CHATML)
 
 
-# --- from tests/tokencount/test_tokencount.py ----------------------------------------
+# --- a live server's JSON -----------------------------------------------------------------------
 
 
 def post_json(url: str, payload: dict[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -496,7 +496,7 @@ def post_json(url: str, payload: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         return int(e.code), body
 
 
-# --- bench/ scripts as modules ----------------------------------------
+# --- bench/ scripts as modules ------------------------------------------------------------------
 
 
 def load_bench(script: str, name: str) -> ModuleType:

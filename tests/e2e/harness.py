@@ -620,3 +620,121 @@ def load_bench(name: str) -> ModuleType:
     sys.modules[spec.name] = module  # dataclasses look their module up by name
     spec.loader.exec_module(module)
     return module
+
+
+# --- what several e2e modules check: the verdict headers, byte-exact bodies -----------------
+
+MSGS = [{"role": "user", "content": "Explain KV caches in two sentences."}]
+
+
+# Odd spacing, tabs, unicode (escaped and raw), unknown fields, number spellings and an
+# unusual key order: everything ICE does not change must reach the backend byte for byte.
+# "@LIMIT@" stands for the output-token limit member.
+CHAT_RAW = (
+    '{\n  "temperature" : 0.50,\t"model":"dev-model",  "messages" : [ {"role":"user",'
+    ' "content":"h\\u00e9llo w\\u00f6rld — 你好 🚀 \\"quoted\\""} ],\n'
+    ' "x_unknown": {"nested": [1, 2.50e0, null, true]},  "stop": ["\\n"],'
+    ' @LIMIT@ , "seed" :7\n}\n'
+)
+
+
+def raw_body(template: str, limit: str) -> bytes:
+    return template.replace("@LIMIT@", limit).encode()
+
+
+def chat_raw(limit: str) -> bytes:
+    return raw_body(CHAT_RAW, f'"max_tokens":   {limit}')
+
+
+def assert_verdict(
+    headers: Reply | Recorded,
+    *,
+    decision: str,
+    level: str,
+    score: str,
+    reason: str | None = None,
+    original: str | None = None,
+) -> None:
+    """The verdict headers, each exactly once with ICE's value, and no others."""
+    expected = {"x-mem-pressure": level, "x-mem-pressure-score": score, "x-ice-decision": decision}
+    if reason is not None:
+        expected["x-ice-reason"] = reason
+    if decision == "downgrade":
+        expected["x-downgraded"] = "true"
+    if original is not None:
+        expected["x-ice-original-max-tokens"] = original
+    got = [(k, v) for k, v in headers.header_list if k.startswith(ICE_PREFIXES)]
+    assert sorted(got) == sorted(expected.items())  # a duplicated header would show twice
+
+
+LONG_INPUT = "word " * 40000  # about 50,000 estimated tokens, far over max_model_len
+
+
+# --- Envoy's access log ----------------------------------------------------------------------
+
+
+def access_log_entry(e2e: E2E, path: str, timeout_s: float = 5.0) -> dict[str, Any]:
+    """The access log's JSON line for the request to ``path`` (Envoy flushes about every 1 s;
+    the query string tells the test's requests from the harness's probes)."""
+    log = e2e.workdir / "envoy.log"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for line in log.read_text().splitlines():
+            if line.startswith("{"):
+                doc: dict[str, Any] = json.loads(line)
+                if doc.get("path") == path:
+                    return doc
+        assert time.monotonic() < deadline, f"no access log line for {path}"
+        time.sleep(0.1)
+
+
+# --- a client that holds its body back --------------------------------------------------------
+
+SLOW_LENGTH = 1_000_000
+
+
+@contextlib.contextmanager
+def slow_upload(e2e: E2E, length: int = SLOW_LENGTH) -> Iterator[None]:
+    """A client that sends its headers and one byte of a ``length``-byte body, then waits:
+    ICE has promised its body a place (``ice_backlog_bytes``) until the stream ends."""
+    sock = socket.create_connection(("127.0.0.1", e2e.envoy_port), timeout=30)
+    head = (
+        f"POST {CHAT} HTTP/1.1\r\nhost: e2e\r\ncontent-type: application/json\r\n"
+        f"content-length: {length}\r\n\r\n{{"
+    )
+    try:
+        sock.sendall(head.encode())
+        deadline = time.monotonic() + 10
+        while e2e.ice_metric("ice_backlog_bytes") < length:
+            assert time.monotonic() < deadline, "ICE never promised the slow upload its place"
+            time.sleep(0.05)
+        yield
+    finally:
+        sock.close()
+        deadline = time.monotonic() + 10
+        while e2e.ice_metric("ice_backlog_bytes") and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+# --- the admission queue's body, through Envoy ------------------------------------------------
+
+# KV_TIGHT: 90 free blocks of 16 tokens (1,440 tokens); this body needs ~1,507 + 16 tokens,
+# more than is free and less than the 100 usable blocks: 429 kv_exhausted without a queue
+QUEUE_BODY = {
+    "model": "dev-model",
+    "messages": [{"role": "user", "content": "word " * 1200}],
+    "max_tokens": 16,
+}
+
+
+def queue_post(e2e: E2E, header: tuple[str, str] = ("x-tenant", "team-a")) -> tuple[float, object]:
+    """QUEUE_BODY through Envoy with ``header``: (seconds taken, the reply)."""
+    start = time.monotonic()
+    headers = {"content-type": "application/json", header[0]: header[1]}
+    reply = request(e2e.envoy_port, "POST", CHAT, json.dumps(QUEUE_BODY).encode(), headers)
+    return time.monotonic() - start, reply
+
+
+def queue_ours(e2e: E2E) -> list[Recorded]:
+    """What the backend got of QUEUE_BODY (set_state's probes pass through Envoy too)."""
+    return [r for r in e2e.received() if r.json().get("messages") == QUEUE_BODY["messages"]]

@@ -4,29 +4,12 @@ what truncation dropped, and the ext_proc filter's own status (a fail-open is vi
 
 from __future__ import annotations
 
-import json
-import time
 from pathlib import Path
-from typing import Any
 
-from .harness import CHAT, E2E, HIGH, HIGH_SCORE, MAX_MODEL_LEN, running_stack
+from .harness import CHAT, HIGH, HIGH_SCORE, MAX_MODEL_LEN, running_stack
+from .harness import access_log_entry as _entry
 
 MSGS = [{"role": "user", "content": "Explain KV caches in two sentences."}]
-
-
-def _entry(e2e: E2E, path: str, timeout_s: float = 5.0) -> dict[str, Any]:
-    """The access log's JSON line for the request to ``path`` (Envoy flushes about every 1 s;
-    the query string tells the test's requests from the harness's probes)."""
-    log = e2e.workdir / "envoy.log"
-    deadline = time.monotonic() + timeout_s
-    while True:
-        for line in log.read_text().splitlines():
-            if line.startswith("{"):
-                doc: dict[str, Any] = json.loads(line)
-                if doc.get("path") == path:
-                    return doc
-        assert time.monotonic() < deadline, f"no access log line for {path}"
-        time.sleep(0.1)
 
 
 def test_each_judged_request_logs_its_verdict(tmp_path: Path) -> None:

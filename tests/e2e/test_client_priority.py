@@ -21,7 +21,7 @@ from .harness import (
     Reply,
     running_stack,
 )
-from .test_access_log import _entry
+from .harness import access_log_entry as _entry
 
 PROMPT = "tokens " * 2000  # about 2,000 prompt tokens
 BODY = {"model": "dev-model", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 64}

@@ -18,34 +18,28 @@ from .harness import (
     CAP_CRITICAL,
     CAP_HIGH,
     CHAT,
+    CHAT_RAW,
     COMPLETIONS,
     CRITICAL,
     CRITICAL_SCORE,
     E2E,
     HIGH,
     HIGH_SCORE,
-    ICE_PREFIXES,
+    LONG_INPUT,
     LOW,
     LOW_SCORE,
     MAX_MODEL_LEN,
     MESSAGES,
+    MSGS,
     OUTPUT_BUFFER,
     RETRY_AFTER_S,
     Recorded,
     Reply,
+    assert_verdict,
+    chat_raw,
+    raw_body,
 )
 
-MSGS = [{"role": "user", "content": "Explain KV caches in two sentences."}]
-
-# Odd spacing, tabs, unicode (escaped and raw), unknown fields, number spellings and an
-# unusual key order: everything ICE does not change must reach the backend byte for byte.
-# "@LIMIT@" stands for the output-token limit member.
-CHAT_RAW = (
-    '{\n  "temperature" : 0.50,\t"model":"dev-model",  "messages" : [ {"role":"user",'
-    ' "content":"h\\u00e9llo w\\u00f6rld — 你好 🚀 \\"quoted\\""} ],\n'
-    ' "x_unknown": {"nested": [1, 2.50e0, null, true]},  "stop": ["\\n"],'
-    ' @LIMIT@ , "seed" :7\n}\n'
-)
 COMPLETIONS_RAW = (
     '{"prompt" : "Say hi ✓ in three   words",\n "model": "dev-model",'
     ' @LIMIT@,"echo":false, "logit_bias": {"50256": -100}}'
@@ -55,35 +49,6 @@ MESSAGES_RAW = (
     '  @LIMIT@,\n  "messages":[{"role":"user","content":[{"type":"text",'
     '"text":"Hallo ✓"}]}],  "metadata": {"user_id":"u-1"}, "top_k" : 5 }'
 )
-
-
-def raw_body(template: str, limit: str) -> bytes:
-    return template.replace("@LIMIT@", limit).encode()
-
-
-def chat_raw(limit: str) -> bytes:
-    return raw_body(CHAT_RAW, f'"max_tokens":   {limit}')
-
-
-def assert_verdict(
-    headers: Reply | Recorded,
-    *,
-    decision: str,
-    level: str,
-    score: str,
-    reason: str | None = None,
-    original: str | None = None,
-) -> None:
-    """The verdict headers, each exactly once with ICE's value, and no others."""
-    expected = {"x-mem-pressure": level, "x-mem-pressure-score": score, "x-ice-decision": decision}
-    if reason is not None:
-        expected["x-ice-reason"] = reason
-    if decision == "downgrade":
-        expected["x-downgraded"] = "true"
-    if original is not None:
-        expected["x-ice-original-max-tokens"] = original
-    got = [(k, v) for k, v in headers.header_list if k.startswith(ICE_PREFIXES)]
-    assert sorted(got) == sorted(expected.items())  # a duplicated header would show twice
 
 
 def assert_length_consistent(rec: Recorded) -> None:
@@ -299,9 +264,6 @@ def test_concurrent_requests_are_judged_each_on_its_own(stack: E2E) -> None:
     for i, rec in got.items():
         assert rec.json()["max_tokens"] == min(500 + 200 * i, CAP_HIGH)
         assert rec.header("x-ice-decision") == replies[i].header("x-ice-decision")
-
-
-LONG_INPUT = "word " * 40000  # about 50,000 estimated tokens, far over max_model_len
 
 
 @pytest.mark.parametrize("path", [CHAT, MESSAGES], ids=["openai", "anthropic"])

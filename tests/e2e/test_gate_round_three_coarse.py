@@ -18,8 +18,7 @@ from typing import Any
 
 import pytest
 
-from .harness import CHAT, E2E, RETRY_AFTER_S, Reply, running_stack, upload
-from .test_gate_round_two_load import slow_upload
+from .harness import CHAT, E2E, RETRY_AFTER_S, Reply, running_stack, slow_upload, upload
 
 INVOCATIONS = "/invocations"
 SLOW_LENGTH = 8_000_000  # the slow upload

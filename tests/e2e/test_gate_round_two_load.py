@@ -13,10 +13,8 @@ never passed (``tests/e2e/test_gate_round_three_coarse.py``).
 from __future__ import annotations
 
 import base64
-import contextlib
 import io
 import json
-import socket
 import struct
 import threading
 import time
@@ -27,10 +25,21 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from .harness import CAP_HIGH, CHAT, E2E, HIGH, IDLE, KV_TIGHT, PROBE, Reply, running_stack, upload
+from .harness import (
+    CAP_HIGH,
+    CHAT,
+    E2E,
+    HIGH,
+    IDLE,
+    KV_TIGHT,
+    PROBE,
+    Reply,
+    running_stack,
+    slow_upload,
+    upload,
+)
 
 WINDOW = 1024 * 1024
-SLOW_LENGTH = 1_000_000
 ASK = {"model": "dev-model", "n": 16, "max_tokens": 1_000_000}
 # low pressure (score 100 × 0.40 × 0.1 / 0.65 = 6), 899 free blocks of 16 tokens
 ROOM_FOR_ONE = {**KV_TIGHT, "num_gpu_blocks": 1000}
@@ -54,29 +63,6 @@ def chat(extra: dict[str, Any] | None = None, pad: int = 0) -> bytes:
     if pad:
         body["metadata"] = {"pad": "x" * pad}
     return json.dumps({**body, **(extra or {})}).encode()
-
-
-@contextlib.contextmanager
-def slow_upload(e2e: E2E, length: int = SLOW_LENGTH) -> Iterator[None]:
-    """A client that sends its headers and one byte of a ``length``-byte body, then waits:
-    ICE has promised its body a place (``ice_backlog_bytes``) until the stream ends."""
-    sock = socket.create_connection(("127.0.0.1", e2e.envoy_port), timeout=30)
-    head = (
-        f"POST {CHAT} HTTP/1.1\r\nhost: e2e\r\ncontent-type: application/json\r\n"
-        f"content-length: {length}\r\n\r\n{{"
-    )
-    try:
-        sock.sendall(head.encode())
-        deadline = time.monotonic() + 10
-        while e2e.ice_metric("ice_backlog_bytes") < length:
-            assert time.monotonic() < deadline, "ICE never promised the slow upload its place"
-            time.sleep(0.05)
-        yield
-    finally:
-        sock.close()
-        deadline = time.monotonic() + 10
-        while e2e.ice_metric("ice_backlog_bytes") and time.monotonic() < deadline:
-            time.sleep(0.05)
 
 
 def sent_max_tokens(e2e: E2E) -> list[int]:

@@ -38,15 +38,18 @@ from .harness import (
     E2E,
     HIGH,
     HIGH_SCORE,
+    LONG_INPUT,
     LOW,
     LOW_SCORE,
     MESSAGES,
+    MSGS,
     RETRY_AFTER_S,
+    assert_verdict,
+    chat_raw,
     request,
     running_stack,
     upload,
 )
-from .test_decisions import LONG_INPUT, MSGS, assert_verdict, chat_raw
 
 # (bootstrap for (listener port, backend port), listener, ICE's cluster, backend clusters)
 Flavour = tuple[Callable[[int, int], dict[str, Any]], str, str, str | tuple[str, ...]]

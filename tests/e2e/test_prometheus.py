@@ -44,8 +44,7 @@ import yaml
 from ext_proc.lab.redis_local import RedisServer
 from ext_proc.lab.stack import free_port
 
-from .harness import CHAT, E2E, HIGH, LOW, PROBE, PROBE_HEADERS, request, running_stack
-from .test_gate_round_two_load import slow_upload
+from .harness import CHAT, E2E, HIGH, LOW, PROBE, PROBE_HEADERS, request, running_stack, slow_upload
 
 SCRAPE_INTERVAL = "1s"
 RATE_WINDOW = "1m"  # what $__rate_interval becomes: wide enough for two scrapes of each series

@@ -12,19 +12,15 @@ from collections.abc import Iterator
 
 import pytest
 
-from .harness import CHAT, E2E, IDLE, KV_TIGHT, Recorded, request, running_stack
+from .harness import CHAT, E2E, IDLE, KV_TIGHT, request, running_stack
+from .harness import QUEUE_BODY as BODY
+from .harness import queue_ours as ours
+from .harness import queue_post as post
 
 WAIT_MS = 2500
 QUEUE = f"""    on_kv_shortfall: shed
     queue: {{enabled: true, max_queue_wait_ms: {WAIT_MS}, tenant_header: x-tenant}}
 """
-# KV_TIGHT: 90 free blocks of 16 tokens (1,440 tokens); this body needs ~1,507 + 16 tokens,
-# more than is free and less than the 100 usable blocks: 429 kv_exhausted without a queue
-BODY = {
-    "model": "dev-model",
-    "messages": [{"role": "user", "content": "word " * 1200}],
-    "max_tokens": 16,
-}
 
 
 @pytest.fixture(scope="module")
@@ -36,19 +32,6 @@ def queued(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2E]:
 @pytest.fixture(autouse=True)
 def _reset(queued: E2E) -> None:
     queued.reset()
-
-
-def post(e2e: E2E, header: tuple[str, str] = ("x-tenant", "team-a")) -> tuple[float, object]:
-    """BODY through Envoy with ``header``: (seconds taken, the reply)."""
-    start = time.monotonic()
-    headers = {"content-type": "application/json", header[0]: header[1]}
-    reply = request(e2e.envoy_port, "POST", CHAT, json.dumps(BODY).encode(), headers)
-    return time.monotonic() - start, reply
-
-
-def ours(e2e: E2E) -> list[Recorded]:
-    """What the backend got of BODY (set_state's probes pass through Envoy too)."""
-    return [r for r in e2e.received() if r.json().get("messages") == BODY["messages"]]
 
 
 def test_a_queued_request_goes_on_when_the_backend_has_room(queued: E2E) -> None:

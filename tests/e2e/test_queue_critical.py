@@ -12,10 +12,11 @@ from collections.abc import Iterator
 import pytest
 
 from .harness import CHAT, E2E, IDLE, KV_TIGHT, request, running_stack
-from .test_queue import ours, post
+from .harness import queue_ours as ours
+from .harness import queue_post as post
 
 WAIT_MS = 1500
-# test_queue's BODY does not fit KV_TIGHT's 90 free blocks
+# the queue's body (harness.QUEUE_BODY) does not fit KV_TIGHT's 90 free blocks
 QUEUE = f"""    on_kv_shortfall: shed
     client_priority: trust
     queue: {{enabled: true, max_queue_wait_ms: {WAIT_MS}, critical: wait}}

@@ -8,7 +8,8 @@ vLLM 0.32 reads no cached block for a request that asks for prompt logprobs:
 False: each of the ``n`` children prefills its whole prompt, so ICE counts
 ``n × ceil((P + O) / B)`` blocks, as with caching off.
 
-The method is ``test_vllm_fanout``'s (its servers, its poller, its figures): one
+The method is ``test_vllm_fanout``'s (its servers, its poller, its figures: the rig in
+``vllm_fanout.py``): one
 ``/v1/completions`` request per case, ICE's count from the idle ``/metrics`` page and the
 body through the adapter, vLLM's peak used blocks while it runs. Needs ``.venv-vllm`` and
 ``ICE_VLLM=1``; ``pytest -s`` prints the figures.
@@ -22,21 +23,21 @@ import pytest
 
 from ext_proc.lab import vllm_local as vl
 
-from .test_vllm_fanout import (
+from .vllm_fanout import (
     ATTEMPTS,
     BLOCK,
     NUM_BLOCKS,
     OUTPUT,
     PROMPT,
     Server,
-    _ice_blocks,
-    _idle_page,
-    _observe,
-    _prompt,
-    _used,
-    pytestmark,  # noqa: F401  (the vllm mark, the timeout, the ICE_VLLM=1 skip)
+    ice_blocks,
+    idle_page,
+    observe,
+    prompt_ids,
     server,  # noqa: F401  (the module's servers: prefix caching on and off)
+    used_blocks,
 )
+from .vllm_fanout import VLLM_MARKS as pytestmark  # noqa: F401  (the vllm mark, the timeout, the ICE_VLLM=1 skip)
 
 CASES = {
     "n4_prompt_logprobs": {"prompt_logprobs": 0},
@@ -47,7 +48,7 @@ CASES = {
 def _body(name: str, extra: dict[str, Any], salt: str) -> dict[str, Any]:
     return {
         "model": "tiny",
-        "prompt": [_prompt(f"{salt}/{name}", PROMPT)],
+        "prompt": [prompt_ids(f"{salt}/{name}", PROMPT)],
         "n": 4,
         "max_tokens": OUTPUT,
         "min_tokens": OUTPUT,
@@ -65,13 +66,13 @@ def test_samples_that_read_no_cache_hold_their_own_blocks(
     mode = "caching" if server.prefix_caching else "no-caching"
     for attempt in range(1, ATTEMPTS + 1):
         body = _body(name, CASES[name], salt=f"logprobs/{mode}/{attempt}")
-        idle = _idle_page(server)
+        idle = idle_page(server)
         num_blocks = int(vl.metric_labels(idle, "vllm:cache_config_info")["num_gpu_blocks"])
         assert num_blocks == NUM_BLOCKS
-        assert _used(idle, num_blocks) == 0, "vLLM holds blocks before the request: not idle"
-        ice, snapshot = _ice_blocks(idle, server.vllm.base_url, body)
+        assert used_blocks(idle, num_blocks) == 0, "vLLM holds blocks before the request: not idle"
+        ice, snapshot = ice_blocks(idle, server.vllm.base_url, body)
         assert snapshot.prefix_caching is server.prefix_caching, snapshot
-        seen = _observe(server, body, idle)
+        seen = observe(server, body, idle)
         if seen.plateau:
             break
     line = (

@@ -354,7 +354,7 @@ def test_a_reader_with_its_own_resource_tracker_does_not_unlink_the_segment_at_e
 def test_the_whole_lifecycle_leaves_the_resource_tracker_quiet() -> None:
     """No "leaked shared_memory" warning and no tracker KeyError (which unregistering a
     reader's attach from a tracker shared with the writer would cause)."""
-    code = "import tests.test_shm as t\nt._lifecycle_in_fresh_interpreter()\n"
+    code = "import tests.signals.test_shm as t\nt._lifecycle_in_fresh_interpreter()\n"
     done = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
