@@ -63,4 +63,5 @@ def test_mutated_requests_beside_slow_uploads_are_never_passed_unread(tmp_path: 
         assert not report.unjudged, report.unjudged[:5]
         assert not report.altered, report.altered[:5]
         coarse = report.families["coarse_big_ask"]
-        assert coarse["429:ice_busy"] == sum(coarse.values()) == 20, coarse
+        sent = sum(1 for c in fuzz.mutations(380, 11) if c.family == "coarse_big_ask")
+        assert coarse["429:ice_busy"] == sum(coarse.values()) == sent > 0, coarse

@@ -17,32 +17,30 @@ body). Then, through Prometheus's HTTP API:
   threshold comparisons and split at ``and`` / ``unless`` / ``or``, returns data in every
   part; ICEFailOpen is pending or firing (ICE was down).
 
-Prometheus and promtool come from ``tests/lab/test_ops.py``'s ``prometheus_tools`` (PATH, else
+Prometheus and promtool come from ``tests/ops_tools.py``'s ``prometheus_tools`` (PATH, else
 Debian's package unpacked into .scratch); Prometheus is stopped before the test ends.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import re
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import yaml
 
 from ext_proc.lab.redis_local import RedisServer
 from ext_proc.lab.stack import free_port
+from tests import ops_tools
 
 from .harness import CHAT, E2E, HIGH, LOW, PROBE, PROBE_HEADERS, request, running_stack, slow_upload
 
@@ -59,20 +57,6 @@ PROFILE_EXTRA = """\
 # A body bigger than Envoy's buffer never comes, but ICE must assume a chunked body may be
 # this large: it judges it from its headers ("time": too long to read within the timeout).
 ICE_EXTRA = ["--max-body-bytes", str(512 << 20)]
-
-
-def _ops() -> ModuleType:
-    """tests/lab/test_ops.py (its Prometheus finder and the dashboard's queries)."""
-    name = "ice_e2e_test_ops"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, Path(__file__).resolve().parents[1] / "test_ops.py"
-        )
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
 
 
 # --- a Prometheus ------------------------------------------------------------------------------
@@ -105,7 +89,7 @@ class Prometheus:
 @contextlib.contextmanager
 def running_prometheus(workdir: Path, e2e: E2E, rules: Path) -> Iterator[Prometheus]:
     """Prometheus scraping ``e2e``'s ICE, Envoy and backend, with ``rules``; stopped on exit."""
-    tools = _ops().require_prometheus_tools()
+    tools = ops_tools.require_prometheus_tools()
     jobs = {
         "ice": (e2e.ice_metrics_port, "/metrics"),
         "envoy": (e2e.admin_port, "/stats/prometheus"),
@@ -292,7 +276,7 @@ def _targets(prom: Prometheus) -> list[tuple[str, str, str]]:
 def test_dashboard_queries_and_alert_rules_on_a_real_prometheus(
     tmp_path: Path, redis_server: RedisServer
 ) -> None:
-    ops = _ops()
+    ops = ops_tools
     rules = ops.alert_rules()
     # ICE on the shared ledger too (a real Redis): its ice_ledger_backend gauge is scraped
     ice_extra = [*ICE_EXTRA, "--ledger", redis_server.url]
