@@ -40,10 +40,12 @@ from ext_proc.signals.poolbuild import backend_signals
 from ext_proc.signals.window import Window
 
 
-def _post(base: str, words: int, max_tokens: int) -> None:
+def _post(base: str, words: int, max_tokens: int, salt: int) -> None:
+    # a distinct first word: no prefix-cache hit beyond the chat template's
+    text = f"{salt} " + " ".join(["tokens"] * words) if salt >= 0 else " ".join(["tokens"] * words)
     body = {
         "model": "tiny",
-        "messages": [{"role": "user", "content": " ".join(["tokens"] * words)}],
+        "messages": [{"role": "user", "content": text}],
         "max_tokens": max_tokens,
         "ignore_eos": True,
     }
@@ -82,6 +84,7 @@ def main() -> None:
     ap.add_argument("--scrape-s", type=float, default=1.0)
     ap.add_argument("--dilation", type=float, default=10.0)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--distinct", action="store_true", help="prompts share no prefix")
     ap.add_argument("--log", help="vLLM's log file (default: a temporary one)")
     ap.add_argument("--start-timeout-s", type=float, default=600.0)
     args = ap.parse_args()
@@ -99,7 +102,8 @@ def main() -> None:
                 while time.monotonic() < stop:
                     words = int(args.prompt_words * rng.uniform(0.5, 1.5))
                     out = max(1, int(args.max_tokens * rng.uniform(0.5, 1.5)))
-                    t = threading.Thread(target=_post, args=(base, words, out), daemon=True)
+                    salt = rng.randrange(10**9) if args.distinct else -1
+                    t = threading.Thread(target=_post, args=(base, words, out, salt), daemon=True)
                     t.start()
                     threads.append(t)
                     time.sleep(rng.expovariate(args.rate))
