@@ -378,6 +378,29 @@ TOKENIZE_RISK = Gauge(
     multiprocess_mode="mostrecent",
 )
 
+# Latency predictions per backend (docs/slo.md): shown and measured, read by no decision yet.
+SLO_PREDICTED_TTFT = Gauge(
+    "ice_slo_predicted_ttft_seconds",
+    "Predicted time to first token of a mean request sent to the backend now: (waiting x "
+    "mean computed prompt + the request's own) / prefill speed (docs/slo.md).",
+    ["pool", "backend"],
+    multiprocess_mode="mostrecent",
+)
+SLO_PREDICTED_TPOT = Gauge(
+    "ice_slo_predicted_tpot_seconds",
+    "Predicted time per output token on the backend with one more sequence running: the "
+    "decode step line fitted over the window (docs/slo.md).",
+    ["pool", "backend"],
+    multiprocess_mode="mostrecent",
+)
+SLO_TTFT_ERROR = Gauge(
+    "ice_slo_ttft_prediction_error_ratio",
+    "Mean |predicted - observed| / observed of the backend's TTFT predictions over the "
+    "window, each against the mean TTFT the backend reported over the next scrape interval.",
+    ["pool", "backend"],
+    multiprocess_mode="mostrecent",
+)
+
 
 # What the collector and its observer set: with several workers the supervisor collects, and
 # its own (in-process) values of these join the workers' on its /metrics page.
@@ -390,6 +413,9 @@ def collector_metrics() -> tuple[Counter | Gauge, ...]:
         POOL_STALE,
         CACHE_EFFICIENCY,
         TOKENIZE_RISK,
+        SLO_PREDICTED_TTFT,
+        SLO_PREDICTED_TPOT,
+        SLO_TTFT_ERROR,
     )
 
 

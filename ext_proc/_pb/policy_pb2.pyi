@@ -526,6 +526,7 @@ class Profile(_message.Message):
     ADMISSION_FIELD_NUMBER: _builtins.int
     FORECAST_FIELD_NUMBER: _builtins.int
     DEFAULT_OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    SLO_FIELD_NUMBER: _builtins.int
     max_model_len: _builtins.int
     """The model's context length in tokens. Unset: no context checks."""
     output_buffer_tokens: _builtins.int
@@ -652,6 +653,14 @@ class Profile(_message.Message):
     def forecast(self) -> Global___Forecast:
         """The forecast's settings (used with admission: forecast)."""
 
+    @_builtins.property
+    def slo(self) -> Global___Slo:
+        """Latency targets of the profile's requests (docs/slo.md). Either may be unset. A request's
+        x-llm-d-slo-ttft-ms / x-llm-d-slo-tpot-ms headers may only tighten them. Shown in the
+        verdict headers (x-ice-slo-ttft-ms, x-ice-slo-tpot-ms); no admission decision reads
+        them yet.
+        """
+
     def __init__(
         self,
         *,
@@ -684,10 +693,11 @@ class Profile(_message.Message):
         admission: _builtins.str = ...,
         forecast: Global___Forecast | None = ...,
         default_output_tokens: _builtins.int | None = ...,
+        slo: Global___Slo | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_backend_overload_status", b"_backend_overload_status", "_default_output_tokens", b"_default_output_tokens", "_max_embedding_inputs", b"_max_embedding_inputs", "_max_media_parts", b"_max_media_parts", "_max_model_len", b"_max_model_len", "_max_sequences", b"_max_sequences", "_min_output_tokens", b"_min_output_tokens", "_output_buffer_tokens", b"_output_buffer_tokens", "_retry_after_max_s", b"_retry_after_max_s", "_retry_after_min_s", b"_retry_after_min_s", "_retry_after_s", b"_retry_after_s", "_ttft_target_s", b"_ttft_target_s", "backend_overload_status", b"backend_overload_status", "default_output_tokens", b"default_output_tokens", "forecast", b"forecast", "kv_model", b"kv_model", "max_embedding_inputs", b"max_embedding_inputs", "max_media_parts", b"max_media_parts", "max_model_len", b"max_model_len", "max_sequences", b"max_sequences", "max_tokens_cap", b"max_tokens_cap", "media", b"media", "min_output_tokens", b"min_output_tokens", "output_buffer_tokens", b"output_buffer_tokens", "pressure", b"pressure", "queue", b"queue", "retry_after_max_s", b"retry_after_max_s", "retry_after_min_s", b"retry_after_min_s", "retry_after_s", b"retry_after_s", "shed", b"shed", "truncation", b"truncation", "ttft_target_s", b"ttft_target_s"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_backend_overload_status", b"_backend_overload_status", "_default_output_tokens", b"_default_output_tokens", "_max_embedding_inputs", b"_max_embedding_inputs", "_max_media_parts", b"_max_media_parts", "_max_model_len", b"_max_model_len", "_max_sequences", b"_max_sequences", "_min_output_tokens", b"_min_output_tokens", "_output_buffer_tokens", b"_output_buffer_tokens", "_retry_after_max_s", b"_retry_after_max_s", "_retry_after_min_s", b"_retry_after_min_s", "_retry_after_s", b"_retry_after_s", "_ttft_target_s", b"_ttft_target_s", "backend_overload_status", b"backend_overload_status", "default_output_tokens", b"default_output_tokens", "forecast", b"forecast", "kv_model", b"kv_model", "max_embedding_inputs", b"max_embedding_inputs", "max_media_parts", b"max_media_parts", "max_model_len", b"max_model_len", "max_sequences", b"max_sequences", "max_tokens_cap", b"max_tokens_cap", "media", b"media", "min_output_tokens", b"min_output_tokens", "output_buffer_tokens", b"output_buffer_tokens", "pressure", b"pressure", "queue", b"queue", "retry_after_max_s", b"retry_after_max_s", "retry_after_min_s", b"retry_after_min_s", "retry_after_s", b"retry_after_s", "shed", b"shed", "slo", b"slo", "truncation", b"truncation", "ttft_target_s", b"ttft_target_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_backend_overload_status", b"_backend_overload_status", "_default_output_tokens", b"_default_output_tokens", "_max_embedding_inputs", b"_max_embedding_inputs", "_max_media_parts", b"_max_media_parts", "_max_model_len", b"_max_model_len", "_max_sequences", b"_max_sequences", "_min_output_tokens", b"_min_output_tokens", "_output_buffer_tokens", b"_output_buffer_tokens", "_retry_after_max_s", b"_retry_after_max_s", "_retry_after_min_s", b"_retry_after_min_s", "_retry_after_s", b"_retry_after_s", "_ttft_target_s", b"_ttft_target_s", "admission", b"admission", "backend_overload_status", b"backend_overload_status", "client_priority", b"client_priority", "compact_system_json", b"compact_system_json", "content_types", b"content_types", "default_output_tokens", b"default_output_tokens", "default_priority", b"default_priority", "fail_mode", b"fail_mode", "forecast", b"forecast", "kv_model", b"kv_model", "max_embedding_inputs", b"max_embedding_inputs", "max_media_parts", b"max_media_parts", "max_model_len", b"max_model_len", "max_sequences", b"max_sequences", "max_tokens_cap", b"max_tokens_cap", "media", b"media", "min_output_tokens", b"min_output_tokens", "mode", b"mode", "on_kv_shortfall", b"on_kv_shortfall", "output_buffer_tokens", b"output_buffer_tokens", "pressure", b"pressure", "queue", b"queue", "retry_after_max_s", b"retry_after_max_s", "retry_after_min_s", b"retry_after_min_s", "retry_after_s", b"retry_after_s", "shed", b"shed", "stored_context", b"stored_context", "truncation", b"truncation", "ttft_target_s", b"ttft_target_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_backend_overload_status", b"_backend_overload_status", "_default_output_tokens", b"_default_output_tokens", "_max_embedding_inputs", b"_max_embedding_inputs", "_max_media_parts", b"_max_media_parts", "_max_model_len", b"_max_model_len", "_max_sequences", b"_max_sequences", "_min_output_tokens", b"_min_output_tokens", "_output_buffer_tokens", b"_output_buffer_tokens", "_retry_after_max_s", b"_retry_after_max_s", "_retry_after_min_s", b"_retry_after_min_s", "_retry_after_s", b"_retry_after_s", "_ttft_target_s", b"_ttft_target_s", "admission", b"admission", "backend_overload_status", b"backend_overload_status", "client_priority", b"client_priority", "compact_system_json", b"compact_system_json", "content_types", b"content_types", "default_output_tokens", b"default_output_tokens", "default_priority", b"default_priority", "fail_mode", b"fail_mode", "forecast", b"forecast", "kv_model", b"kv_model", "max_embedding_inputs", b"max_embedding_inputs", "max_media_parts", b"max_media_parts", "max_model_len", b"max_model_len", "max_sequences", b"max_sequences", "max_tokens_cap", b"max_tokens_cap", "media", b"media", "min_output_tokens", b"min_output_tokens", "mode", b"mode", "on_kv_shortfall", b"on_kv_shortfall", "output_buffer_tokens", b"output_buffer_tokens", "pressure", b"pressure", "queue", b"queue", "retry_after_max_s", b"retry_after_max_s", "retry_after_min_s", b"retry_after_min_s", "retry_after_s", b"retry_after_s", "shed", b"shed", "slo", b"slo", "stored_context", b"stored_context", "truncation", b"truncation", "ttft_target_s", b"ttft_target_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__backend_overload_status: _TypeAlias = _typing.Literal["backend_overload_status"]  # noqa: Y015
     _WhichOneofArgType__backend_overload_status: _TypeAlias = _typing.Literal["_backend_overload_status", b"_backend_overload_status"]  # noqa: Y015
@@ -739,6 +749,37 @@ class Profile(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__ttft_target_s) -> _WhichOneofReturnType__ttft_target_s | None: ...
 
 Global___Profile: _TypeAlias = Profile  # noqa: Y015
+
+@_typing.final
+class Slo(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TTFT_MS_FIELD_NUMBER: _builtins.int
+    TPOT_MS_FIELD_NUMBER: _builtins.int
+    ttft_ms: _builtins.float
+    """Target time to first token, milliseconds (> 0). Unset: none."""
+    tpot_ms: _builtins.float
+    """Target time per output token after the first, milliseconds (> 0). Unset: none."""
+    def __init__(
+        self,
+        *,
+        ttft_ms: _builtins.float | None = ...,
+        tpot_ms: _builtins.float | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_tpot_ms", b"_tpot_ms", "_ttft_ms", b"_ttft_ms", "tpot_ms", b"tpot_ms", "ttft_ms", b"ttft_ms"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_tpot_ms", b"_tpot_ms", "_ttft_ms", b"_ttft_ms", "tpot_ms", b"tpot_ms", "ttft_ms", b"ttft_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__tpot_ms: _TypeAlias = _typing.Literal["tpot_ms"]  # noqa: Y015
+    _WhichOneofArgType__tpot_ms: _TypeAlias = _typing.Literal["_tpot_ms", b"_tpot_ms"]  # noqa: Y015
+    _WhichOneofReturnType__ttft_ms: _TypeAlias = _typing.Literal["ttft_ms"]  # noqa: Y015
+    _WhichOneofArgType__ttft_ms: _TypeAlias = _typing.Literal["_ttft_ms", b"_ttft_ms"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__tpot_ms) -> _WhichOneofReturnType__tpot_ms | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__ttft_ms) -> _WhichOneofReturnType__ttft_ms | None: ...
+
+Global___Slo: _TypeAlias = Slo  # noqa: Y015
 
 @_typing.final
 class Forecast(_message.Message):

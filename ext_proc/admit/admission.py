@@ -43,7 +43,7 @@ from typing import Protocol
 from ext_proc import telemetry
 from ext_proc.admit import overload_answer
 from ext_proc.admit.backlog import SMALL_BODY_BYTES, Backlog, BodyClock, Lane, Ticket, Weight
-from ext_proc.admit.outcome import Continue, Outcome, Respond, priority_fields
+from ext_proc.admit.outcome import Continue, Outcome, Respond, priority_fields, slo_headers
 from ext_proc.admit.pipeline import BodyVerdict, Pipeline, RequestFacts, Route
 from ext_proc.admit.queue import AdmissionQueue, Waiter, queueable
 from ext_proc.admit.shared_ledger import admit_shared, share_hold
@@ -145,11 +145,15 @@ GONE = BodyVerdict(None, None, Continue([], None))
 
 def with_profile(outcome: Outcome, route: Route, facts: RequestFacts) -> Outcome:
     """The access log's ``profile`` and priority fields: the profile the request was judged
-    under, its priority, and a priority header's claim ICE did not take."""
+    under, its priority, and a priority header's claim ICE did not take; and the latency
+    targets used (``x-ice-slo-ttft-ms`` / ``x-ice-slo-tpot-ms``, docs/slo.md), when set."""
     fields = (
         ("profile", route.profile.name),
         *priority_fields(facts.priority, facts.priority_claimed),
     )
+    targets = slo_headers(facts.slo)
+    if targets:
+        outcome = replace(outcome, headers=[*outcome.headers, *targets])
     return replace(outcome, log=(*outcome.log, *fields))
 
 

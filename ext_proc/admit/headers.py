@@ -3,7 +3,9 @@
 ``HeaderRules.read`` reads the request headers once (raw bytes; only the ones ICE uses are
 decoded) into ``RequestFacts``: the schema adapter (the route's ``schema`` binding, else the
 path's), the priority (``judged_priority``: the route's, which a client's priority header may
-lower, or set where the route trusts it), the tenant headers, spoofed ICE headers to strip and
+lower, or set where the route trusts it), the latency targets (``judged_slo``: the profile's
+``slo``, which llm-d's ``x-llm-d-slo-ttft-ms`` / ``x-llm-d-slo-tpot-ms`` may only tighten; the
+client's headers are left on the request), the tenant headers, spoofed ICE headers to strip and
 the endpoint a trusted picker chose. It then says whether the request is answered without its
 body (``Refusal``): an unknown path → 404, a judged path with a body that is not JSON → 415
 (unless the profile passes other content types), an empty body → 400, a declared length
@@ -22,7 +24,7 @@ from dataclasses import dataclass, replace
 from ext_proc.admit.routing import Route
 from ext_proc.admit.verdict import RequestFacts
 from ext_proc.placement.endpoints import DESTINATION_HEADER
-from ext_proc.policy.model import PRIORITIES, Policy, Priority
+from ext_proc.policy.model import PRIORITIES, Policy, Priority, SloTarget
 from ext_proc.schemas import (
     OPENAI_CHAT_FALLBACK,
     READ_ONLY_PATHS,
@@ -31,11 +33,23 @@ from ext_proc.schemas import (
     schema_for_path,
 )
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "SPOOF_PREFIXES", "HeaderRules", "Refusal", "judged_priority"]
+__all__ = [
+    "DEFAULT_MAX_BODY_BYTES",
+    "SLO_TPOT_HEADER",
+    "SLO_TTFT_HEADER",
+    "SPOOF_PREFIXES",
+    "HeaderRules",
+    "Refusal",
+    "judged_priority",
+    "judged_slo",
+]
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 # Client-sent headers with these prefixes are removed: only ICE may set them.
 SPOOF_PREFIXES = ("x-mem-pressure", "x-ice-", "x-downgraded")
+# llm-d's per-request latency targets, milliseconds (docs/slo.md): they may only tighten
+SLO_TTFT_HEADER = "x-llm-d-slo-ttft-ms"
+SLO_TPOT_HEADER = "x-llm-d-slo-tpot-ms"
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +77,8 @@ class _Seen:
     tenant: str = ""
     queue_tenant: str = ""
     priority: Priority | None = None  # the client's claim (``judged_priority`` judges it)
+    slo_ttft: bytes = b""  # the client's llm-d SLO headers, raw (``judged_slo`` reads them)
+    slo_tpot: bytes = b""
     endpoint: str | None = None
 
 
@@ -79,6 +95,29 @@ def judged_priority(route: Route, claim: Priority | None) -> tuple[Priority, Pri
     if mode == "trust" or (mode == "cap" and PRIORITIES.index(claim) > PRIORITIES.index(own)):
         return claim, None
     return own, claim
+
+
+def _tighter(own: float | None, raw: bytes) -> float | None:
+    """The smaller of the route's target and the client's header (milliseconds, a finite
+    number > 0); a malformed, non-positive or larger claim leaves the route's."""
+    if not raw:
+        return own
+    try:
+        claim = float(raw.decode("latin-1").strip())
+    except ValueError:
+        return own
+    if not 0.0 < claim < float("inf"):  # also NaN
+        return own
+    return claim if own is None or claim < own else own
+
+
+def judged_slo(own: SloTarget, ttft_raw: bytes, tpot_raw: bytes) -> SloTarget:
+    """The request's latency targets: the profile's ``own``, each tightened by the client's
+    llm-d header when that asks for less time (an unset target is no limit, so any valid
+    header sets it). Nothing sent: ``own`` itself."""
+    if not ttft_raw and not tpot_raw:
+        return own
+    return SloTarget(_tighter(own.ttft_ms, ttft_raw), _tighter(own.tpot_ms, tpot_raw))
 
 
 def _is_json(content_type: str) -> bool:
@@ -118,6 +157,7 @@ class HeaderRules:
             content_length=int(seen.content_length) if seen.content_length.isdigit() else None,
             tenant=seen.tenant,
             queue_tenant=seen.queue_tenant,
+            slo=judged_slo(route.profile.slo, seen.slo_ttft, seen.slo_tpot),
         )
         adapter = route.schema or schema_for_path(seen.path)
         if adapter is None:
@@ -184,6 +224,10 @@ class HeaderRules:
             elif key == self._priority_header:
                 wanted = raw.decode("latin-1").strip().lower()
                 seen.priority = next((p for p in PRIORITIES if p == wanted), seen.priority)
+            elif key == SLO_TTFT_HEADER:
+                seen.slo_ttft = raw
+            elif key == SLO_TPOT_HEADER:
+                seen.slo_tpot = raw
             elif key.startswith(SPOOF_PREFIXES):
                 strip.append(key)
             elif key == DESTINATION_HEADER:

@@ -18,10 +18,13 @@ from ext_proc.policy.decision import (
     Wait,
     verdict_headers,
 )
+from ext_proc.policy.model import SloTarget
 from ext_proc.schemas import rawjson
 from ext_proc.schemas.base import RequestFeatures, SchemaAdapter
 
 __all__ = [
+    "H_SLO_TPOT_MS",
+    "H_SLO_TTFT_MS",
     "LIMIT_FIELDS",
     "Continue",
     "Outcome",
@@ -29,6 +32,7 @@ __all__ = [
     "plan",
     "priority_fields",
     "reject_outcome",
+    "slo_headers",
 ]
 
 # Output-limit fields per schema (paths: a top-level key, or a key inside the object(s) of a
@@ -111,6 +115,29 @@ def priority_fields(priority: str, claimed: str | None) -> tuple[tuple[str, str]
     if claimed is None:
         return (("priority", priority),)
     return (("priority", priority), ("priority_claimed", claimed))
+
+
+# the latency targets a request was judged with (docs/slo.md), milliseconds
+H_SLO_TTFT_MS = "x-ice-slo-ttft-ms"
+H_SLO_TPOT_MS = "x-ice-slo-tpot-ms"
+
+
+def _ms_text(value_ms: float) -> str:
+    """A target as a header value: whole milliseconds without a decimal point, else to 3
+    decimals with trailing zeros cut (``500``, ``12.5``)."""
+    if value_ms.is_integer():
+        return str(int(value_ms))
+    return f"{value_ms:.3f}".rstrip("0").rstrip(".")
+
+
+def slo_headers(slo: SloTarget) -> tuple[tuple[str, str], ...]:
+    """``x-ice-slo-ttft-ms`` / ``x-ice-slo-tpot-ms`` for each target that is set."""
+    found: list[tuple[str, str]] = []
+    if slo.ttft_ms is not None:
+        found.append((H_SLO_TTFT_MS, _ms_text(slo.ttft_ms)))
+    if slo.tpot_ms is not None:
+        found.append((H_SLO_TPOT_MS, _ms_text(slo.tpot_ms)))
+    return tuple(found)
 
 
 def plan(

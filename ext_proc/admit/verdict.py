@@ -27,7 +27,7 @@ from ext_proc.policy.decision import (
     Pass,
     verdict_headers,
 )
-from ext_proc.policy.model import Priority
+from ext_proc.policy.model import Priority, SloTarget
 from ext_proc.policy.pressure import Pressure
 from ext_proc.schemas import RequestFeatures, SchemaAdapter
 from ext_proc.schemas.rawjson import TopLevel
@@ -66,6 +66,9 @@ class RequestFacts:
     queue_tenant: str = ""  # the profile's queue.tenant_header's value (ext_proc.admit.queue)
     # mode: shadow — an answer at the headers that was not given: its headers for the request
     shadow_headers: tuple[Header, ...] = ()
+    # the latency targets used: the profile's, tightened by the client's llm-d SLO headers
+    # (``ext_proc.admit.headers.judged_slo``; docs/slo.md)
+    slo: SloTarget = field(default_factory=SloTarget)
 
 
 @dataclass(frozen=True, slots=True)

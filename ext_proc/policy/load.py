@@ -190,6 +190,7 @@ def _profile(name: str, msg: policy_pb2.Profile, base_dir: Path) -> Profile:
         admission=admission.admission,
         forecast=admission.forecast,
         default_output_tokens=admission.default_output_tokens,
+        slo=admission.slo,
     )
 
 

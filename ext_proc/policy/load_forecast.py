@@ -1,6 +1,6 @@
-"""Policy loading for admission by forecast: a profile's ``admission``, ``forecast`` and
-``default_output_tokens`` (see load.py for the file as a whole). Every problem raises
-``PolicyError`` naming the field."""
+"""Policy loading for admission by forecast: a profile's ``admission``, ``forecast``,
+``default_output_tokens`` and ``slo`` targets (see load.py for the file as a whole). Every
+problem raises ``PolicyError`` naming the field."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 from ext_proc._pb import policy_pb2
 from ext_proc.policy.errors import PolicyError
-from ext_proc.policy.model import Admission, ForecastSpec
+from ext_proc.policy.model import Admission, ForecastSpec, SloTarget
 
 __all__ = ["AdmissionSettings", "admission_settings"]
 
@@ -19,6 +19,7 @@ class AdmissionSettings:
     admission: Admission
     forecast: ForecastSpec
     default_output_tokens: int | None
+    slo: SloTarget
 
 
 def _bounded(msg: Any, name: str, default: float, lo: float, hi: float, where: str) -> float:
@@ -52,4 +53,27 @@ def admission_settings(msg: policy_pb2.Profile, where: str) -> AdmissionSettings
         default = int(msg.default_output_tokens)
         if default < 1:
             raise PolicyError(f"{where}.default_output_tokens: must be ≥ 1, got {default}")
-    return AdmissionSettings("forecast" if mode == "forecast" else "reserve", spec, default)
+    return AdmissionSettings(
+        "forecast" if mode == "forecast" else "reserve", spec, default, slo_target(msg, where)
+    )
+
+
+# a target above an hour is a typo (seconds written as milliseconds × 1000), not a target
+_MAX_TARGET_MS = 3_600_000.0
+
+
+def slo_target(msg: policy_pb2.Profile, where: str) -> SloTarget:
+    """The profile's ``slo``: each of ``ttft_ms`` / ``tpot_ms`` unset (None) or in
+    (0, 3 600 000] milliseconds."""
+    found: dict[str, float | None] = {}
+    for name in ("ttft_ms", "tpot_ms"):
+        if not msg.slo.HasField(name):
+            found[name] = None
+            continue
+        value = float(getattr(msg.slo, name))
+        if not 0.0 < value <= _MAX_TARGET_MS:  # also refuses NaN
+            raise PolicyError(
+                f"{where}.slo.{name}: must be in (0, {_MAX_TARGET_MS:.0f}] ms, got {value}"
+            )
+        found[name] = value
+    return SloTarget(ttft_ms=found["ttft_ms"], tpot_ms=found["tpot_ms"])

@@ -33,6 +33,7 @@ __all__ = [
     "Profile",
     "QueueSpec",
     "RouteBinding",
+    "SloTarget",
     "StoredContext",
     "TruncationSpec",
 ]
@@ -118,6 +119,14 @@ class ForecastSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class SloTarget:
+    """A route's latency targets, milliseconds (None: no target); docs/slo.md."""
+
+    ttft_ms: float | None = None  # time to first token
+    tpot_ms: float | None = None  # time per output token after the first
+
+
+@dataclass(frozen=True, slots=True)
 class Profile:
     """What one class of routes allows. Token figures are in tokens; times in seconds."""
 
@@ -165,6 +174,8 @@ class Profile:
     # output per sequence the backend runs without a client limit (None: the API's default,
     # ext_proc.policy.output)
     default_output_tokens: int | None = None
+    # latency targets (docs/slo.md): shown and measured, read by no decision yet
+    slo: SloTarget = field(default_factory=SloTarget)
 
     @property
     def critical_waits(self) -> bool:

@@ -1,7 +1,8 @@
 """The host's collector and the metrics ``ice serve`` exports, beside the request path.
 
-- ``observer``: each published view's scores (default profile) as ICE's pool gauges, for the
-  collector in the only worker and the supervisor's alike;
+- ``observer``: each published view's scores (default profile) as ICE's pool gauges, and each
+  backend's latency predictions (``observe_slo``, docs/slo.md), for the collector in the only
+  worker and the supervisor's alike;
 - ``CollectorThread``: the supervisor's collector (``--workers N``), an asyncio loop in a
   thread publishing to shared memory (``ext_proc.signals.shm``);
 - ``start_metrics`` and ``multiprocess_registry``: the Prometheus endpoint, and with several
@@ -22,12 +23,18 @@ from ext_proc.policy.pressure import pressure_of
 from ext_proc.policy.scores import pool_cache_efficiency, tokenize_latency_risk
 from ext_proc.signals.collector import Collector
 from ext_proc.signals.shm import SnapshotWriter
-from ext_proc.signals.snapshot import PoolSnapshot
+from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-__all__ = ["CollectorThread", "multiprocess_registry", "observer", "start_metrics"]
+__all__ = [
+    "CollectorThread",
+    "multiprocess_registry",
+    "observe_slo",
+    "observer",
+    "start_metrics",
+]
 
 
 def observer(current: Callable[[], Policy]) -> Callable[[dict[str, PoolSnapshot]], None]:
@@ -49,8 +56,28 @@ def observer(current: Callable[[], Policy]) -> Callable[[dict[str, PoolSnapshot]
             )
             if risk is not None:
                 telemetry.TOKENIZE_RISK.labels(pool=snapshot.pool).set(risk)
+            for backend in snapshot.backends:
+                observe_slo(snapshot.pool, backend)
 
     return observe
+
+
+def observe_slo(pool: str, backend: BackendSignals) -> None:
+    """The backend's latency predictions as gauges (docs/slo.md; each only when known)."""
+    labels = {"pool": pool, "backend": backend.url}
+    sp = backend.speed
+    if sp is None:
+        return
+    mean, hit = sp.computed_prompt_tokens, backend.hit_ratio or 0.0
+    if mean is not None and hit < 1.0:
+        ttft = backend.predicted_ttft_s(mean / (1.0 - hit))  # a mean request's prompt
+        if ttft is not None:
+            telemetry.SLO_PREDICTED_TTFT.labels(**labels).set(ttft)
+    tpot = backend.predicted_tpot_s
+    if tpot is not None:
+        telemetry.SLO_PREDICTED_TPOT.labels(**labels).set(tpot)
+    if sp.ttft_error_ratio is not None:
+        telemetry.SLO_TTFT_ERROR.labels(**labels).set(sp.ttft_error_ratio)
 
 
 @dataclass

@@ -10,7 +10,10 @@ admission rejections per second, and whether it rejected any between the two scr
 ``forecast`` rows are what ``admission: forecast`` reads of the source
 (``docs/forecast.md``): the decode rate r per running sequence, the first-token delay d, the
 limit share and, with ``--window``, whether the preemption counter rose (a worker with
-requests running there would raise its caution to 1).
+requests running there would raise its caution to 1). The ``slo`` rows are the latency
+predictions of ``docs/slo.md``: the prefill speed, a mean request's predicted TTFT now, the
+decode step line and the predicted TPOT, and the TTFT prediction's own error over the window
+(``--scrapes N``: scrape N times over the window, default 2; the error needs 3 or more).
 
 Exit status: 0 shown; 1 the source could not be read or parsed (one line on stderr);
 2 bad arguments.
@@ -51,6 +54,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--timeout", type=float, default=5.0, help="fetch timeout, seconds")
     ap.add_argument(
         "--window", type=float, metavar="S", help="URL only: scrape twice S seconds apart"
+    )
+    ap.add_argument(
+        "--scrapes", type=int, default=2, metavar="N", help="with --window: scrapes (≥ 2)"
     )
     return ap
 
@@ -215,6 +221,52 @@ def _forecast_table(f: dict[str, Any], windowed: bool) -> list[tuple[str, str]]:
     ]
 
 
+def _slo(newest: EngineScrape, derived: Derived | None) -> dict[str, Any]:
+    """The latency predictions of the source (docs/slo.md)."""
+    b = backend_signals(newest, derived)
+    sp = b.speed
+    if sp is None:
+        return {}
+    mean = sp.computed_prompt_tokens
+    hit = b.hit_ratio or 0.0
+    # a mean request: its prompt is the mean computed prompt, before the expected hit
+    prompt = mean / (1.0 - hit) if mean is not None and hit < 1.0 else mean
+    return {
+        "prefill_tokens_per_s": sp.prefill_tokens_per_s,
+        "computed_prompt_tokens": mean,
+        "predicted_ttft_s": b.predicted_ttft_s(prompt) if prompt is not None else None,
+        "step_base_s": sp.step_base_s,
+        "step_per_running_s": sp.step_per_running_s,
+        "step_points": sp.step_points,
+        "predicted_tpot_s": b.predicted_tpot_s,
+        "ttft_error_ratio": sp.ttft_error_ratio,
+        "ttft_error_points": sp.ttft_error_points,
+    }
+
+
+def _slo_table(f: dict[str, Any]) -> list[tuple[str, str]]:
+    if not f:
+        return [("slo: predictions", "- (needs --window)")]
+    line = "-"
+    if f["step_base_s"] is not None:
+        line = (
+            f"{_num(f['step_base_s'] * 1e3, 'ms')} + {_num(f['step_per_running_s'] * 1e3, 'ms')}"
+            f" × running ({f['step_points']} points)"
+        )
+    error = "-"
+    if f["ttft_error_ratio"] is not None:
+        error = f"{f['ttft_error_ratio']:.1%} mean abs ({f['ttft_error_points']} intervals)"
+    ttft, tpot = f["predicted_ttft_s"], f["predicted_tpot_s"]
+    return [
+        ("slo: prefill speed", _num(f["prefill_tokens_per_s"], "tok/s")),
+        ("slo: mean computed prompt", _num(f["computed_prompt_tokens"], "tokens")),
+        ("slo: predicted TTFT (mean request)", _num(None if ttft is None else ttft * 1e3, "ms")),
+        ("slo: decode step", line),
+        ("slo: predicted TPOT (running + 1)", _num(None if tpot is None else tpot * 1e3, "ms")),
+        ("slo: TTFT prediction error", error),
+    ]
+
+
 def _table(rows: Sequence[tuple[str, str]]) -> str:
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
@@ -272,16 +324,21 @@ def _run(args: argparse.Namespace) -> int:
     derived: Derived | None = None
     newest = first
     if args.window:
-        time.sleep(args.window)
-        text = _read(args.source, args.timeout)
-        newest = parse_engine(kind, args.source, text, time.monotonic())
-        derived = derive([first, newest], args.window + 1.0)
+        scrapes = [first]
+        for _ in range(args.scrapes - 1):
+            time.sleep(args.window / (args.scrapes - 1))
+            text = _read(args.source, args.timeout)
+            scrapes.append(parse_engine(kind, args.source, text, time.monotonic()))
+        newest = scrapes[-1]
+        derived = derive(scrapes, args.window + 1.0)
     forecast = _forecast(first, newest, derived)
+    slo = _slo(newest, derived)
     if args.json:
         out: dict[str, Any] = {"scrape": _record(newest)}
         if derived is not None:
             out["derived"] = _record(derived)
         out["forecast"] = _jsonable(forecast)
+        out["slo"] = _jsonable(slo)
         print(json.dumps(out, indent=2))
     else:
         print(_table(_engine_table(newest)))
@@ -290,11 +347,16 @@ def _run(args: argparse.Namespace) -> int:
             print(_table(_derived_table(derived)))
         print()
         print(_table(_forecast_table(forecast, derived is not None)))
+        print()
+        print(_table(_slo_table(slo)))
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else list(argv))
+    if args.scrapes < 2:
+        print("ice signals: --scrapes needs 2 or more", file=sys.stderr)
+        return 2
     if args.window is not None and (args.window <= 0 or not _is_url(args.source)):
         print("ice signals: --window needs a URL and a positive number of seconds", file=sys.stderr)
         return 2

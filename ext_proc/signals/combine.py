@@ -198,6 +198,8 @@ def engine_from_samples(
         queue_time_s=series.histogram("queue_time_s"),
         output_lengths=series.histogram("output_lengths"),
         itl_s=series.histogram("itl_s"),
+        prefill_time_s=series.histogram("prefill_time_s"),
+        prefill_computed_tokens=series.histogram("prefill_computed_tokens"),
         cache_hit_rate=series.mean("cache_hit_rate", None),
     )
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["SLEEP_STATES", "Derived", "EngineScrape", "GpuScrape", "Histogram"]
+__all__ = ["SLEEP_STATES", "Derived", "EngineScrape", "GpuScrape", "Histogram", "Speed"]
 
 # vLLM's engine sleep states, shallowest first (``EngineScrape.sleep_state``)
 SLEEP_STATES: Final = ("awake", "paused", "weights_offloaded", "discard_all")
@@ -75,6 +75,10 @@ class EngineScrape:
     queue_time_s: Histogram | None = None
     output_lengths: Histogram | None = None  # output tokens of each finished request
     itl_s: Histogram | None = None  # seconds between two output tokens of a request
+    # each finished request's prefill: its seconds in the prefill phase, and the prompt
+    # tokens it computed (cached ones excluded): vLLM's prefill speed (ext_proc.signals.slo)
+    prefill_time_s: Histogram | None = None
+    prefill_computed_tokens: Histogram | None = None
     # ratios some engines publish directly (SGLang's cache_hit_rate)
     cache_hit_rate: float | None = None
 
@@ -100,6 +104,26 @@ class GpuScrape:
 
 
 @dataclass(frozen=True, slots=True)
+class Speed:
+    """How fast one backend prefills and decodes, over the window (``ext_proc.signals.slo``;
+    docs/slo.md). None: the window cannot say."""
+
+    # prompt tokens computed (cache hits excluded) per second a request spends in prefill
+    prefill_tokens_per_s: float | None = None
+    # mean prompt tokens a request computed in its prefill (cache hits excluded)
+    computed_prompt_tokens: float | None = None
+    # the decode step as it grows with the running sequences: step_s = base + per_running × n
+    step_base_s: float | None = None
+    step_per_running_s: float | None = None
+    step_points: int = 0  # scrape intervals the line was fitted on
+    # the TTFT prediction's own error over the window: mean |predicted − observed| ÷ observed
+    # of each interval's prediction (made from the intervals before it) against the mean TTFT
+    # the backend reported over it; and how many intervals it averages
+    ttft_error_ratio: float | None = None
+    ttft_error_points: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Derived:
     """Rates and quantiles of one backend over a sliding window (from two or more scrapes)."""
 
@@ -118,3 +142,4 @@ class Derived:
     # newest two scrapes that carry the counter (None: fewer than two)
     admission_rejections_per_s: float | None = None
     admission_rejected_recently: bool | None = None
+    speed: Speed | None = None  # prefill and decode speeds (ext_proc.signals.slo)

@@ -66,6 +66,8 @@ HOW: Final[dict[str, How]] = {
     "queue_time_s": "histogram",
     "output_lengths": "histogram",
     "itl_s": "histogram",
+    "prefill_time_s": "histogram",
+    "prefill_computed_tokens": "histogram",
     "cache_hit_rate": "mean",
 }
 
@@ -100,6 +102,10 @@ ENGINE_NAMES: Final[dict[str, dict[str, tuple[str, ...]]]] = {
         "output_lengths": ("vllm:request_generation_tokens",),
         # seconds between two output tokens of a running request (the forecast's decode rate)
         "itl_s": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+        # each finished request's prefill phase: seconds, and prompt tokens it computed (the
+        # prefill speed of docs/slo.md)
+        "prefill_time_s": ("vllm:request_prefill_time_seconds",),
+        "prefill_computed_tokens": ("vllm:request_prefill_kv_computed_tokens",),
     },
     # SGLang (python/sglang/srt/metrics/collector.py). Its token counters are counted when a
     # request finishes, not when its prefill runs: prefix-cache "queries" are all prompt

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ext_proc.signals.model import Derived, GpuScrape, Histogram
+from ext_proc.signals.model import Derived, GpuScrape, Histogram, Speed
+from ext_proc.signals.slo import predicted_tpot_s, predicted_ttft_s
 
 __all__ = ["BackendSignals", "PoolSnapshot"]
 
@@ -83,6 +84,38 @@ class BackendSignals:
         (0 when the window has none)."""
         d = self.derived
         return d.ttft_p50_s if d is not None and d.ttft_p50_s is not None else 0.0
+
+    @property
+    def speed(self) -> Speed | None:
+        """Prefill speed and decode step line over the window (docs/slo.md)."""
+        return self.derived.speed if self.derived is not None else None
+
+    @property
+    def hit_ratio(self) -> float | None:
+        """The expected prefix-cache hit of a prompt here: the window's hit ratio, else the
+        engine's own gauge (SGLang), else None (no hit expected)."""
+        d = self.derived
+        if d is not None and d.prefix_cache_hit_ratio is not None:
+            return d.prefix_cache_hit_ratio
+        return self.cache_hit_rate
+
+    def predicted_ttft_s(self, prompt_tokens: float, ahead_tokens: float = 0.0) -> float | None:
+        """Seconds to the first token of a request of ``prompt_tokens`` sent here now
+        (``ext_proc.signals.slo.predicted_ttft_s``; O(1)). None: no prefill speed known."""
+        sp = self.speed
+        if sp is None:
+            return None
+        return predicted_ttft_s(
+            sp, self.num_requests_waiting, prompt_tokens, self.hit_ratio, ahead_tokens
+        )
+
+    @property
+    def predicted_tpot_s(self) -> float | None:
+        """Seconds per output token here with one more sequence running than now."""
+        sp = self.speed
+        if sp is None:
+            return None
+        return predicted_tpot_s(sp, (self.num_requests_running or 0.0) + 1.0)
 
     @property
     def kv_capacity_tokens(self) -> int | None:

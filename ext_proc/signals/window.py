@@ -6,7 +6,8 @@ histograms into a ``Derived``. Every figure is None when the window cannot say: 
 scrapes carrying the field, no time between them, or no observations.
 
 ``Window`` gives the same figures for the collector at a cost that does not grow with the
-window: see its docstring.
+window: see its docstring (but for ``Derived.speed``, ``ext_proc.signals.slo``, which walks
+the window's scrapes once per new scrape).
 
 Formulas (the ones Prometheus uses, so ICE and a dashboard agree):
 - Counter increase over the window, walking consecutive scrapes a → b: ``b − a`` when
@@ -46,6 +47,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from ext_proc.signals.model import Derived, EngineScrape, Histogram
+from ext_proc.signals.slo import speed
 
 __all__ = [
     "Window",
@@ -213,6 +215,7 @@ def derive(history: Sequence[EngineScrape], window_s: float) -> Derived:
         admission_rejected_recently=(
             increase(rejections[-2:]) > 0 if len(rejections) >= 2 else None
         ),
+        speed=speed(window, ratio),
     )
 
 
@@ -360,6 +363,8 @@ class Window:
                 ttft_delta=ttft,
                 admission_rejections_per_s=self._rate(_REJECTIONS),
                 admission_rejected_recently=self._rose_last(_REJECTIONS),
+                # O(scrapes in the window), once per scrape: docs/slo.md
+                speed=speed(self.scrapes, ratio),
             )
         self._derived, self._fresh = result, True
         return result

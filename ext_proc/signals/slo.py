@@ -1,0 +1,167 @@
+"""Predicted time to first token and time per output token of one backend (pure).
+
+Job: ``speed(window)`` reads a backend's scrapes over the pool's window (oldest first) once,
+when the collector derives the backend's rates, into a ``Speed``; ``predicted_ttft_s`` and
+``predicted_tpot_s`` then answer for one request in O(1). Nothing here decides: the figures
+are shown (``ice signals``, the ``ice_slo_*`` gauges) and measured (``ttft_error_ratio``).
+docs/slo.md states every formula with its inputs, units and defaults.
+
+An interval is a pair of consecutive scrapes ``a → b``; a difference ``Δx = x_b − x_a`` of a
+cumulative sum or count counts only when neither fell (a fall is a restart: that interval
+says nothing). Formulas:
+
+- Prefill speed ``r = ΣΔ computed_tokens_sum ÷ ΣΔ prefill_time_sum`` (tokens a second) over
+  the window's intervals, from vLLM's per-request histograms
+  ``vllm:request_prefill_kv_computed_tokens`` and ``vllm:request_prefill_time_seconds``
+  (both recorded when a request finishes, so both sums count the same requests). Without
+  them (SGLang, older vLLM): ``ΣΔ prompt_tokens × (1 − h) ÷ ΣΔ(ttft_sum − queue_time_sum)``,
+  ``h`` the window's prefix-cache hit ratio (0 unknown).
+- Mean computed prompt ``c̄ = ΣΔ computed_tokens_sum ÷ ΣΔ computed_tokens_count`` (fallback:
+  ``ΣΔ prompt_tokens × (1 − h) ÷ ΣΔ ttft_count``).
+- Predicted TTFT of a request of ``p`` prompt tokens:
+  ``(waiting × c̄ + ahead_tokens + p × (1 − h)) ÷ r`` seconds, ``waiting`` vLLM's
+  ``num_requests_waiting`` now and ``ahead_tokens`` prompt tokens ICE sent there that have
+  not started (0 when not known).
+- Decode step line: each interval with ``Δitl_count > 0`` and both running gauges gives a
+  point ``(x, y) = ((running_a + running_b) ÷ 2, Δitl_sum ÷ Δitl_count)``; unweighted least
+  squares ``β = Σ(x − x̄)(y − ȳ) ÷ Σ(x − x̄)²``, ``α = ȳ − β x̄``. With one point, equal
+  ``x``, or ``β < 0``: ``β = 0``, ``α = ȳ``. Predicted TPOT with ``n`` sequences running:
+  ``max(0, α + β n)``.
+- Own error: walking the intervals in order, the prediction at ``a`` for a mean request
+  (``p × (1 − h) = c̄``), with ``r`` and ``c̄`` from the intervals before it only, against the
+  mean TTFT the backend reported over ``a → b`` (``Δttft_sum ÷ Δttft_count``):
+  ``ttft_error_ratio`` = mean of ``|pred − obs| ÷ obs`` over the intervals that have both.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+
+from ext_proc.signals.model import EngineScrape, Histogram, Speed
+
+__all__ = ["predicted_tpot_s", "predicted_ttft_s", "speed"]
+
+_Get = Callable[[EngineScrape], Histogram | None]
+
+
+def _sum(get: _Get) -> Callable[[EngineScrape], float | None]:
+    return lambda s: h.sum if (h := get(s)) is not None else None
+
+
+def _count(get: _Get) -> Callable[[EngineScrape], float | None]:
+    return lambda s: h.count if (h := get(s)) is not None else None
+
+
+def _delta(a: EngineScrape, b: EngineScrape, get: Callable[[EngineScrape], float | None]) -> float:
+    """``get(b) − get(a)``; raises ``_NoDelta`` when either is missing or it fell."""
+    va, vb = get(a), get(b)
+    if va is None or vb is None or vb < va:
+        raise _NoDelta
+    return vb - va
+
+
+class _NoDelta(Exception):
+    """An interval that cannot say one difference (a field missing, or a restart)."""
+
+
+_PREFILL_S = _sum(lambda s: s.prefill_time_s)
+_COMPUTED = _sum(lambda s: s.prefill_computed_tokens)
+_COMPUTED_N = _count(lambda s: s.prefill_computed_tokens)
+_TTFT_S = _sum(lambda s: s.ttft_s)
+_TTFT_N = _count(lambda s: s.ttft_s)
+_QUEUE_S = _sum(lambda s: s.queue_time_s)
+_ITL_S = _sum(lambda s: s.itl_s)
+_ITL_N = _count(lambda s: s.itl_s)
+
+
+def _prefill(a: EngineScrape, b: EngineScrape, hit: float) -> tuple[float, float, float]:
+    """(computed tokens, prefill seconds, requests) of one interval (``_NoDelta``: none)."""
+    if a.prefill_time_s is not None and a.prefill_computed_tokens is not None:
+        return (_delta(a, b, _COMPUTED), _delta(a, b, _PREFILL_S), _delta(a, b, _COMPUTED_N))
+    tokens = _delta(a, b, lambda s: s.prompt_tokens) * (1.0 - hit)
+    seconds = _delta(a, b, _TTFT_S) - _delta(a, b, _QUEUE_S)
+    return tokens, max(0.0, seconds), _delta(a, b, _TTFT_N)
+
+
+def _line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """(α, β) of the least-squares line through ``points`` (module docstring's rules)."""
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    if sxx <= 0.0:
+        return my, 0.0
+    beta = sum((x - mx) * (y - my) for x, y in points) / sxx
+    if beta < 0.0:
+        return my, 0.0
+    return my - beta * mx, beta
+
+
+def speed(window: Sequence[EngineScrape], hit_ratio: float | None) -> Speed:
+    """The backend's prefill speed, decode step line and TTFT error over ``window`` (its
+    scrapes oldest first); ``hit_ratio``: the window's prefix-cache hit ratio (None: 0)."""
+    hit = min(1.0, max(0.0, hit_ratio or 0.0))
+    tokens = seconds = requests = 0.0
+    errors: list[float] = []
+    points: list[tuple[float, float]] = []
+    for a, b in itertools.pairwise(window):
+        # the prediction at a, from what the intervals before it said
+        rate = tokens / seconds if seconds > 0 and tokens > 0 else None
+        mean = tokens / requests if requests > 0 else None
+        try:
+            t, s, n = _prefill(a, b, hit)
+            tokens, seconds, requests = tokens + t, seconds + s, requests + n
+        except _NoDelta:
+            pass
+        try:
+            count = _delta(a, b, _TTFT_N)
+            observed = _delta(a, b, _TTFT_S) / count if count > 0 else 0.0
+        except _NoDelta:
+            observed = 0.0
+        if rate is not None and mean is not None and observed > 0.0:
+            predicted = ((a.num_requests_waiting or 0.0) + 1.0) * mean / rate
+            errors.append(abs(predicted - observed) / observed)
+        if a.num_requests_running is None or b.num_requests_running is None:
+            continue
+        try:
+            steps = _delta(a, b, _ITL_N)
+            step_s = _delta(a, b, _ITL_S) / steps if steps > 0 else None
+        except _NoDelta:
+            step_s = None
+        if step_s is not None:
+            points.append(((a.num_requests_running + b.num_requests_running) / 2.0, step_s))
+    alpha, beta = _line(points) if points else (None, None)
+    return Speed(
+        prefill_tokens_per_s=tokens / seconds if seconds > 0 and tokens > 0 else None,
+        computed_prompt_tokens=tokens / requests if requests > 0 else None,
+        step_base_s=alpha,
+        step_per_running_s=beta,
+        step_points=len(points),
+        ttft_error_ratio=sum(errors) / len(errors) if errors else None,
+        ttft_error_points=len(errors),
+    )
+
+
+def predicted_ttft_s(
+    sp: Speed,
+    waiting: float | None,
+    prompt_tokens: float,
+    hit_ratio: float | None,
+    ahead_tokens: float = 0.0,
+) -> float | None:
+    """Seconds until a request of ``prompt_tokens`` gets its first token on this backend:
+    ``(waiting × c̄ + ahead_tokens + prompt_tokens × (1 − h)) ÷ r`` (None: no speed known)."""
+    rate = sp.prefill_tokens_per_s
+    if rate is None or rate <= 0.0:
+        return None
+    hit = min(1.0, max(0.0, hit_ratio or 0.0))
+    queued = (waiting or 0.0) * (sp.computed_prompt_tokens or 0.0)
+    return (queued + max(0.0, ahead_tokens) + max(0.0, prompt_tokens) * (1.0 - hit)) / rate
+
+
+def predicted_tpot_s(sp: Speed, running: float) -> float | None:
+    """Seconds per output token with ``running`` sequences decoding: ``max(0, α + β n)``."""
+    if sp.step_base_s is None or sp.step_per_running_s is None:
+        return None
+    return max(0.0, sp.step_base_s + sp.step_per_running_s * running)
