@@ -15,7 +15,7 @@ from ext_proc.signals.poolbuild import backend_signals
 from ext_proc.signals.slo import predicted_tpot_s, predicted_ttft_s, speed
 from ext_proc.signals.window import Window, derive
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 INF = float("inf")
 
 
