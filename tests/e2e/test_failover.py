@@ -76,7 +76,10 @@ class Load:
             t.join(15)
 
 
-def test_a_killed_replica_leaves_at_most_a_second_unjudged_and_comes_back_within_two(
+BACK_WITHIN_S = 4.0  # a restarted replica's helper start, then Envoy's two passing checks
+
+
+def test_a_killed_replica_leaves_at_most_a_second_unjudged_and_comes_back_within_seconds(
     tmp_path: Path,
 ) -> None:
     with Stack(tmp_path) as stack:
@@ -115,8 +118,11 @@ def test_a_killed_replica_leaves_at_most_a_second_unjudged_and_comes_back_within
                 name="ice0-again",
             )
             back = time.monotonic()
+            # since issue 44 a replica reports SERVING only once its helper process has loaded
+            # the policy (~1 s here, more on a loaded machine), then Envoy's two passing
+            # checks: under 2 s on 3 Dec, before that gate
             while judged(victim_metrics) == 0:
-                assert time.monotonic() - back < 2.0, "the restarted replica took no traffic"
+                assert time.monotonic() - back < BACK_WITHIN_S, "the restarted one took nothing"
                 time.sleep(0.05)
             took = time.monotonic() - back
         after = [(t - killed, ok, status) for t, ok, status in load.replies if t >= killed]
@@ -125,7 +131,7 @@ def test_a_killed_replica_leaves_at_most_a_second_unjudged_and_comes_back_within
         assert len(after) > 50, "the load kept going"
         assert not unjudged or unjudged[-1] - unjudged[0] <= 1.0, unjudged
         assert len(unjudged) <= 2, unjudged  # at most the streams in flight at the kill
-        assert took < 2.0
+        assert took < BACK_WITHIN_S
 
 
 def ice_hosts_verdict(
@@ -168,7 +174,7 @@ def test_envoy_started_before_ice_sees_it_healthy_within_two_seconds(
         verdict = ice_hosts_verdict(admin_port, address, policy, capsys)
         assert verdict and verdict <= {"PASS", "WARN"}, verdict
         while not healthy(admin_port, address):
-            assert time.monotonic() - serving < 2.0, stack.log_tails()
+            assert time.monotonic() - serving < BACK_WITHIN_S, stack.log_tails()
             time.sleep(0.05)
         reply = request(envoy_port, "POST", CHAT, BODY, HEADERS)
         assert reply.status == 200 and reply.header("x-ice-decision") is not None
