@@ -9,9 +9,9 @@ half; the ledger's arithmetic is in ``ext_proc.placement.poolview``).
   the ``ForecastBook``, and the blocks held are the prompt plus its *predicted* output.
 - **shrink**: under ``exact_count: needed`` a request the estimate decided is held at the
   estimate's upper bound (``ext_proc.admit.counting``: up to 7.5× its real prompt for a
-  short one, ``ext_proc.tokencount.calibration``). Once the request has its answer, ICE
-  counts it exactly off the request path (``ext_proc.serve.servicer``) and calls ``shrink``
-  with the exact shape: when that needs fewer blocks, its ledger entry, its live total
+  short one, 33× with an NFKC normaliser; ``ext_proc.tokencount.derived``). Once the request
+  has its answer, ICE counts it exactly off the request path (``ext_proc.serve.recount``)
+  and calls ``shrink`` with the exact shape: when that needs fewer blocks, its ledger entry, its live total
   (local, shared memory, Redis) and its trajectory's prompt blocks take the exact figure.
   A hold never grows here (the upper bound is never below the exact count). The entry the
   other workers and replicas read (A, seen since their view) keeps its first size: it

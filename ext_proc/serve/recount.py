@@ -1,8 +1,9 @@
 """Shrink a hold taken at the estimate's upper bound to the exact count, off the request path.
 
 Under ``exact_count: needed`` a request the estimate decided (``ext_proc.admit.counting``) is
-judged and held at the estimate's upper bound, which the tokenizer's measured bounds put up
-to 7.5× above its real prompt (``ext_proc.tokencount.calibration``). The verdict does not
+judged and held at the estimate's upper bound, which the tokenizer's bounds put up to 7.5×
+above its real prompt on byte-fallback vocabularies and up to 33× with an NFKC normaliser
+(``ext_proc.tokencount.calibration``, ``ext_proc.tokencount.derived``). The verdict does not
 change with the exact count (both bounds gave it), but the hold does: every request judged
 after it would see those blocks taken. So once the request has its answer, ``Recounter``
 counts it exactly, in a task of its own that starts after the reply is handed to gRPC:
