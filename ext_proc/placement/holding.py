@@ -11,8 +11,9 @@ half; the ledger's arithmetic is in ``ext_proc.placement.poolview``).
   estimate's upper bound (``ext_proc.admit.counting``: up to 7.5× its real prompt for a
   short one, 33× with an NFKC normaliser; ``ext_proc.tokencount.derived``). Once the request
   has its answer, ICE counts it exactly off the request path (``ext_proc.serve.recount``)
-  and calls ``shrink`` with the exact shape: when that needs fewer blocks, its ledger entry, its live total
-  (local, shared memory, Redis) and its trajectory's prompt blocks take the exact figure.
+  and calls ``shrink`` with the exact shape: when that needs fewer blocks, its ledger entry,
+  its live total (local, shared memory, Redis) and its trajectory's prompt blocks take the
+  exact figure.
   A hold never grows here (the upper bound is never below the exact count). The entry the
   other workers and replicas read (A, seen since their view) keeps its first size: it
   counts only until their next view (scraped every second or faster), which shows the
