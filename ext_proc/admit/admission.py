@@ -234,8 +234,7 @@ class Admission:
             lane: Lane = "helper" if self._helper_size(promised) else "inline"
             admitted = self.backlog.admit(promised, lane)
             if isinstance(admitted, str):  # busy: the coarse verdict, without the body
-                verdict = pipeline.on_size(route, facts, promised)
-                telemetry.COARSE_VERDICTS.labels(route=route.name, why=admitted).inc()
+                verdict = self._coarse(promised, admitted)
                 if queueable(route, verdict):
                     got = self._offer(verdict)
                     if isinstance(got, Waiter):
@@ -365,11 +364,16 @@ class Admission:
         verdict on that size when the worker is busy (None: admitted, ``stream.ticket``)."""
         admitted = self.backlog.admit(nbytes, lane)
         if isinstance(admitted, str):
-            telemetry.COARSE_VERDICTS.labels(route=self.route.name, why=admitted).inc()
-            return self.pipeline.on_size(self.route, self.facts, nbytes)
+            return self._coarse(nbytes, admitted)
         self.stream.ticket = admitted
         telemetry.BACKLOG_BYTES.set(self.backlog.inflight_bytes)
         return None
+
+    def _coarse(self, nbytes: int, why: str) -> BodyVerdict:
+        """The coarse verdict on a body of ``nbytes`` (``Pipeline.on_size``), counted by why
+        the body was not read (``ice_coarse_verdicts_total``)."""
+        telemetry.COARSE_VERDICTS.labels(route=self.route.name, why=why).inc()
+        return self.pipeline.on_size(self.route, self.facts, nbytes)
 
     async def _judged_in_time(
         self, ticket: Ticket, data: bytes, heavy: Weight, clock: BodyClock, *, alone: bool
@@ -379,8 +383,7 @@ class Admission:
         pipeline, route, facts = self.pipeline, self.route, self.facts
         # a body alone in the helper lane is tried (its wait ends by the deadline, below)
         if not (heavy and alone) and self.backlog.late_by(ticket, clock, time.perf_counter()):
-            telemetry.COARSE_VERDICTS.labels(route=route.name, why="late").inc()
-            return pipeline.on_size(route, facts, len(data))
+            return self._coarse(len(data), "late")
         judging = time.perf_counter()
         if heavy and self.helper is not None:
             # the exact count's budget (from arrival) and Envoy's deadline: past either, the size
@@ -393,10 +396,8 @@ class Admission:
                     max(0.0, min(budget, left)),
                 )
             except TimeoutError:  # a count under way in the helper still finishes and teaches
-                why = "budget" if budget <= left else "late"
-                telemetry.COARSE_VERDICTS.labels(route=route.name, why=why).inc()
                 self.backlog.observe("helper", len(data), time.perf_counter() - judging)
-                return pipeline.on_size(route, facts, len(data))
+                return self._coarse(len(data), "budget" if budget <= left else "late")
         else:
             verdict = pipeline.on_body(route, facts, data)
         if alone:  # with bodies ahead of it in the helper, the time includes their wait
