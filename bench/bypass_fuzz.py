@@ -84,14 +84,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ext_proc.admit import headeronly
 from ext_proc.admit.outcome import Continue
 from ext_proc.admit.pipeline import BodyVerdict, Pipeline, RequestFacts
 from ext_proc.admit.routing import Route
+from ext_proc.policy import coarse as coarse_verdict
 from ext_proc.policy.decision import Downgrade, Pass, Reject, Truncated
 from ext_proc.policy.load import parse_policy
-from ext_proc.policy.model import Profile
-from ext_proc.policy.output import backend_output
+from ext_proc.policy.output_limit import backend_output
+from ext_proc.policy.settings import Profile
 from ext_proc.schemas import ADAPTERS
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
 
@@ -1445,12 +1445,12 @@ def run(bodies: int, seed: int, fx: Fixtures | None = None, unread_bounds: bool 
     verdict as before issue 44, blind to what a body sets in a few bytes (its
     ``unread_risk`` finds nothing), to show what the checker catches."""
     if not unread_bounds:
-        real = headeronly.unread_risk
-        headeronly.unread_risk = lambda *_args: None  # type: ignore[assignment]
+        real = coarse_verdict.unread_risk
+        coarse_verdict.unread_risk = lambda *_args: None  # type: ignore[assignment]
         try:
             return run(bodies, seed, fx)
         finally:
-            headeronly.unread_risk = real
+            coarse_verdict.unread_risk = real
     start = time.perf_counter()
     judge = Judge()
     report = Report()

@@ -51,7 +51,7 @@ LIMITS = (256, 1024, 4096, 8192)
 
 
 def _histogram() -> object:
-    from ext_proc.signals.model import Histogram
+    from ext_proc.signals.scrapes import Histogram
 
     rnd = random.Random(7)
     sample = [min(20000.0, rnd.lognormvariate(math.log(300), 1.0)) for _ in range(5000)]
@@ -80,8 +80,8 @@ def _arm(
     from ext_proc.placement import forecast, forecast_book
     from ext_proc.placement.forecast_book import ForecastBook
     from ext_proc.policy.kvfit import KvFit, Shape
-    from ext_proc.policy.model import ForecastSpec, Profile
-    from ext_proc.signals.model import Derived
+    from ext_proc.policy.settings import ForecastSpec, Profile
+    from ext_proc.signals.scrapes import Derived
     from ext_proc.signals.snapshot import BackendSignals
 
     if arm == "exact":

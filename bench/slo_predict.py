@@ -34,9 +34,9 @@ from pathlib import Path
 
 from ext_proc.lab import vllm_local as vl
 from ext_proc.lab.gpupool import PoolSpec, serve_config
-from ext_proc.signals.model import EngineScrape
 from ext_proc.signals.parse import parse_engine
 from ext_proc.signals.poolbuild import backend_signals
+from ext_proc.signals.scrapes import EngineScrape
 from ext_proc.signals.window import Window
 
 

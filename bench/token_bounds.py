@@ -35,9 +35,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from ext_proc.admit.carry import estimate_request  # noqa: E402
 from ext_proc.admit.counting import bounds  # noqa: E402
-from ext_proc.admit.headeronly import coarse_tokens  # noqa: E402
+from ext_proc.admit.reload_carry import estimate_request  # noqa: E402
+from ext_proc.policy.coarse import coarse_tokens  # noqa: E402
 from ext_proc.schemas import BY_NAME  # noqa: E402
 from ext_proc.tokencount import TokenizerSpec  # noqa: E402
 from ext_proc.tokencount.counter import ExactCounter  # noqa: E402

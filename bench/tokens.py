@@ -288,7 +288,7 @@ def bounds_table() -> list[dict[str, Any]]:
     import shutil
     import tempfile
 
-    from ext_proc.admit.carry import estimate_request
+    from ext_proc.admit.reload_carry import estimate_request
     from ext_proc.tokencount.calibration import calibration_requests
     from tests import token_families
 

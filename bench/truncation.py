@@ -4,7 +4,7 @@
 
 1. Planning time for a 50-message mixed English/Chinese chat of about 8,000 tokens, budget
    50 %: the server's whole truncation path (``Pipeline.on_body`` +
-   ``admit.truncation.finish_truncation``: parse, features, the Truncate rule, turns, similarities
+   ``admit.truncation.finish_truncation``: parse, features, the truncate rule, turns, similarities
    from a real embedding worker process over its Unix socket, the plan, the edited body, the second
    judgement).
    - cold: every run a conversation never seen (nothing cached): p50 / p95 / max;

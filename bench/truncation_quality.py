@@ -26,7 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ext_proc.policy.model import EmbeddingSpec, TruncationSpec
+from ext_proc.policy.settings import EmbeddingSpec, TruncationSpec
 from ext_proc.schemas import schema_for_path
 from ext_proc.truncate.planner import Plan
 from ext_proc.truncate.runner import (

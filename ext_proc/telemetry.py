@@ -93,7 +93,7 @@ TOKEN_COUNTS = Counter(
     "does not allow the split).",
     ["mode"],
 )
-# The flood guard (ext_proc/admit/backlog.py, ext_proc/admit/headeronly.py).
+# The flood guard (ext_proc/admit/backlog.py, ext_proc/policy/coarse.py).
 COARSE_VERDICTS = Counter(
     "ice_coarse_verdicts",
     "Requests judged without their body because the worker was busy, by route and why: "

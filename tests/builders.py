@@ -55,8 +55,8 @@ from ext_proc.admit.verdict import BodyVerdict
 from ext_proc.placement.inflight import Hold
 from ext_proc.policy.load import parse_policy
 from ext_proc.schemas import OPENAI_CHAT
-from ext_proc.signals.model import Derived, Histogram
 from ext_proc.signals.parse import read_samples
+from ext_proc.signals.scrapes import Derived, Histogram
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
 from ext_proc.tokencount import ExactCounter, TokenizerSpec
 from tests import token_families as tf
@@ -181,7 +181,7 @@ class QueueRig:
     def pass_one(self) -> None:
         verdict = self.judge(self.facts())
         assert verdict.decision is not None and verdict.decision.decision == "pass"
-        hold = self.pipeline.record(self.route, verdict)
+        hold = self.pipeline.recorder.record(self.route, verdict)
         assert hold is not None
         self.passed.append(hold)
 

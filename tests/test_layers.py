@@ -75,7 +75,7 @@ def test_contract_breaks_when_a_product_module_imports_the_lab(tmp_path: Path) -
 @pytest.mark.parametrize(
     ("module", "imported"),
     [
-        ("signals/collector.py", "ext_proc.policy.model"),
+        ("signals/collector.py", "ext_proc.policy.settings"),
         ("policy/evaluate.py", "ext_proc.admit.verdict"),
         ("placement/poolview.py", "ext_proc.admit.pipeline"),
         ("schemas/base.py", "ext_proc.sysprompt.scan"),

@@ -5,9 +5,11 @@
 - ``verdict``: what a body phase concludes (decision, features, outcome, placement);
 - ``outcome``: a decision as what Envoy must do (continue with edits, or answer now);
 - ``faults``: ICE's own faults while judging a body, by stage (``JudgeFault``);
+- ``recorder``: a verdict's metrics and its blocks held in the in-flight ledger;
+- ``reload_carry``: what a pipeline built after a policy reload takes over;
 - ``counting``: when a prompt is counted exactly (only when the verdict could depend on it);
-- ``headeronly``: the verdict from the headers (or the size) when the body cannot be read;
-- ``backlog``: the worker's body backlog, and when the header-only verdict is used;
+- ``backlog``: the worker's body backlog, and when the coarse verdict (``ext_proc.policy.coarse``:
+  from the headers or the size, when the body cannot be read in time) is used;
 - ``truncation``: finishing a history truncation (the embedding worker's answer → a verdict);
 - ``queue``: the admission queue, where a request shed for memory waits for room;
 - ``shared_ledger``: admission against the replicas' shared ledger (``--ledger``);

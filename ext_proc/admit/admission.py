@@ -77,7 +77,7 @@ def log_dropped(rid: str, why: str) -> None:
 
 
 class Helper(Protocol):
-    """The helper process, as admission sees it (``ext_proc.serve.helper.Offload``)."""
+    """The helper process, as admission sees it (``ext_proc.serve.offload.Offload``)."""
 
     def weigh(self, pipeline: Pipeline, body: bytes) -> Weight: ...
 
@@ -197,10 +197,10 @@ class Admission:
             return
         stream.committed = True
         if shared:
-            pipeline.count(route, verdict)
+            pipeline.recorder.count(route, verdict)
             stream.hold = held
         else:
-            stream.hold = pipeline.record(route, verdict)
+            stream.hold = pipeline.recorder.record(route, verdict)
             share_hold(pipeline, route, stream.hold)
         self.queue.count_started(route, self.facts, stream, verdict)
 

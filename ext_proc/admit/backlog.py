@@ -5,7 +5,7 @@ Envoy, the parse and the judgement, and Envoy waits ``message_timeout`` for the 
 it lets the request through unjudged (fail-open). Under a flood the bodies would queue past
 that timeout, so ICE keeps account of what it has asked for and, when a body could not be
 judged in time or would hold too much memory, decides from the headers instead
-(``ext_proc.admit.headeronly``).
+(``ext_proc.policy.coarse``).
 
 Accounting (one ``Backlog`` per worker; called from the event loop's thread only):
 
@@ -108,7 +108,7 @@ __all__ = [
 ]
 
 Lane = Literal["inline", "helper"]
-# Where a body with an adapter is judged (``ext_proc.serve.helper``'s ``weigh``): ""
+# Where a body with an adapter is judged (``ext_proc.serve.offload``'s ``weigh``): ""
 # in-process; "shape": in the helper; "size": in-process first when little of its text is
 # new, else in the helper.
 Weight = Literal["", "shape", "size"]

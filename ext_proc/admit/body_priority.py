@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ext_proc.policy.model import ClientPriority
+from ext_proc.policy.settings import ClientPriority
 from ext_proc.schemas import rawjson
 from ext_proc.schemas.base import check_keys
 

@@ -8,7 +8,7 @@ model with a tokenizer, ICE first judges the request twice with the estimate's b
     hi = ceil(text_estimate × ESTIMATE_HIGH) + media
 
 (each prompt of the request alike; hi never above the body's byte bound,
-``ext_proc.admit.headeronly``; media tokens come from the media's sizes, not from text, so they are
+``ext_proc.policy.coarse``; media tokens come from the media's sizes, not from text, so they are
 not scaled). When both verdicts are the same — both pass, or both refuse for the same reason with
 the same status — every count in between gets that verdict too (each rule of the ladder is monotone
 in the input tokens, or independent of them), so the estimate decides: the request is judged and
@@ -54,10 +54,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ext_proc.admit.headeronly import TOKENS_PER_BYTE, coarse_tokens
 from ext_proc.admit.verdict import BodyVerdict
+from ext_proc.policy.coarse import TOKENS_PER_BYTE, coarse_tokens
 from ext_proc.policy.decision import Decision, Pass, Reject, Wait
 from ext_proc.schemas import RequestFeatures
+from ext_proc.tokencount import CounterRegistry, TokenCountError
 
 if TYPE_CHECKING:
     from ext_proc.tokencount.calibration import EstimateBounds
@@ -163,14 +164,12 @@ def same_verdict(a: Decision, b: Decision) -> bool:
 
 
 def exact_count(
-    counters: Any, features: RequestFeatures, values: dict[str, Any], nbytes: int
+    counters: CounterRegistry, features: RequestFeatures, values: dict[str, Any], nbytes: int
 ) -> RequestFeatures:
     """``features`` with the model tokenizer's exact count (``counters``: the pipeline's
     ``ext_proc.tokencount.CounterRegistry``) in place of the estimate; as they are when the
     model has no tokenizer; at the estimate's upper bound (``input_tokens_source:
     fallback``) when the tokenizer cannot count this request."""
-    from ext_proc.tokencount import TokenCountError
-
     counter = counters.counter_for(features.model)
     if counter is None:
         return features
@@ -190,7 +189,9 @@ def exact_count(
     )
 
 
-def exact_to_wait(counters: Any, inline_bytes: int, first: BodyVerdict) -> BodyVerdict:
+def exact_to_wait(
+    counters: CounterRegistry | None, inline_bytes: int, first: BodyVerdict
+) -> BodyVerdict:
     """``first`` (a verdict about to wait in the queue) with its features counted exactly,
     and ``x-ice-tokens: exact``, when the estimate decided it and its body is at most
     ``inline_bytes``; otherwise as it is (the module docstring)."""

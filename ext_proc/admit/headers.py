@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from ext_proc.admit.routing import Route
 from ext_proc.admit.verdict import RequestFacts
 from ext_proc.placement.endpoints import DESTINATION_HEADER
-from ext_proc.policy.model import PRIORITIES, Policy, Priority, SloTarget
+from ext_proc.policy.settings import PRIORITIES, Policy, Priority, SloTarget
 from ext_proc.schemas import (
     OPENAI_CHAT_FALLBACK,
     READ_ONLY_PATHS,

@@ -18,7 +18,7 @@ from ext_proc.policy.decision import (
     Wait,
     verdict_headers,
 )
-from ext_proc.policy.model import SloTarget
+from ext_proc.policy.settings import SloTarget
 from ext_proc.schemas import rawjson
 from ext_proc.schemas.base import RequestFeatures, SchemaAdapter
 

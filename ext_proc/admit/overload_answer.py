@@ -58,10 +58,10 @@ from ext_proc import telemetry
 from ext_proc.admit.outcome import Respond, reject_outcome
 from ext_proc.policy.decision import Reject, verdict_headers
 from ext_proc.policy.kvfit import Shape
-from ext_proc.policy.model import Level, Profile
-from ext_proc.policy.output import backend_output
+from ext_proc.policy.output_limit import backend_output
 from ext_proc.policy.pressure import Pressure
 from ext_proc.policy.scores import DrainInputs, retry_after_s
+from ext_proc.policy.settings import Level, Profile
 from ext_proc.schemas import SchemaAdapter
 
 if TYPE_CHECKING:

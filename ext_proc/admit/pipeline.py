@@ -16,7 +16,7 @@
    ``pending`` set and the shell calls ``ext_proc.admit.truncation.finish_truncation``
    (async: it waits on the embedding worker, under the profile's deadline), which plans the
    truncation, edits the body and judges the shorter request with the rest of the ladder.
-5. ``record`` (``ext_proc.admit.recording``) counts a verdict and holds the blocks of a
+5. ``recorder.record`` (``ext_proc.admit.recorder``) counts a verdict and holds the blocks of a
    request that goes on in the in-flight ledger of its endpoint (or of the whole pool, when
    Envoy places it).
 
@@ -32,17 +32,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import replace
-from typing import Any
 
 from ext_proc import telemetry
 from ext_proc.admit.body_priority import strip_priority
-from ext_proc.admit.carry import carried_counters, carried_prefix, carried_views
 from ext_proc.admit.counting import H_TOKENS, bounds, exact_count, same_verdict
 from ext_proc.admit.faults import judging
-from ext_proc.admit.headeronly import COARSE_LADDER, H_JUDGED, coarse_features, coarse_ladder
 from ext_proc.admit.headers import DEFAULT_MAX_BODY_BYTES, SPOOF_PREFIXES, HeaderRules
 from ext_proc.admit.outcome import Continue, Respond, reject_outcome
-from ext_proc.admit.recording import Recording, SnapshotLookup
+from ext_proc.admit.recorder import Recorder, SnapshotLookup
+from ext_proc.admit.reload_carry import carried_counters, carried_prefix, carried_views
 from ext_proc.admit.routing import Route, Router
 from ext_proc.admit.verdict import (
     BodyVerdict,
@@ -59,15 +57,17 @@ from ext_proc.placement.endpoints import prefix_key
 from ext_proc.placement.ledger_shm import LedgerHandle
 from ext_proc.placement.placer import Placement, Placer, asleep_answer
 from ext_proc.placement.poolview import PoolViews
+from ext_proc.policy.coarse import COARSE_LADDER, H_JUDGED, coarse_features, coarse_ladder
 from ext_proc.policy.decision import (
     Decision,
     Pass,
     Reject,
-    Truncate,
+    TruncateHistory,
     verdict_headers,
 )
 from ext_proc.policy.evaluate import LADDER, LADDER_AFTER_TRUNCATION, Rule, evaluate
-from ext_proc.policy.model import Policy
+from ext_proc.policy.settings import Policy
+from ext_proc.prefix.live import LivePrefix
 from ext_proc.schemas import (
     OPENAI_CHAT_FALLBACK,
     BadRequest,
@@ -75,6 +75,10 @@ from ext_proc.schemas import (
     SchemaAdapter,
     rawjson,
 )
+from ext_proc.sysprompt.compact import maybe_compact
+from ext_proc.tokencount import CounterRegistry
+from ext_proc.tokencount.calibration import EstimateBounds
+from ext_proc.truncate.runner import SimilaritySource, conversation_for
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
@@ -91,7 +95,7 @@ log = logging.getLogger("ice.pipeline")
 _MESSAGES = frozenset({"messages"})  # walked element by element when a profile truncates
 
 
-class Pipeline(Recording):
+class Pipeline:
     """Judges requests for one policy against snapshots from ``lookup``."""
 
     def __init__(
@@ -114,13 +118,14 @@ class Pipeline(Recording):
         self.headers = HeaderRules(policy, max_body_bytes)
         # The embedding worker's client (ext_proc.truncate.client.EmbeddingClient), set by
         # the server when a profile truncates; None: truncation falls back to recency.
-        self.similarity: Any = carry.similarity if carry is not None else None
+        self.similarity: SimilaritySource | None = carry.similarity if carry is not None else None
         # what each pool's snapshot says, once per snapshot; where requests are placed
         self.views: PoolViews = carried_views(policy, carry, ledger)
         self.placer = Placer(self.views)
+        self.recorder = Recorder(self.views, self.placer, lookup)
         self._pick = {n: p.endpoint_pick for n, p in policy.pools.items()}
-        self.prefix: Any = carried_prefix(policy, carry)
-        self.counters: Any = carried_counters(policy, carry)
+        self.prefix: LivePrefix | None = carried_prefix(policy, carry)
+        self.counters: CounterRegistry | None = carried_counters(policy, carry)
 
     # --- the headers phase -------------------------------------------------------------
 
@@ -179,7 +184,7 @@ class Pipeline(Recording):
         return self.counters is not None and nbytes > self.policy.exact_count_inline_bytes
 
     def on_size(self, route: Route, facts: RequestFacts, nbytes: int) -> BodyVerdict:
-        """The coarse verdict (``ext_proc.admit.headeronly``) on a request of ``nbytes`` body
+        """The coarse verdict (``ext_proc.policy.coarse``) on a request of ``nbytes`` body
         bytes, judged without its body: pass, or a 429 in the API's format; ``x-ice-judged:
         headers``. ``facts.adapter`` must be set."""
         adapter = facts.adapter or OPENAI_CHAT_FALLBACK
@@ -187,12 +192,8 @@ class Pipeline(Recording):
         features = coarse_features(adapter, nbytes, route.profile, per_byte)
         ladder = coarse_ladder(adapter.name, nbytes, route.profile, per_byte)
         decision, placement = self.judge(route, facts, features, ladder)
-        if route.profile.mode == "shadow":
-            would = (decision.decision, decision.reason)
-            verdict = shadowed(would, features, adapter, None, placement, decision.pressure)
-        else:
-            verdict = make_verdict(decision, features, adapter, None, placement)
-        return with_header(verdict, H_JUDGED, "headers")
+        verdict = make_verdict(decision, features, adapter, None, placement)
+        return with_header(self._as_shadow(route, adapter, verdict), H_JUDGED, "headers")
 
     # --- the body phase ----------------------------------------------------------------
 
@@ -209,12 +210,13 @@ class Pipeline(Recording):
                 features = adapter.features(body.doc.values, media_cost(route.profile.media))
         except rawjson.InvalidJSON as e:
             message = f"The request body is not valid JSON: {e}."
-            return self._bad_body(route, adapter, 400, "invalid_json", message)
+            return self._as_shadow(route, adapter, self._bad_body(route, adapter, message))
         except BadRequest as e:
-            return self._bad_body(route, adapter, 400, e.code, e.message, e.param)
+            verdict = self._bad_body(route, adapter, e.message, e.code, e.param)
+            return self._as_shadow(route, adapter, verdict)
         except RecursionError:
             message = "The request body is not valid JSON: the JSON is nested too deeply."
-            return self._bad_body(route, adapter, 400, "invalid_json", message)
+            return self._as_shadow(route, adapter, self._bad_body(route, adapter, message))
         values = body.doc.values
         with judging("judge"):  # the prefix's tracking and key: placement's inputs
             if self.prefix is not None:
@@ -224,7 +226,8 @@ class Pipeline(Recording):
             if self._pick.get(route.pool) == "ice":
                 body = replace(body, prefix=prefix_key(features.schema, values))
         with judging("plan"):  # what _judge_body does outside its count and judge stages
-            return self._judge_body(route, facts, adapter, body, features)
+            verdict = self._judge_body(route, facts, adapter, body, features)
+            return self._as_shadow(route, adapter, verdict)
 
     def _decode(self, route: Route, adapter: SchemaAdapter, raw: bytes) -> JudgedBody:
         """The body's one decode (its ``messages`` elements' spans too when the profile
@@ -232,20 +235,15 @@ class Pipeline(Recording):
         (``ext_proc.admit.body_priority``), compacted when the profile says so."""
         profile = route.profile
         doc = rawjson.parse_object(raw, _MESSAGES if profile.truncation else frozenset())
-        if profile.mode == "shadow":
-            return JudgedBody(raw, doc)
         pool = self.policy.pools.get(route.pool)
         stripped = strip_priority(
             doc, adapter.name, route.client_priority, pool.kind if pool else "vllm"
         )
         doc = stripped or doc
-        if profile.compact_system_json:
-            from ext_proc.sysprompt.compact import maybe_compact
-
-            got = maybe_compact(True, doc, adapter.name)
-            if got is not None:  # judged, and sent on, as compacted
-                compacted, headers = got
-                return JudgedBody(compacted.text.encode("utf-8"), compacted, None, headers)
+        got = maybe_compact(doc, adapter.name, enabled=profile.compact_system_json)
+        if got is not None:  # judged, and sent on, as compacted
+            compacted, headers = got
+            return JudgedBody(compacted.text.encode("utf-8"), compacted, None, headers)
         if stripped is not None:  # judged, and sent on, without it
             return JudgedBody(stripped.text.encode("utf-8"), stripped, edited=True)
         return JudgedBody(raw, doc)
@@ -254,18 +252,29 @@ class Pipeline(Recording):
         self,
         route: Route,
         adapter: SchemaAdapter,
-        status: int,
-        code: str,
         message: str,
+        code: str = "invalid_json",
         param: str | None = None,
     ) -> BodyVerdict:
-        """A body that breaks the API: the 400 in its format (a shadow profile: the request
-        goes on, saying so)."""
-        if route.profile.mode == "shadow":
-            pressure = self.views.pressure(route.profile, self.lookup(route.pool))
-            return shadowed(("reject", code), None, adapter, None, None, pressure)
-        outcome = self._bad(route, adapter, status, code, message, param)
+        """A body that breaks the API: the 400 in its format."""
+        outcome = self._bad(route, adapter, 400, code, message, param)
         return BodyVerdict(None, None, outcome, bad=code)
+
+    def _as_shadow(self, route: Route, adapter: SchemaAdapter, verdict: BodyVerdict) -> BodyVerdict:
+        """``mode: shadow``, applied once, as the last step of every body verdict (the full
+        one, the coarse one, a 400): the request goes on as it came, carrying the verdict
+        enforce gives (``x-ice-shadow-decision``, ``-reason``), judged exactly as enforce
+        judges it (the same decode, edits and ladder; a truncation is not carried out). An
+        enforcing profile's verdict is returned as it is."""
+        if route.profile.mode != "shadow":
+            return verdict
+        decision = verdict.decision
+        if decision is None:  # a body that broke its API
+            pressure = self.views.pressure(route.profile, self.lookup(route.pool))
+            return shadowed(("reject", verdict.bad or ""), None, adapter, None, None, pressure)
+        would = (decision.decision, decision.reason)
+        f, body, placed = verdict.features, verdict.body, verdict.placement
+        return shadowed(would, f, adapter, body, placed, decision.pressure)
 
     def _judge_body(
         self,
@@ -275,11 +284,12 @@ class Pipeline(Recording):
         body: JudgedBody,
         features: RequestFeatures,
     ) -> BodyVerdict:
-        counted = self.counters is not None and self.counters.counter_for(features.model)
+        counter = self.counters.counter_for(features.model) if self.counters else None
+        counted = counter is not None
         decided = None
-        if counted and self.policy.exact_count == "needed":  # the estimate may decide
+        if counter is not None and self.policy.exact_count == "needed":  # the estimate may decide
             with judging("judge"):
-                decided = self._by_estimate(route, facts, features, body)
+                decided = self._by_estimate(route, facts, features, body, counter.bounds)
         if decided is not None:
             features, (decision, placement) = decided
         else:
@@ -291,13 +301,8 @@ class Pipeline(Recording):
                 decision, placement = self.judge(
                     route, facts, features, LADDER, prefix=body.prefix, waits=True
                 )
-        if route.profile.mode == "shadow":
-            would = (decision.decision, decision.reason)
-            return shadowed(would, features, adapter, body, placement, decision.pressure)
         spec = route.profile.truncation
-        if isinstance(decision, Truncate) and spec is not None:
-            from ext_proc.truncate.runner import conversation_for
-
+        if isinstance(decision, TruncateHistory) and spec is not None:
             media = media_cost(route.profile.media)
             conv = conversation_for(features.schema, body.doc.values, spec, media)
             waiting = Continue(verdict_headers(Pass(decision.pressure)), None)
@@ -312,12 +317,16 @@ class Pipeline(Recording):
         return verdict
 
     def _by_estimate(
-        self, route: Route, facts: RequestFacts, features: RequestFeatures, body: JudgedBody
+        self,
+        route: Route,
+        facts: RequestFacts,
+        features: RequestFeatures,
+        body: JudgedBody,
+        estimate_bounds: EstimateBounds,
     ) -> tuple[RequestFeatures, tuple[Decision, Placement]] | None:
         """``exact_count: needed``: the verdict at the estimate's upper bound when both
         bounds give the same one (``ext_proc.admit.counting``); None: count exactly."""
-        counter = self.counters.counter_for(features.model)  # one: the caller's `counted`
-        lo, hi = bounds(features, len(body.raw), counter.bounds, body.doc.values)
+        lo, hi = bounds(features, len(body.raw), estimate_bounds, body.doc.values)
         low, _ = self.judge(route, facts, lo, LADDER, prefix=body.prefix, waits=True)
         high = self.judge(route, facts, hi, LADDER, prefix=body.prefix, waits=True)
         return (hi, high) if same_verdict(low, high[0]) else None
@@ -400,7 +409,7 @@ class Pipeline(Recording):
         the dropped turns' share of the exact count."""
         values = body.doc.values
         small = len(body.raw) <= self.policy.exact_count_inline_bytes
-        if small and values.get("messages") is not rawjson.DROPPED:
+        if self.counters is not None and small and values.get("messages") is not rawjson.DROPPED:
             recounted = exact_count(self.counters, shorter, values, len(body.raw))
             if recounted.input_tokens_source == "exact":
                 return recounted

@@ -79,7 +79,7 @@ from ext_proc.admit.waiters import (
     queueable,
     tenant_key,
 )
-from ext_proc.policy.model import QueueSpec
+from ext_proc.policy.settings import QueueSpec
 
 if TYPE_CHECKING:
     from ext_proc.admit.pipeline import Pipeline, Route

@@ -10,8 +10,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ext_proc.admit.counting import H_TOKENS
-from ext_proc.admit.headeronly import H_JUDGED
 from ext_proc.admit.verdict import BodyVerdict, RequestFacts, make_verdict, with_header
+from ext_proc.policy.coarse import H_JUDGED
 from ext_proc.policy.decision import Downgrade, Pass, Reject, Wait
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ext_proc.policy.model import PRIORITIES, ClientPriority, Policy, Priority, Profile
+from ext_proc.policy.settings import PRIORITIES, ClientPriority, Policy, Priority, Profile
 from ext_proc.schemas import SCHEMAS, SchemaAdapter
 
 __all__ = ["Route", "Router"]

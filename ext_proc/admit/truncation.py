@@ -17,13 +17,14 @@ from ext_proc import telemetry
 from ext_proc.admit.routing import Route
 from ext_proc.admit.verdict import BodyVerdict, JudgedBody, RequestFacts, make_verdict
 from ext_proc.placement.placer import Placement
-from ext_proc.policy.decision import Reject, Truncate, Truncated, Wait
+from ext_proc.policy.decision import Reject, Truncated, TruncateHistory, Wait
 from ext_proc.policy.evaluate import LADDER_AFTER_TRUNCATION
 from ext_proc.schemas import RequestFeatures
+from ext_proc.truncate.planner import Overflow, Plan, apply_plan_doc
+from ext_proc.truncate.runner import truncate
 
 if TYPE_CHECKING:
     from ext_proc.admit.pipeline import Pipeline
-    from ext_proc.truncate.planner import Overflow, Plan
 
 __all__ = ["finish_truncation"]
 
@@ -31,15 +32,12 @@ __all__ = ["finish_truncation"]
 async def finish_truncation(
     pipeline: Pipeline, route: Route, facts: RequestFacts, verdict: BodyVerdict
 ) -> BodyVerdict:
-    """Carry out a pending ``Truncate`` (see ext_proc/truncate/runner.py), then judge the
+    """Carry out a pending ``TruncateHistory`` (see ext_proc/truncate/runner.py), then judge the
     shorter request with the ladder's other rules."""
-    from ext_proc.truncate.planner import Overflow
-    from ext_proc.truncate.runner import truncate
-
     pending, decision, features = verdict.pending, verdict.decision, verdict.features
     adapter, body = facts.adapter, verdict.body
     spec = route.profile.truncation
-    if pending is None or not isinstance(decision, Truncate) or features is None:
+    if pending is None or not isinstance(decision, TruncateHistory) or features is None:
         return verdict
     if adapter is None or spec is None or body is None:
         return verdict
@@ -61,7 +59,7 @@ async def finish_truncation(
     )
     if isinstance(then, Reject) or not tplan.changed:
         return make_verdict(then, shorter, adapter, body, placed)
-    assert not isinstance(then, Truncate | Truncated | Wait)  # can_wait=False: no Wait
+    assert not isinstance(then, TruncateHistory | Truncated | Wait)  # can_wait=False: no Wait
     done = Truncated(
         then=then,
         reason=decision.reason,
@@ -81,7 +79,7 @@ def _overflowed(
     request judged as it is; under a pressure or efficiency budget, a 400."""
     decision, features, body = verdict.decision, verdict.features, verdict.body
     adapter, spec = facts.adapter, route.profile.truncation
-    assert isinstance(decision, Truncate) and features is not None and adapter is not None
+    assert isinstance(decision, TruncateHistory) and features is not None and adapter is not None
     assert spec is not None
     if decision.reason == "context_budget":
         # the context, not pressure, asked: judge the request as it is (a downgrade to the
@@ -107,8 +105,6 @@ def _shorter(
 ) -> tuple[JudgedBody, RequestFeatures, int]:
     """The shorter body (edited on the decode: no parse), its features (recounted exactly
     when the original was counted exactly) and the tokens saved."""
-    from ext_proc.truncate.planner import apply_plan_doc
-
     if tplan.changed:
         doc = apply_plan_doc(body.doc, tplan)
         body = replace(body, raw=doc.text.encode("utf-8"), doc=doc)

@@ -27,8 +27,8 @@ from ext_proc.policy.decision import (
     Pass,
     verdict_headers,
 )
-from ext_proc.policy.model import Priority, SloTarget
 from ext_proc.policy.pressure import Pressure
+from ext_proc.policy.settings import Priority, SloTarget
 from ext_proc.schemas import RequestFeatures, SchemaAdapter
 from ext_proc.schemas.rawjson import TopLevel
 
@@ -113,7 +113,7 @@ class PendingTruncation:
 @dataclass(frozen=True, slots=True)
 class BodyVerdict:
     """A body-phase result: the decision (None when the body broke the API and ``bad`` holds
-    the reason code) and its outcome. With ``pending`` set the decision is a ``Truncate``
+    the reason code) and its outcome. With ``pending`` set the decision is a ``TruncateHistory``
     and ``outcome`` a placeholder: ``ext_proc.admit.truncation.finish_truncation`` makes the
     real verdict."""
 
@@ -127,7 +127,7 @@ class BodyVerdict:
     # pass the request went on with
     shadow: tuple[str, str] | None = None
     body: JudgedBody | None = field(default=None, repr=False)  # None: judged without it
-    # piece counts the helper process made judging it, for its worker's cache (``serve.helper``)
+    # piece counts the helper process made judging it, for its worker's cache (``serve.offload``)
     lessons: tuple[Lesson, ...] = field(default=(), repr=False, compare=False)
 
     @property
@@ -177,17 +177,19 @@ def shadowed(
     placement: Placement | None,
     pressure: Pressure | None,
 ) -> BodyVerdict:
-    """A shadow profile's verdict: the request goes on unchanged (a pass), carrying what the
-    enforcing verdict ``would`` have been (``x-ice-shadow-decision``, ``-reason``)."""
+    """A shadow profile's verdict: the request goes on unchanged (a pass: the body as the
+    client sent it, whatever edits its decode planned), carrying what the enforcing verdict
+    ``would`` have been (``x-ice-shadow-decision``, ``-reason``)."""
     passed = Pass(pressure)
     if features is None or placement is None:
         headers = [*verdict_headers(passed), *_shadow_headers(would)]
         return BodyVerdict(passed, None, Continue(headers, None), shadow=would)
-    verdict = make_verdict(passed, features, adapter, body, placement)
+    verdict = make_verdict(passed, features, adapter, None, placement)
     outcome = verdict.outcome
-    assert isinstance(outcome, Continue)
+    assert isinstance(outcome, Continue) and outcome.body is None
     headers = [*outcome.headers, *_shadow_headers(would)]
-    return replace(verdict, outcome=replace(outcome, headers=headers), shadow=would)
+    outcome = replace(outcome, headers=headers)
+    return replace(verdict, outcome=outcome, shadow=would, body=body)
 
 
 def _shadow_headers(would: tuple[str, str]) -> list[Header]:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from ext_proc.admit.stream import Stream
 from ext_proc.admit.verdict import BodyVerdict, RequestFacts
 from ext_proc.policy.decision import Wait
-from ext_proc.policy.model import QueueSpec
+from ext_proc.policy.settings import QueueSpec
 
 if TYPE_CHECKING:
     from ext_proc.admit.pipeline import Pipeline, Route
@@ -43,7 +43,7 @@ BANDS = ("critical", "standard", "sheddable")
 
 def queueable(route: Route, verdict: BodyVerdict | None) -> bool:
     """A verdict the profile's queue takes: a ``Wait``, on a full judgement or a coarse one
-    (``ext_proc.admit.headeronly``; ``evaluate`` gives one only where the profile has a
+    (``ext_proc.policy.coarse``; ``evaluate`` gives one only where the profile has a
     queue)."""
     if verdict is None or not isinstance(verdict.decision, Wait):
         return False

@@ -18,7 +18,7 @@ with P its prompt tokens per sequence (``Trajectory.tokens``, where a sequence's
 ceil(tokens / bs): one prompt, full attention; otherwise P is taken as filling its last
 block, b = prompt_blocks + seqs × ceil(g / bs), an upper bound), room = the free slots of
 each sequence's last block, and has ``left`` = T − g(t) tokens per sequence ahead, T its
-expected total (``ext_proc.policy.outlen.remaining_total``: the quantile of the pool's output
+expected total (``ext_proc.policy.output_dist.remaining_total``: the quantile of the pool's output
 lengths given g, capped at the limit). A request held whole (``admission: reserve``, or a
 forecast one while the length distribution is not trusted yet) has left = 0 and b = its
 whole need.
@@ -51,11 +51,11 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from operator import itemgetter
 
-from ext_proc.placement.lengths import Kind, limit_bucket, scaled
+from ext_proc.placement.length_kinds import Kind, limit_bucket, scaled
 from ext_proc.policy.kvfit import Shape
-from ext_proc.policy.model import ForecastSpec, Profile
-from ext_proc.policy.outlen import remaining_total
-from ext_proc.signals.model import Histogram
+from ext_proc.policy.output_dist import remaining_total
+from ext_proc.policy.settings import ForecastSpec, Profile
+from ext_proc.signals.scrapes import Histogram
 
 __all__ = ["MEMO_KEPT", "Outlook", "Peaks", "Trajectory", "peak_of", "slot_tokens"]
 
@@ -80,7 +80,7 @@ class Trajectory:
     # the backend's queue until then, its prompt blocks counted from ``start_s`` as an upper
     # bound); None: at ``start_s``
     runs_s: float | None = None
-    kind: str = ""  # its profile's name: with its limit bucket, its kind (placement.lengths)
+    kind: str = ""  # its profile's name: with its limit bucket, its kind (placement.length_kinds)
 
     @property
     def running_from(self) -> float:
@@ -105,7 +105,7 @@ class Outlook:
     spec: ForecastSpec
     delay_s: float = 0.0  # until the first output token (the window's TTFT p50)
     limit_share: float = 0.0  # p: finished requests that ran to their limit (outlen)
-    # the profile judged, and f_k of a kind (``ext_proc.placement.lengths``; None: all 1)
+    # the profile judged, and f_k of a kind (``ext_proc.placement.length_kinds``; None: all 1)
     profile: str = ""
     # not compared: two outlooks of the same readings are equal whatever they memoised
     factor: Callable[[Kind], float] | None = field(default=None, compare=False)

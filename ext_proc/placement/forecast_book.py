@@ -12,7 +12,7 @@ a request is judged against (``ext_proc.placement.forecast`` has the formulas).
   last view this worker read while requests it passed to the pool were running, then
   halving every ``forecast.recovery_s`` seconds:
   c(t) = c₀ × 2^(−(t − t₀) / recovery_s). It raises the quantile of the predicted
-  outputs, q' = q + c × (1 − q) (``ext_proc.policy.outlen``): after a preemption ICE holds
+  outputs, q' = q + c × (1 − q) (``ext_proc.policy.output_dist``): after a preemption ICE holds
   each request at the longest the pool has run (its limit where requests run to their
   limits), and returns to the forecast as the endpoint stays calm.
 - **The fit** of an endpoint e with usable U, free F (the view), unseen ledger blocks A
@@ -29,7 +29,7 @@ a request is judged against (``ext_proc.placement.forecast`` has the formulas).
   come from its standing forecast (``ext_proc.placement.forecast_standing``: built once for
   a span, read by every decision in it, never below the exact peak nor above the exact
   blocks now); the wait below still reads the trajectories at now.
-- **Kinds** (``ext_proc.placement.lengths``): when a trajectory's stream ends, its ĝ at the
+- **Kinds** (``ext_proc.placement.length_kinds``): when a trajectory's stream ends, its ĝ at the
   last outlook read for its endpoint is one observation of its kind (profile, limit
   bucket); under ``forecast.refine`` an outlook's lengths of kind k are the backend's,
   stretched by f_k.
@@ -57,9 +57,9 @@ from ext_proc import telemetry
 from ext_proc.placement.forecast import Outlook, Peaks, Trajectory, slot_tokens
 from ext_proc.placement.forecast_standing import Standing
 from ext_proc.placement.inflight import Endpoint
-from ext_proc.placement.lengths import LIMIT_LABELS, Kind, ObservedLengths, limit_bucket
+from ext_proc.placement.length_kinds import LIMIT_LABELS, Kind, ObservedLengths, limit_bucket
 from ext_proc.policy.kvfit import KvFit, Shape
-from ext_proc.policy.model import Profile
+from ext_proc.policy.settings import Profile
 from ext_proc.signals.snapshot import BackendSignals
 
 __all__ = ["ForecastBook"]

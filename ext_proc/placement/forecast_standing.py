@@ -6,7 +6,7 @@ sort (O(n log n)). A ``Standing`` is built once for a span [t0, t1] and serves e
 decision within it; a one-sequence request then costs O(bs log n) (``Peaks.with_new``).
 
 - **Upper states over the span.** g(t) is nondecreasing in time, so for any now in the span
-  g0 = g(t0) ≤ g(now) ≤ g1 = g(t1); T(g) is nondecreasing in g (``ext_proc.policy.outlen``:
+  g0 = g(t0) ≤ g(now) ≤ g1 = g(t1); T(g) is nondecreasing in g (``ext_proc.policy.output_dist``:
   the target rises with F(g)). A trajectory's blocks L decode steps after now are
   b(g + L) for L ≤ T(g) − g, at most b(g1 + L) for L ≤ T(g1) − g0. Its upper state is
 
@@ -59,7 +59,7 @@ import math
 from dataclasses import dataclass, field
 
 from ext_proc.placement.forecast import Outlook, Peaks, Trajectory
-from ext_proc.placement.lengths import Kind, limit_bucket
+from ext_proc.placement.length_kinds import Kind, limit_bucket
 
 __all__ = [
     "FACTOR_BAND",

@@ -35,7 +35,7 @@ from ext_proc.placement.forecast_book import ForecastBook
 from ext_proc.placement.inflight import Endpoint, Entries, Hold
 from ext_proc.placement.ledger_shm import LedgerHandle, endpoint_key
 from ext_proc.policy.evaluate import KvFit, Shape
-from ext_proc.policy.model import Profile
+from ext_proc.policy.settings import Profile
 from ext_proc.signals.snapshot import PoolSnapshot
 
 if TYPE_CHECKING:

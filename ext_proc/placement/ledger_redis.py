@@ -166,6 +166,7 @@ class RedisLedger:
         view_age_ms: Callable[[str], int | None] = lambda _pool: None,
         pools: Callable[[], Iterable[str]] = tuple,
     ) -> None:
+        # lazy: the redis client is imported only by a replica started with --ledger redis://
         import redis.asyncio as aioredis
 
         try:

@@ -38,9 +38,9 @@ from ext_proc.placement.endpoints import DESTINATION_HEADER, Affinity, Candidate
 from ext_proc.placement.poolview import PoolViews
 from ext_proc.policy.decision import Reject
 from ext_proc.policy.evaluate import KvFit, Shape, safe_output_tokens
-from ext_proc.policy.model import Profile
-from ext_proc.policy.output import backend_output
+from ext_proc.policy.output_limit import backend_output
 from ext_proc.policy.pressure import Pressure
+from ext_proc.policy.settings import Profile
 from ext_proc.schemas.base import RequestFeatures
 from ext_proc.signals.pool import EndpointPick
 from ext_proc.signals.snapshot import PoolSnapshot

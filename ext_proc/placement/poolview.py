@@ -71,9 +71,9 @@ from ext_proc.placement.inflight import Endpoint, Entries, add_into, scaled
 from ext_proc.placement.ledger_shm import LedgerHandle, endpoint_key
 from ext_proc.policy.evaluate import KvFit
 from ext_proc.policy.kvfit import blocks_fn
-from ext_proc.policy.model import PressureModel, Profile
 from ext_proc.policy.pressure import Pressure, pressure_of
 from ext_proc.policy.scores import DrainInputs, drain_inputs, pool_cache_efficiency
+from ext_proc.policy.settings import PressureModel, Profile
 from ext_proc.signals.snapshot import PoolSnapshot
 
 if TYPE_CHECKING:

@@ -2,7 +2,7 @@
 
 Four kinds, each a frozen dataclass: ``Pass`` (annotate only), ``Downgrade`` (lower the
 output-token limit), ``Reject`` (answer at once with an error status) and ``Wait`` (wait in
-the admission queue for room; its 429 where there is no queue). ``Truncate`` is
+the admission queue for room; its 429 where there is no queue). ``TruncateHistory`` is
 the evaluator's request to drop history to a budget (the pipeline carries it out and
 judges the shorter request again); ``Truncated`` is the result: the decision on the
 shorter request, with what was dropped. The header names
@@ -31,7 +31,7 @@ __all__ = [
     "Downgrade",
     "Pass",
     "Reject",
-    "Truncate",
+    "TruncateHistory",
     "Truncated",
     "Wait",
     "verdict_headers",
@@ -160,7 +160,7 @@ class Wait:
 
 
 @dataclass(frozen=True, slots=True)
-class Truncate:
+class TruncateHistory:
     """Drop history until the input fits ``budget_tokens`` (then judge the request again).
 
     ``reason``: ``pressure_budget`` (the level's budget), ``context_budget`` (the model's
@@ -213,7 +213,7 @@ class Truncated:
         return self.then.granted_max_tokens
 
 
-Decision = Pass | Downgrade | Reject | Wait | Truncate | Truncated
+Decision = Pass | Downgrade | Reject | Wait | TruncateHistory | Truncated
 
 
 def verdict_headers(decision: Decision) -> list[tuple[str, str]]:

@@ -3,7 +3,7 @@
 Pure: no I/O, no clock, no protobuf. ``evaluate`` is given everything it judges.
 
 The ladder, first match wins:
-0. ``truncate_history`` → ``Truncate(budget)`` for chat requests of a profile with
+0. ``truncate_history`` → ``TruncateHistory(budget)`` for chat requests of a profile with
    ``truncation`` when the input exceeds a budget (the smallest that applies):
    - ``pressure_budget``: truncation.budget_tokens[level] at the pool's current level;
    - ``cache_efficiency``: low_efficiency_budget_tokens while the pool's
@@ -72,12 +72,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ext_proc.policy.decision import Decision, Downgrade, Pass, Reject, Truncate, Wait
+from ext_proc.policy.decision import Decision, Downgrade, Pass, Reject, TruncateHistory, Wait
 from ext_proc.policy.kvfit import KvFit, Shape
-from ext_proc.policy.model import Priority, Profile
-from ext_proc.policy.output import backend_output
+from ext_proc.policy.output_limit import backend_output
 from ext_proc.policy.pressure import Pressure
 from ext_proc.policy.scores import DrainInputs, retry_after_s
+from ext_proc.policy.settings import Priority, Profile
 from ext_proc.schemas.base import RequestFeatures
 
 __all__ = [
@@ -257,7 +257,7 @@ def shed_on_kv_shortfall(case: Case) -> Decision | None:
         if mode != "shed":
             return None
         # the output the request can really get: never more than the context budget (a
-        # request without a limit: what the backend runs, policy/output.py)
+        # request without a limit: what the backend runs, policy/output_limit.py)
         asked = backend_output(f, case.profile)
         wanted = asked if safe is None or f.max_tokens is None else min(asked, safe)
         need = kv.charge(case.shape, wanted)
@@ -369,7 +369,7 @@ def truncate_history(case: Case) -> Decision | None:
     picked = truncation_budget(case)
     if picked is None or shed_by_priority(case) is not None:
         return None
-    return Truncate(pressure=case.pressure, budget_tokens=picked[0], reason=picked[1])
+    return TruncateHistory(pressure=case.pressure, budget_tokens=picked[0], reason=picked[1])
 
 
 LADDER_AFTER_TRUNCATION: tuple[Rule, ...] = (

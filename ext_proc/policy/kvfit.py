@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ext_proc.kv.geometry import KVGeometry, build_geometry
-from ext_proc.policy.model import Profile
+from ext_proc.policy.settings import Profile
 from ext_proc.schemas.base import RequestFeatures
 
 __all__ = ["KvFit", "Shape", "blocks_fn"]

@@ -26,7 +26,7 @@ from ext_proc.policy.load_models import kv_model_spec, media_spec, tokenizer_spe
 from ext_proc.policy.load_pool import pool_spec, positive
 from ext_proc.policy.load_queue import queue_spec
 from ext_proc.policy.load_truncation import embedding_spec, truncation_spec
-from ext_proc.policy.model import (
+from ext_proc.policy.settings import (
     CLIENT_PRIORITIES,
     PRIORITIES,
     ClientPriority,

@@ -9,7 +9,7 @@ from typing import Any
 
 from ext_proc._pb import policy_pb2
 from ext_proc.policy.errors import PolicyError
-from ext_proc.policy.model import Admission, ForecastSpec, SloTarget
+from ext_proc.policy.settings import Admission, ForecastSpec, SloTarget
 
 __all__ = ["AdmissionSettings", "admission_settings"]
 

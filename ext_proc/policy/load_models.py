@@ -16,10 +16,12 @@ from google.protobuf import json_format
 from ext_proc._pb import policy_pb2
 from ext_proc.kv.geometry import build_geometry
 from ext_proc.kv.hfconfig import shape_from_config
+from ext_proc.media import MediaModelError, media_cost
 from ext_proc.media.spec import MediaSpec
 from ext_proc.policy.errors import PolicyError
 from ext_proc.policy.load_fields import opt
-from ext_proc.policy.model import KvModelSpec
+from ext_proc.policy.settings import KvModelSpec
+from ext_proc.tokencount import TokenizerSpec
 
 __all__ = ["kv_model_spec", "media_spec", "tokenizer_specs"]
 
@@ -45,8 +47,6 @@ def media_spec(msg: policy_pb2.Media, where: str, base_dir: Path) -> MediaSpec:
     if not (math.isfinite(rate) and rate > 0):
         raise PolicyError(f"{where}.tokens_per_audio_second: must be > 0, got {rate}")
     if model_dir:
-        from ext_proc.media import MediaModelError, media_cost
-
         try:
             media_cost(spec)
         except MediaModelError as e:
@@ -84,8 +84,6 @@ def tokenizer_specs(msg: policy_pb2.Policy, base_dir: Path) -> dict[str, Any]:
     """Tokenizer specs by model; paths relative to the policy file's folder."""
     if not msg.tokenizers:
         return {}
-    from ext_proc.tokencount import TokenizerSpec
-
     specs: dict[str, Any] = {}
     for model, t in msg.tokenizers.items():
         where = f"tokenizers.{model}"

@@ -8,7 +8,7 @@ import re
 from ext_proc._pb import policy_pb2
 from ext_proc.policy.errors import PolicyError
 from ext_proc.policy.load_fields import opt
-from ext_proc.policy.model import QueueSpec
+from ext_proc.policy.settings import QueueSpec
 
 __all__ = ["MAX_QUEUE_WAIT_MS", "queue_spec"]
 

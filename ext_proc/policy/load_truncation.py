@@ -11,7 +11,7 @@ from types import MappingProxyType
 from ext_proc._pb import policy_pb2
 from ext_proc.policy.errors import PolicyError
 from ext_proc.policy.load_fields import opt
-from ext_proc.policy.model import EmbeddingSpec, Level, TruncationSpec
+from ext_proc.policy.settings import EmbeddingSpec, Level, TruncationSpec
 
 __all__ = ["embedding_spec", "truncation_spec"]
 

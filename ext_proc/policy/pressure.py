@@ -46,7 +46,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ext_proc.policy.model import Level, PressureModel
+from ext_proc.policy.settings import Level, PressureModel
 from ext_proc.signals.snapshot import PoolSnapshot
 
 __all__ = ["Pressure", "level_for", "pressure_of", "queue_term"]

@@ -29,7 +29,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ext_proc.signals.model import Derived, Histogram
+from ext_proc.signals.scrapes import Derived, Histogram
 from ext_proc.signals.snapshot import PoolSnapshot
 from ext_proc.signals.window import exceedance
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ext_proc import telemetry
-from ext_proc.policy.model import Policy
 from ext_proc.policy.pressure import pressure_of
 from ext_proc.policy.scores import pool_cache_efficiency, tokenize_latency_risk
+from ext_proc.policy.settings import Policy
 from ext_proc.signals.collector import Collector
 from ext_proc.signals.shm import SnapshotWriter
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot

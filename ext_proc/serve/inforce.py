@@ -19,8 +19,8 @@ import contextlib
 import logging
 
 from ext_proc.admit.pipeline import Pipeline
-from ext_proc.policy.model import Policy
-from ext_proc.serve.helper import Offload
+from ext_proc.policy.settings import Policy
+from ext_proc.serve.offload import Offload
 from ext_proc.serve.reload import (
     POLL_S,
     FileWatch,

@@ -38,7 +38,7 @@ from ext_proc.admit.routing import Route
 from ext_proc.admit.verdict import RequestFacts
 from ext_proc.placement.inflight import Hold
 from ext_proc.schemas import RequestFeatures
-from ext_proc.serve.helper import Offload
+from ext_proc.serve.offload import Offload
 
 __all__ = ["Recounter", "recountable"]
 
@@ -105,7 +105,7 @@ class Recounter:
             elif hold.released:
                 outcome = "ended"
             else:
-                seen, shape, output, _ = pipeline.hold_terms(route, verdict, exact)
+                seen, shape, output, _ = pipeline.recorder.hold_terms(route, verdict, exact)
                 freed = pipeline.views.shrink(hold, route.profile, seen, shape, output)
                 outcome = "shrunk" if freed > 0 else "unchanged"
                 log.debug(

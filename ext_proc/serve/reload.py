@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ext_proc import telemetry
 from ext_proc.policy.load import PolicyError, default_policy_text, load_policy
-from ext_proc.policy.model import Policy
+from ext_proc.policy.settings import Policy
 
 __all__ = [
     "POLL_S",

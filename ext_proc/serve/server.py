@@ -48,7 +48,7 @@ from ext_proc.admit.shared_ledger import view_age_ms
 from ext_proc.placement.ledger_redis import DEFAULT_DEADLINE_S, DEFAULT_TTL_S, RedisLedger
 from ext_proc.placement.ledger_shm import LedgerHandle, LedgerSegment
 from ext_proc.policy.load import load_policy
-from ext_proc.policy.model import Policy
+from ext_proc.policy.settings import Policy
 from ext_proc.serve import memtrim
 from ext_proc.serve.collecting import (
     CollectorThread,
@@ -56,15 +56,16 @@ from ext_proc.serve.collecting import (
     observer,
     start_metrics,
 )
-from ext_proc.serve.helper import DEFAULT_HEAVY_CONTAINERS, Offload
 from ext_proc.serve.inforce import InForce, max_ages, reload_on
 from ext_proc.serve.looplag import LoopLag
+from ext_proc.serve.offload import DEFAULT_HEAVY_CONTAINERS, Offload
 from ext_proc.serve.reload import Candidate, FileWatch, candidate, policy_sha256
 from ext_proc.serve.servicer import ExtProcServicer
 from ext_proc.signals.collector import Collector
 from ext_proc.signals.shm import SnapshotReader, SnapshotWriter
 from ext_proc.signals.snapshot import PoolSnapshot
 from ext_proc.signals.store import SharedSnapshotStore, SnapshotStore
+from ext_proc.truncate.client import EmbeddingClient
 
 __all__ = ["ServeOptions", "serve", "worker_addresses"]
 
@@ -129,8 +130,6 @@ async def _run_worker(
     pipeline = Pipeline(policy, snapshots.lookup, max_body_bytes=opts.max_body_bytes, ledger=handle)
     remote = _shared_ledger(opts, pipeline, in_force, snapshots.lookup)
     if opts.embedding_socket:
-        from ext_proc.truncate.client import EmbeddingClient
-
         pipeline.similarity = EmbeddingClient(opts.embedding_socket)
     lag = LoopLag()  # the backlog reads it: headers waiting in the loop (looplag)
     server, health, servicer = _grpc_server(opts, address, pipeline, in_force, lag)
@@ -236,6 +235,7 @@ class _Running:
         if not opts.leader_elect:
             return None
         # NOT_SERVING at once (no I/O in between), SERVING while leading
+        # lazy: the Kubernetes client is imported only by a worker started with --leader-elect
         from ext_proc.serve.lease import elect_serving
 
         return await elect_serving(
@@ -256,7 +256,7 @@ class _Running:
             self.handle.close()
         if self.remote is not None:
             await self.remote.close()
-        if self.pipeline.similarity is not None:
+        if isinstance(self.pipeline.similarity, EmbeddingClient):
             await self.pipeline.similarity.close()
         if self.servicer.offload is not None:
             self.servicer.offload.close()
@@ -318,6 +318,7 @@ def serve(opts: ServeOptions) -> int:
     addresses = worker_addresses(opts.address, opts.workers)
     embedding = None
     if policy.truncation_enabled:
+        # lazy: torch and sentence-transformers load only where a profile truncates
         from ext_proc.truncate.host import EmbeddingService
 
         logging.basicConfig(

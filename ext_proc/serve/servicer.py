@@ -49,7 +49,6 @@ from ext_proc.admit.queue import AdmissionQueue
 from ext_proc.admit.stream import Stream
 from ext_proc.schemas import OPENAI_CHAT_FALLBACK
 from ext_proc.serve import render
-from ext_proc.serve.helper import Offload
 from ext_proc.serve.memtrim import Trimmer
 from ext_proc.serve.messages import (
     code_details,
@@ -58,6 +57,7 @@ from ext_proc.serve.messages import (
     request_id,
     subset_hint,
 )
+from ext_proc.serve.offload import Offload
 from ext_proc.serve.recount import Recounter
 
 __all__ = ["ExtProcServicer", "message_for"]

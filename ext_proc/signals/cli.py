@@ -32,9 +32,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ext_proc.signals.model import Derived, EngineScrape, GpuScrape, Histogram
 from ext_proc.signals.parse import SourceParseError, detect_kind, parse_dcgm, parse_engine
 from ext_proc.signals.poolbuild import backend_signals, limit_share
+from ext_proc.signals.scrapes import Derived, EngineScrape, GpuScrape, Histogram
 from ext_proc.signals.window import derive, histogram_quantile
 
 __all__ = ["main"]

@@ -54,7 +54,6 @@ from urllib.parse import urlencode
 
 from ext_proc import telemetry
 from ext_proc.signals.httpget import HttpGetter
-from ext_proc.signals.model import GpuScrape
 from ext_proc.signals.nvml import NvmlReader, NvmlSource
 from ext_proc.signals.parse import SourceParseError, parse_dcgm, parse_engine
 from ext_proc.signals.pool import Pool
@@ -66,6 +65,7 @@ from ext_proc.signals.poolbuild import (
     saturated,
 )
 from ext_proc.signals.promapi import build_queries, engine_backends
+from ext_proc.signals.scrapes import GpuScrape
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
 from ext_proc.signals.window import Window
 

@@ -34,7 +34,7 @@ from functools import lru_cache
 from typing import Final
 
 from ext_proc.signals import names as N
-from ext_proc.signals.model import SLEEP_STATES, EngineScrape, GpuScrape, Histogram
+from ext_proc.signals.scrapes import SLEEP_STATES, EngineScrape, GpuScrape, Histogram
 
 __all__ = [
     "Sample",

@@ -29,7 +29,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ext_proc.signals.model import GpuScrape
+from ext_proc.signals.scrapes import GpuScrape
 
 __all__ = ["NvmlReader", "NvmlSource", "NvmlUnavailable"]
 

@@ -30,8 +30,8 @@ from dataclasses import replace
 from typing import Protocol
 from urllib.parse import urlsplit
 
-from ext_proc.signals.model import Derived, EngineScrape, GpuScrape
 from ext_proc.signals.pool import Pool
+from ext_proc.signals.scrapes import Derived, EngineScrape, GpuScrape
 from ext_proc.signals.snapshot import BackendSignals
 from ext_proc.signals.window import derive
 

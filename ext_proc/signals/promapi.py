@@ -36,7 +36,7 @@ from ext_proc.signals.combine import (
     engine_from_samples,
     gpus_from_samples,
 )
-from ext_proc.signals.model import EngineScrape, GpuScrape
+from ext_proc.signals.scrapes import EngineScrape, GpuScrape
 
 __all__ = [
     "Body",

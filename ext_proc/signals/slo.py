@@ -38,7 +38,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Sequence
 
-from ext_proc.signals.model import EngineScrape, Histogram, Speed
+from ext_proc.signals.scrapes import EngineScrape, Histogram, Speed
 
 __all__ = ["predicted_tpot_s", "predicted_ttft_s", "speed"]
 

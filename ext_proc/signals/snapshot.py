@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ext_proc.signals.model import Derived, GpuScrape, Histogram, Speed
+from ext_proc.signals.scrapes import Derived, GpuScrape, Histogram, Speed
 from ext_proc.signals.slo import predicted_tpot_s, predicted_ttft_s
 
 __all__ = ["BackendSignals", "PoolSnapshot"]

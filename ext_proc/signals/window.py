@@ -46,7 +46,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from ext_proc.signals.model import Derived, EngineScrape, Histogram
+from ext_proc.signals.scrapes import Derived, EngineScrape, Histogram
 from ext_proc.signals.slo import speed
 
 __all__ = [

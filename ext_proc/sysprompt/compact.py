@@ -220,11 +220,11 @@ def compact_system_json(body: bytes, schema: object) -> tuple[bytes, int] | None
 
 
 def maybe_compact(
-    profile_flag: bool, doc: rawjson.TopLevel, schema: str
+    doc: rawjson.TopLevel, schema: str, *, enabled: bool
 ) -> tuple[rawjson.TopLevel, tuple[tuple[str, str], ...]] | None:
     """The profile's ``compact_system_json``: the compacted body and the headers to add
     (``x-ice-compacted: tokens=<n>``), or None when the flag is off or nothing changed."""
-    if not profile_flag:
+    if not enabled:
         return None
     result = compact_doc(doc, schema)
     if result is None:

@@ -1,7 +1,7 @@
 """What a count may encode, and what it teaches: the new text of a count, bounded and shared.
 
 Job: the ICE worker counts a long body on its event loop only when little of its text is new
-to its piece cache (``ext_proc.serve.helper``), and the helper process, which counts the
+to its piece cache (``ext_proc.serve.offload``), and the helper process, which counts the
 others, hands its piece counts back to the worker. ``pieces.PieceCounter`` calls in here:
 
 - ``new_text_bound(n)``: every count made inside encodes at most ``n`` characters in all

@@ -27,7 +27,7 @@ encoded once a call however often they recur. Uncached pieces are encoded togeth
 ``encode_batch_fast`` (no offsets; the Rust side spreads a batch over the machine's cores).
 
 The ICE worker counts a long body on its event loop only when little of it is new
-(``ext_proc.serve.helper``): inside ``newtext.new_text_bound`` a count spends what it would
+(``ext_proc.serve.offload``): inside ``newtext.new_text_bound`` a count spends what it would
 encode (uncached pieces, distinct short ones, whole texts) before encoding anything, and
 inside ``newtext.noting_pieces`` it notes its cacheable pieces' (digest, count) pairs, which
 ``learn`` merges into another process's counter of the same ``identity``

@@ -113,7 +113,7 @@ def dry_run(
                 emb.model or None, emb.max_seq_length, emb.quantize
             )
             verdict = asyncio.run(finish_truncation(pipeline, r, facts, verdict))
-        pipeline.record(r, verdict)
+        pipeline.recorder.record(r, verdict)
         outcome = verdict.outcome
         spec = r.profile.queue
         if spec is not None:  # what the profile's admission queue would do with it

@@ -25,7 +25,7 @@ from typing import Any
 
 from ext_proc.policy.errors import PolicyError
 from ext_proc.policy.load import load_policy
-from ext_proc.policy.model import EmbeddingSpec, TruncationSpec
+from ext_proc.policy.settings import EmbeddingSpec, TruncationSpec
 from ext_proc.schemas import BadRequest, rawjson, schema_for_path
 from ext_proc.truncate.planner import Overflow, apply_plan
 from ext_proc.truncate.runner import (

@@ -17,7 +17,7 @@ import os
 import tempfile
 import threading
 
-from ext_proc.policy.model import EmbeddingSpec
+from ext_proc.policy.settings import EmbeddingSpec
 from ext_proc.truncate.process import EmbeddingWorkerProcess
 
 __all__ = ["EmbeddingService"]

@@ -1,4 +1,4 @@
-"""Carry out a ``Truncate`` decision: similarities under a deadline, then the plan.
+"""Carry out a ``TruncateHistory`` decision: similarities under a deadline, then the plan.
 
 Steps for one request (``conversation_for``, then ``truncate``):
 1. Split the body into units (``units.conversation_of``) with the profile's turn rules.
@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from ext_proc.media import MediaCost
-from ext_proc.policy.model import TruncationSpec
+from ext_proc.policy.settings import TruncationSpec
 from ext_proc.schemas.base import DEFAULT_MEDIA
 from ext_proc.truncate.client import EmbeddingTimeout
 from ext_proc.truncate.lexical import cjk_share, lexical_similarities

@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from ext_proc.admit import headeronly
 from ext_proc.admit.admission import (
     Admission,
     Coarse,
@@ -25,10 +24,12 @@ from ext_proc.admit.admission import (
 from ext_proc.admit.backlog import Backlog, BodyClock
 from ext_proc.admit.pipeline import BodyVerdict, Pipeline, Route
 from ext_proc.admit.queue import AdmissionQueue
+from ext_proc.admit.recorder import Recorder
 from ext_proc.admit.shared_ledger import view_age_ms
 from ext_proc.admit.stream import Stream
 from ext_proc.lab.redis_local import RedisServer
 from ext_proc.placement.ledger_redis import RedisLedger
+from ext_proc.policy import coarse
 from ext_proc.policy.load import parse_policy
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
 
@@ -53,8 +54,8 @@ def snapshot(gpu_blocks: int, usage: float = 0.0) -> PoolSnapshot:
     return PoolSnapshot("default", (backend,), time.monotonic())
 
 
-class CountingPipeline(Pipeline):
-    """The real pipeline, which also keeps every verdict it counted in the metrics."""
+class CountingRecorder(Recorder):
+    """The real recorder, which also keeps every verdict it counted in the metrics."""
 
     counted: list[BodyVerdict]
 
@@ -68,8 +69,11 @@ class Rig:
 
     def __init__(self, policy: str, gpu_blocks: int) -> None:
         self.view = {"now": snapshot(gpu_blocks)}
-        self.pipeline = CountingPipeline(parse_policy(policy), lambda _pool: self.view["now"])
-        self.pipeline.counted = []
+        self.pipeline = Pipeline(parse_policy(policy), lambda _pool: self.view["now"])
+        recorder = self.pipeline.recorder
+        self.recorder = CountingRecorder(recorder.views, recorder.placer, recorder.lookup)
+        self.recorder.counted = []
+        self.pipeline.recorder = self.recorder
         self.backlog = Backlog()
         self.queue = AdmissionQueue()
         self.route = self.pipeline.router.resolve([])
@@ -118,11 +122,11 @@ def test_a_body_that_fits_is_judged_and_committed_once() -> None:
     a = rig.admission()
     got = asyncio.run(request(a))
     assert [type(s) for s in got] == [Proceed, Judged] and decision(got[-1]) == "pass"
-    assert len(rig.pipeline.counted) == 1 and a.stream.committed
+    assert len(rig.recorder.counted) == 1 and a.stream.committed
     assert a.stream.hold is not None and a.stream.hold.blocks == 7
     assert rig.queue.inflight == {("default", "default"): 1}  # its tenant's slot
-    a.commit(rig.pipeline.counted[0])  # a second commit does nothing
-    assert len(rig.pipeline.counted) == 1 and rig.queue.inflight[("default", "default")] == 1
+    a.commit(rig.recorder.counted[0])  # a second commit does nothing
+    assert len(rig.recorder.counted) == 1 and rig.queue.inflight[("default", "default")] == 1
     a.stream.close()
     assert rig.queue.inflight == {} and rig.pipeline.views.live["default"][""] == 0
 
@@ -134,10 +138,10 @@ def test_a_refusal_that_waits_in_the_queue_is_committed_once_when_room_comes() -
         a = rig.admission()
         waiting = asyncio.ensure_future(request(a))
         await asyncio.sleep(0.05)
-        assert rig.queue.depth == 1 and rig.pipeline.counted == []  # waiting, not counted
+        assert rig.queue.depth == 1 and rig.recorder.counted == []  # waiting, not counted
         rig.view["now"] = snapshot(11)  # room now
         got = await waiting
-        assert len(rig.pipeline.counted) == 1 and a.stream.committed
+        assert len(rig.recorder.counted) == 1 and a.stream.committed
         assert a.stream.hold is not None
         return got
 
@@ -151,7 +155,7 @@ def test_a_refusal_without_a_queue_is_answered_and_committed_once() -> None:
     a = rig.admission()
     got = asyncio.run(request(a))
     assert [type(s) for s in got] == [Proceed, Judged] and decision(got[-1]) == "reject"
-    assert len(rig.pipeline.counted) == 1 and a.stream.committed and a.stream.hold is None
+    assert len(rig.recorder.counted) == 1 and a.stream.committed and a.stream.hold is None
 
 
 def busy(rig: Rig) -> None:
@@ -167,13 +171,13 @@ def test_a_busy_worker_judges_at_the_headers_and_commits_once() -> None:
     assert [type(s) for s in got] == [Coarse]
     headers = dict(got[0].outcome.headers)  # type: ignore[union-attr]
     assert headers["x-ice-judged"] == "headers" and headers["x-ice-reason"] == "ice_busy"
-    assert len(rig.pipeline.counted) == 1 and a.stream.committed
+    assert len(rig.recorder.counted) == 1 and a.stream.committed
 
 
 def test_a_coarse_refusal_that_waits_is_committed_once(monkeypatch: pytest.MonkeyPatch) -> None:
     # an API that reads no field a body's size leaves unbounded (a test double: every API
     # ICE judges reads media parts, so its coarse verdict is a 429 ice_busy)
-    monkeypatch.setattr(headeronly, "unread_risk", lambda *_args: None)
+    monkeypatch.setattr(coarse, "unread_risk", lambda *_args: None)
     rig = Rig(QUEUED, gpu_blocks=100_000)
     rig.view["now"] = snapshot(100_000, usage=0.95)  # 5,000 free: the worst body needs 8,192
     busy(rig)
@@ -182,10 +186,10 @@ def test_a_coarse_refusal_that_waits_is_committed_once(monkeypatch: pytest.Monke
         a = rig.admission()
         waiting = asyncio.ensure_future(request(a))
         await asyncio.sleep(0.05)
-        assert rig.queue.depth == 1 and rig.pipeline.counted == []
+        assert rig.queue.depth == 1 and rig.recorder.counted == []
         rig.view["now"] = snapshot(100_000)
         got = await waiting
-        assert len(rig.pipeline.counted) == 1 and a.stream.committed
+        assert len(rig.recorder.counted) == 1 and a.stream.committed
         return got
 
     got = asyncio.run(run())
@@ -197,7 +201,7 @@ def test_what_is_not_an_inference_request_passes_without_a_verdict() -> None:
     a = rig.admission()
     got = asyncio.run(steps(a.on_headers(headers(path="/v1/models"), True)))
     assert len(got) == 1 and isinstance(got[0], Immediate | SkipBody)
-    assert rig.pipeline.counted == [] and not a.stream.committed
+    assert rig.recorder.counted == [] and not a.stream.committed
 
 
 def test_a_body_envoy_gave_up_on_goes_on_untouched_and_uncommitted() -> None:
@@ -212,9 +216,9 @@ def test_a_body_envoy_gave_up_on_goes_on_untouched_and_uncommitted() -> None:
     got = asyncio.run(run())
     assert isinstance(got[-1], Untouched | Judged)
     if isinstance(got[-1], Untouched):  # expired: dropped, not counted
-        assert rig.pipeline.counted == [] and not a.stream.committed
+        assert rig.recorder.counted == [] and not a.stream.committed
     else:  # late: judged from its size, counted once
-        assert len(rig.pipeline.counted) == 1
+        assert len(rig.recorder.counted) == 1
 
 
 @pytest.mark.parametrize("fits", [True, False], ids=["fits", "refused"])
@@ -242,7 +246,7 @@ def test_a_verdict_reserved_in_the_shared_ledger_is_committed_once(
         try:
             a = rig.admission()
             got = await request(a)
-            assert len(rig.pipeline.counted) == 1 and a.stream.committed
+            assert len(rig.recorder.counted) == 1 and a.stream.committed
             assert (a.stream.hold is not None) is fits
             return got
         finally:

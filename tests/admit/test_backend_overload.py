@@ -13,9 +13,9 @@ from ext_proc.admit.outcome import Continue
 from ext_proc.admit.overload_answer import REASON, answer, from_backend, need_tokens, watches
 from ext_proc.admit.verdict import BodyVerdict
 from ext_proc.policy.decision import Downgrade, Pass, Reject, Truncated
-from ext_proc.policy.model import Level, Profile
 from ext_proc.policy.pressure import Pressure
 from ext_proc.policy.scores import DrainInputs
+from ext_proc.policy.settings import Level, Profile
 from ext_proc.schemas import OPENAI_CHAT, OPENAI_COMPLETIONS, RequestFeatures
 from ext_proc.schemas.anthropic_messages import ANTHROPIC_MESSAGES
 

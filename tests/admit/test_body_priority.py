@@ -194,7 +194,7 @@ def test_a_heavy_body_judged_in_the_helper_process_loses_it_too() -> None:
     import asyncio
 
     from ext_proc.policy.load import load_policy
-    from ext_proc.serve.helper import Offload
+    from ext_proc.serve.offload import Offload
 
     pipeline = Pipeline(load_policy(None), lambda _pool: None)  # the built-in: cap
     route = pipeline.router.resolve([("x-ice-route", "chat")])

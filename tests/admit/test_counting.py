@@ -12,8 +12,8 @@ import math
 from pathlib import Path
 
 from ext_proc.admit.counting import bounds, same_verdict
-from ext_proc.admit.headeronly import coarse_tokens
 from ext_proc.admit.pipeline import Pipeline, RequestFacts
+from ext_proc.policy.coarse import coarse_tokens
 from ext_proc.policy.decision import Downgrade, Pass, Reject
 from ext_proc.schemas import BY_NAME, RequestFeatures
 from tests.builders import exact_pipeline

@@ -27,7 +27,7 @@ from ext_proc.admit.truncation import finish_truncation
 from ext_proc.policy.decision import Downgrade, Pass, Truncated
 from ext_proc.policy.load import default_policy_text, parse_policy
 from ext_proc.schemas import OPENAI_CHAT, rawjson
-from ext_proc.serve.helper import Offload
+from ext_proc.serve.offload import Offload
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
 from ext_proc.sysprompt import scan
 from tests.builders import admission

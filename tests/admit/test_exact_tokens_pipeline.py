@@ -65,7 +65,7 @@ def test_missing_tokenizer_file_stops_start_up(tmp_path: Path) -> None:
 
 
 def test_expected_prefix_reuse_lowers_the_blocks_a_request_needs() -> None:
-    from ext_proc.signals.model import Derived
+    from ext_proc.signals.scrapes import Derived
 
     policy = parse_policy("profiles: {default: {on_kv_shortfall: shed}}")
     derived = Derived(window_s=10.0, prefix_cache_hit_ratio=0.5, prompt_tokens_per_s=100.0)

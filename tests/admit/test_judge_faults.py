@@ -157,7 +157,7 @@ def break_stage(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         elif stage == "plan":
             monkeypatch.setattr(pipeline_module, "make_verdict", _boom)
         else:
-            monkeypatch.setattr(p, "record", _boom)
+            monkeypatch.setattr(p.recorder, "record", _boom)
 
     yield brake
 

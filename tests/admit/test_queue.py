@@ -65,7 +65,7 @@ def test_a_queued_request_waits_for_the_running_one_to_end_not_for_the_gauge() -
     async def run() -> None:
         rig = Rig()
         verdict = rig.judge(rig.facts())
-        running = rig.pipeline.record(rig.route, verdict)  # 7 of 10 blocks, reserved
+        running = rig.pipeline.recorder.record(rig.route, verdict)  # 7 of 10 blocks, reserved
         assert running is not None
         w = rig.offer(rig.facts())
         # the backend's gauge reads idle (the running request not yet scheduled, or only its
@@ -192,7 +192,7 @@ def test_the_tenant_with_fewer_requests_in_flight_goes_first() -> None:
         first_facts = rig.facts(tenant="heavy")
         verdict = rig.judge(first_facts)
         first = rig.stream(first_facts)
-        first.hold = rig.pipeline.record(rig.route, verdict)
+        first.hold = rig.pipeline.recorder.record(rig.route, verdict)
         rig.queue.count_started(rig.route, first_facts, first, verdict)
         assert rig.queue.inflight == {("default", "heavy"): 1}
         heavy = rig.offer(rig.facts(tenant="heavy"))

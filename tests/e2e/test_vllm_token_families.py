@@ -46,7 +46,7 @@ from typing import Any
 
 import pytest
 
-from ext_proc.admit.carry import estimate_request
+from ext_proc.admit.reload_carry import estimate_request
 from ext_proc.lab import vllm_local as vl
 from ext_proc.tokencount import ExactCounter, TokenizerSpec
 from tests.builders import post_json

@@ -21,7 +21,7 @@ import pytest
 from ext_proc.lab import vllm_local as vl
 from ext_proc.placement.poolview import PoolViews
 from ext_proc.policy.evaluate import Shape
-from ext_proc.policy.model import Profile
+from ext_proc.policy.settings import Profile
 from ext_proc.schemas import ADAPTERS
 from ext_proc.signals.parse import parse_engine
 from ext_proc.signals.poolbuild import backend_signals

@@ -1,4 +1,4 @@
-"""Admission by forecast (``ext_proc.policy.outlen``, ``ext_proc.placement.forecast``,
+"""Admission by forecast (``ext_proc.policy.output_dist``, ``ext_proc.placement.forecast``,
 ``ext_proc.placement.forecast_book``): output lengths from the pool's histogram given what a
 request generated, the Past-Future peak of an endpoint's blocks, and the fit a request is
 judged against, each against hand-computed values."""
@@ -20,12 +20,12 @@ from ext_proc.placement.inflight import Hold
 from ext_proc.policy.errors import PolicyError
 from ext_proc.policy.kvfit import KvFit, Shape
 from ext_proc.policy.load import parse_policy
-from ext_proc.policy.model import ForecastSpec, Profile
-from ext_proc.policy.outlen import cdf_at, remaining_total
+from ext_proc.policy.output_dist import cdf_at, remaining_total
+from ext_proc.policy.settings import ForecastSpec, Profile
 from ext_proc.schemas import OPENAI_CHAT
-from ext_proc.signals.model import Derived, Histogram
 from ext_proc.signals.parse import parse_engine
 from ext_proc.signals.poolbuild import backend_signals
+from ext_proc.signals.scrapes import Derived, Histogram
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
 from tests.builders import LENGTHS, blocks16
 from tests.builders import forecast_backend as backend
@@ -281,7 +281,9 @@ def judge(pipeline: Pipeline) -> tuple[str, Hold | None]:
     facts = RequestFacts(adapter=OPENAI_CHAT, priority="standard")
     verdict = pipeline.on_body(route, facts, BODY.encode())
     assert verdict is not None and verdict.decision is not None
-    return f"{verdict.decision.decision}:{verdict.decision.reason}", pipeline.record(route, verdict)
+    return f"{verdict.decision.decision}:{verdict.decision.reason}", pipeline.recorder.record(
+        route, verdict
+    )
 
 
 def admitted(admission: str, lengths: Histogram | None) -> int:

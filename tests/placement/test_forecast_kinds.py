@@ -1,4 +1,4 @@
-"""Output lengths by kind of request (``ext_proc.placement.lengths``, ``forecast.refine``):
+"""Output lengths by kind of request (``ext_proc.placement.length_kinds``, ``forecast.refine``):
 the limit bucket, the factor a kind's mean output over the pool's stretches the backend's
 distribution by, what a finished request counts as, each against hand-computed values."""
 
@@ -12,12 +12,12 @@ from prometheus_client import REGISTRY
 
 from ext_proc.placement.forecast import Outlook, Trajectory
 from ext_proc.placement.forecast_book import ForecastBook
-from ext_proc.placement.lengths import ObservedLengths, limit_bucket, scaled
+from ext_proc.placement.length_kinds import ObservedLengths, limit_bucket, scaled
 from ext_proc.placement.poolview import PoolViews
 from ext_proc.policy.kvfit import Shape
 from ext_proc.policy.load import parse_policy
-from ext_proc.policy.model import ForecastSpec, Profile
-from ext_proc.signals.model import Histogram
+from ext_proc.policy.settings import ForecastSpec, Profile
+from ext_proc.signals.scrapes import Histogram
 from ext_proc.signals.snapshot import PoolSnapshot
 from tests.builders import FORECAST_URL as URL
 from tests.builders import LENGTHS, decoding

@@ -27,11 +27,11 @@ from ext_proc.placement.forecast_standing import (
     banded_total,
     rebuild_after,
 )
-from ext_proc.placement.lengths import limit_bucket, scaled
+from ext_proc.placement.length_kinds import limit_bucket, scaled
 from ext_proc.policy.kvfit import KvFit, Shape
-from ext_proc.policy.model import ForecastSpec, Profile
-from ext_proc.policy.outlen import remaining_total
-from ext_proc.signals.model import Derived, Histogram
+from ext_proc.policy.output_dist import remaining_total
+from ext_proc.policy.settings import ForecastSpec, Profile
+from ext_proc.signals.scrapes import Derived, Histogram
 from ext_proc.signals.snapshot import BackendSignals
 
 INF = math.inf

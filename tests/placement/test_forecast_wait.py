@@ -15,7 +15,7 @@ from ext_proc.placement.forecast import Outlook, Trajectory
 from ext_proc.placement.forecast_book import ForecastBook
 from ext_proc.placement.poolview import PoolViews
 from ext_proc.policy.kvfit import KvFit, Shape
-from ext_proc.policy.model import ForecastSpec, Level, PressureModel, Profile
+from ext_proc.policy.settings import ForecastSpec, Level, PressureModel, Profile
 from ext_proc.signals.snapshot import PoolSnapshot
 from tests.builders import FORECAST_URL as URL
 from tests.builders import LENGTHS, blocks16, decoding

@@ -35,7 +35,7 @@ def judge(pipeline: Pipeline) -> tuple[str, Hold | None]:
     facts = RequestFacts(adapter=OPENAI_CHAT, priority="standard")
     verdict = pipeline.on_body(route, facts, BODY.encode())
     assert verdict is not None and verdict.decision is not None
-    hold = pipeline.record(route, verdict)
+    hold = pipeline.recorder.record(route, verdict)
     return f"{verdict.decision.decision}:{verdict.decision.reason}", hold
 
 
@@ -90,7 +90,7 @@ def test_the_room_is_the_lesser_of_the_views_free_blocks_and_what_is_not_reserve
         verdict = pipeline.on_body(route, facts, body.encode())
         assert verdict is not None and verdict.features is not None
         assert -(-(verdict.features.input_tokens + max_tokens) // 16) == blocks
-        hold = pipeline.record(route, verdict)
+        hold = pipeline.recorder.record(route, verdict)
         assert hold is not None
         holds.append(hold)
 

@@ -78,7 +78,7 @@ def judge_with(
     body = json.dumps({"messages": messages, "max_tokens": max_tokens}).encode()
     verdict = pipeline.on_body(route, facts, body)
     assert verdict is not None
-    pipeline.record(route, verdict)
+    pipeline.recorder.record(route, verdict)
     return verdict
 
 

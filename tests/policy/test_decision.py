@@ -12,14 +12,14 @@ from ext_proc.policy.decision import (
     Downgrade,
     Pass,
     Reject,
-    Truncate,
     Truncated,
+    TruncateHistory,
     Wait,
     verdict_headers,
 )
 from ext_proc.policy.evaluate import waits_where_it_can
-from ext_proc.policy.model import Level, Profile, QueueSpec
 from ext_proc.policy.pressure import Pressure
+from ext_proc.policy.settings import Level, Profile, QueueSpec
 from ext_proc.schemas.base import RequestFeatures
 
 P = Pressure(70.0, Level.HIGH)
@@ -29,7 +29,7 @@ CASES: list[tuple[Decision, bool, int | None]] = [
     (Pass(P), True, None),
     (DOWN, True, 256),
     (Reject(P, 429, "kv_exhausted", "no room", retry_after_s=2), False, None),
-    (Truncate(P, budget_tokens=1000, reason="pressure_budget"), False, None),
+    (TruncateHistory(P, budget_tokens=1000, reason="pressure_budget"), False, None),
     (Truncated(Pass(P), "pressure_budget", 3, 900, "semantic"), True, None),
     (Truncated(DOWN, "pressure_budget", 3, 900, "recency", "deadline"), True, 256),
 ]

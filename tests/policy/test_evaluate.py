@@ -9,8 +9,8 @@ import pytest
 
 from ext_proc.policy.decision import Decision, Downgrade, Pass, Reject, verdict_headers
 from ext_proc.policy.evaluate import KvFit, Shape, evaluate, safe_output_tokens
-from ext_proc.policy.model import Level, Priority, Profile
 from ext_proc.policy.pressure import Pressure
+from ext_proc.policy.settings import Level, Priority, Profile
 from ext_proc.schemas import RequestFeatures
 
 PROFILE = Profile(name="p", max_model_len=8192, output_buffer_tokens=512, min_output_tokens=16)

@@ -1,4 +1,4 @@
-"""What a request without an output limit is judged for (``ext_proc.policy.output``): the
+"""What a request without an output limit is judged for (``ext_proc.policy.output_limit``): the
 backend's own default, not 16 tokens, and the limit the ladder injects when less fits."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 
 from ext_proc.policy.decision import Downgrade, Pass, Reject
 from ext_proc.policy.evaluate import KvFit, evaluate
-from ext_proc.policy.model import Level, Profile
-from ext_proc.policy.output import backend_output
+from ext_proc.policy.output_limit import backend_output
 from ext_proc.policy.pressure import Pressure
+from ext_proc.policy.settings import Level, Profile
 from ext_proc.schemas import RequestFeatures
 
 PROFILE = Profile(name="p", max_model_len=8192, output_buffer_tokens=512, min_output_tokens=16)

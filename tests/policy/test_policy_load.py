@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from ext_proc.policy.load import PolicyError, load_policy, parse_policy
-from ext_proc.policy.model import Level
+from ext_proc.policy.settings import Level
 from ext_proc.tools.protogen import ROOT, generate
 
 

@@ -6,9 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from ext_proc.policy.model import Level, PressureModel
 from ext_proc.policy.pressure import level_for, pressure_of, queue_term
-from ext_proc.signals.model import Derived
+from ext_proc.policy.settings import Level, PressureModel
+from ext_proc.signals.scrapes import Derived
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
 
 DEFAULT = PressureModel()
@@ -108,7 +108,7 @@ def test_level_boundaries_are_inclusive_lower_bounds(score: float, level: Level)
 
 
 def test_pcie_term_joins_when_the_pool_has_gpus() -> None:
-    from ext_proc.signals.model import GpuScrape
+    from ext_proc.signals.scrapes import GpuScrape
 
     gpus = (
         GpuScrape(source="d", at_s=0, gpu="0", pcie_tx_bytes_s=16e9, pcie_rx_bytes_s=8e9),

@@ -13,7 +13,7 @@ from ext_proc.policy.scores import (
     retry_after_s,
     tokenize_latency_risk,
 )
-from ext_proc.signals.model import Derived, Histogram
+from ext_proc.signals.scrapes import Derived, Histogram
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
 from ext_proc.signals.window import exceedance
 

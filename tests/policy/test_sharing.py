@@ -12,8 +12,8 @@ import pytest
 from ext_proc.placement.poolview import PoolViews
 from ext_proc.policy.decision import Pass, Reject
 from ext_proc.policy.evaluate import Shape, evaluate
-from ext_proc.policy.model import Level, Profile
 from ext_proc.policy.pressure import Pressure
+from ext_proc.policy.settings import Level, Profile
 from ext_proc.schemas import ADAPTERS, BadRequest, RequestFeatures, rawjson
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
 

@@ -15,7 +15,7 @@ from ext_proc.admit.outcome import Continue, Respond, slo_headers
 from ext_proc.admit.pipeline import Pipeline
 from ext_proc.admit.verdict import RequestFacts
 from ext_proc.policy.load import PolicyError, parse_policy
-from ext_proc.policy.model import SloTarget
+from ext_proc.policy.settings import SloTarget
 
 POLICY = """
 profiles:

@@ -8,10 +8,17 @@ from types import MappingProxyType
 
 import pytest
 
-from ext_proc.policy.decision import Downgrade, Pass, Reject, Truncate, Truncated, verdict_headers
+from ext_proc.policy.decision import (
+    Downgrade,
+    Pass,
+    Reject,
+    Truncated,
+    TruncateHistory,
+    verdict_headers,
+)
 from ext_proc.policy.evaluate import evaluate
-from ext_proc.policy.model import Level, Profile, TruncationSpec
 from ext_proc.policy.pressure import Pressure
+from ext_proc.policy.settings import Level, Profile, TruncationSpec
 from ext_proc.schemas import RequestFeatures
 
 SPEC = TruncationSpec(
@@ -35,17 +42,17 @@ def feats(input_tokens: int, schema: str = "openai.chat") -> RequestFeatures:
     [
         (5000, LOW, None, None),  # low has no budget; context room is plenty
         (6000, HIGH, None, None),  # exactly the budget
-        (6001, HIGH, None, Truncate(HIGH, 6000, "pressure_budget")),
-        (3001, CRITICAL, None, Truncate(CRITICAL, 3000, "pressure_budget")),
+        (6001, HIGH, None, TruncateHistory(HIGH, 6000, "pressure_budget")),
+        (3001, CRITICAL, None, TruncateHistory(CRITICAL, 3000, "pressure_budget")),
         # efficiency 0.30 < 0.45: the low-efficiency budget 5000
-        (5001, LOW, 0.30, Truncate(LOW, 5000, "cache_efficiency")),
+        (5001, LOW, 0.30, TruncateHistory(LOW, 5000, "cache_efficiency")),
         (5001, LOW, 0.50, None),
         # both apply at high: the smaller wins
-        (6001, HIGH, 0.30, Truncate(HIGH, 5000, "cache_efficiency")),
+        (6001, HIGH, 0.30, TruncateHistory(HIGH, 5000, "cache_efficiency")),
         # input > 8192 - 16 = 8176: budget 8192 - 1024 = 7168
-        (8177, LOW, None, Truncate(LOW, 7168, "context_budget")),
+        (8177, LOW, None, TruncateHistory(LOW, 7168, "context_budget")),
         (8176, LOW, None, None),
-        (8177, None, None, Truncate(None, 7168, "context_budget")),
+        (8177, None, None, TruncateHistory(None, 7168, "context_budget")),
     ],
 )
 def test_truncation_budget(
@@ -56,7 +63,7 @@ def test_truncation_budget(
         feats(input_tokens), pressure, PROFILE, "critical", cache_efficiency=efficiency
     )
     if expected is None:
-        assert not isinstance(decision, Truncate)
+        assert not isinstance(decision, TruncateHistory)
     else:
         assert decision == expected
 
@@ -64,7 +71,7 @@ def test_truncation_budget(
 def test_a_context_budget_falls_back_to_min_output_when_the_buffer_is_the_whole_context() -> None:
     profile = replace(PROFILE, max_model_len=2048, output_buffer_tokens=2048)
     decision = evaluate(feats(2040), LOW, profile, "standard")
-    assert decision == Truncate(LOW, 2048 - 16, "context_budget")
+    assert decision == TruncateHistory(LOW, 2048 - 16, "context_budget")
 
 
 def test_shedding_wins_over_truncation() -> None:
@@ -74,10 +81,10 @@ def test_shedding_wins_over_truncation() -> None:
 
 def test_completions_and_profiles_without_truncation_are_never_truncated() -> None:
     assert not isinstance(
-        evaluate(feats(7000, "openai.completions"), HIGH, PROFILE, "standard"), Truncate
+        evaluate(feats(7000, "openai.completions"), HIGH, PROFILE, "standard"), TruncateHistory
     )
     plain = replace(PROFILE, truncation=None)
-    assert not isinstance(evaluate(feats(7000), HIGH, plain, "standard"), Truncate)
+    assert not isinstance(evaluate(feats(7000), HIGH, plain, "standard"), TruncateHistory)
 
 
 def test_truncated_headers_show_what_was_dropped_and_any_downgrade() -> None:

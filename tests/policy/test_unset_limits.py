@@ -1,5 +1,5 @@
 """A request without an output limit, absent or ``null``, is judged for what its backend runs
-(``ext_proc.schemas.limits``, ``ext_proc.policy.output.backend_output``).
+(``ext_proc.schemas.limits``, ``ext_proc.policy.output_limit.backend_output``).
 
 One table drives these tests: docs/endpoints.md's "A request without a limit". Its ICE
 columns must equal the code's table, and every row's body, sent through the real adapter with
@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from ext_proc.policy.model import Profile
-from ext_proc.policy.output import backend_output
+from ext_proc.policy.output_limit import backend_output
+from ext_proc.policy.settings import Profile
 from ext_proc.schemas import SCHEMAS, BadRequest, RequestFeatures
 from ext_proc.schemas.invocations import SAGEMAKER_INVOCATIONS
 from ext_proc.schemas.limits import CONFIG_OR_REST, REFUSED, REST, UNSET_LIMITS, unset_rule

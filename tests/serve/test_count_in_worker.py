@@ -1,7 +1,7 @@
 """A long body whose text is mostly in the worker's piece cache is counted in the worker.
 
 With a tokenizer configured, a body over ``exact_count_inline_bytes`` used to be judged in the
-helper process, whatever it cost to count. Now (``ext_proc.serve.helper``): a body heavy
+helper process, whatever it cost to count. Now (``ext_proc.serve.offload``): a body heavy
 only by its size is judged in-process first, with its exact count bounded to
 ``exact_count_inline_bytes`` characters of text new to the cache
 (``ext_proc.tokencount.pieces.new_text_bound``); past it nothing is encoded and the helper
@@ -27,7 +27,7 @@ from ext_proc.admit.pipeline import Pipeline
 from ext_proc.admit.verdict import RequestFacts
 from ext_proc.policy.load import load_policy
 from ext_proc.schemas import BY_NAME
-from ext_proc.serve.helper import Offload, weigh
+from ext_proc.serve.offload import Offload, weigh
 from ext_proc.serve.servicer import ExtProcServicer
 from ext_proc.tokencount import ExactCounter, TokenizerSpec
 from ext_proc.tokencount.calibration import SAMPLE_WORDS

@@ -23,9 +23,9 @@ from ext_proc.placement.ledger_shm import LedgerHandle, LedgerSegment, endpoint_
 from ext_proc.placement.poolview import PoolViews
 from ext_proc.policy.evaluate import Shape
 from ext_proc.policy.load import load_policy, parse_policy
-from ext_proc.policy.model import Policy, Profile
+from ext_proc.policy.settings import Policy, Profile
 from ext_proc.schemas import BY_NAME
-from ext_proc.serve.helper import Offload
+from ext_proc.serve.offload import Offload
 from ext_proc.serve.servicer import ExtProcServicer
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
 from tests.builders import FakeContext, body_msg, headers_msg

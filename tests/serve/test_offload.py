@@ -12,7 +12,7 @@ from ext_proc.admit.pipeline import Pipeline, RequestFacts
 from ext_proc.policy.evaluate import Shape
 from ext_proc.policy.load import load_policy
 from ext_proc.schemas import OPENAI_CHAT
-from ext_proc.serve.helper import Offload
+from ext_proc.serve.offload import Offload
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
 
 PART = {"type": "text", "text": "a"}
@@ -74,7 +74,7 @@ def test_offloaded_verdict_counts_the_workers_inflight_blocks() -> None:
 
 
 def test_brackets_inside_strings_do_not_make_a_body_heavy() -> None:
-    from ext_proc.serve.helper import containers_outside_strings
+    from ext_proc.serve.offload import containers_outside_strings
 
     offload = Offload(None, 8 * 1024 * 1024, heavy_containers=1_000)
     # 25,000 "[" in a string (the body): 3 containers outside it

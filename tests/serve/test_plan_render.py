@@ -9,8 +9,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from ext_proc.admit.outcome import Continue, Respond, plan
 from ext_proc.policy.decision import Downgrade, Pass, Reject
-from ext_proc.policy.model import Level
 from ext_proc.policy.pressure import Pressure
+from ext_proc.policy.settings import Level
 from ext_proc.schemas import OPENAI_CHAT, OPENAI_COMPLETIONS, rawjson
 from ext_proc.schemas.anthropic_messages import ANTHROPIC_MESSAGES
 from ext_proc.serve import render

@@ -225,7 +225,7 @@ def test_at_low_pressure_without_valve_refusals_no_response_headers_are_asked() 
 
 
 def test_a_valve_that_refused_within_the_window_is_watched_even_at_low_pressure() -> None:
-    from ext_proc.signals.model import Derived
+    from ext_proc.signals.scrapes import Derived
 
     derived = Derived(window_s=10.0, admission_rejections_per_s=0.5)
     backend = BackendSignals(url="u", kv_cache_usage=0.2, num_requests_waiting=0, derived=derived)

@@ -3,7 +3,7 @@
 Scripted ext_proc streams as in test_servicer.py; the worker's ``Backlog`` is set up so that
 each case is busy in one precise way.
 
-Every API ICE judges reads a field no body size bounds (``ext_proc.admit.headeronly``
+Every API ICE judges reads a field no body size bounds (``ext_proc.policy.coarse``
 ``unread_risk``), so every real coarse verdict is a 429 ``ice_busy``
 (``test_a_coarse_verdict_on_a_real_api_is_a_429_at_the_headers``). The other cases drive the
 servicer's coarse paths (a pass with the body phase off, the queue, the late lane) with a
@@ -21,9 +21,9 @@ import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from prometheus_client import REGISTRY
 
-from ext_proc.admit import headeronly
 from ext_proc.admit.backlog import Backlog
 from ext_proc.admit.pipeline import Pipeline
+from ext_proc.policy import coarse
 from ext_proc.serve.servicer import ExtProcServicer
 from tests.builders import (
     SERVICER_POLICY as POLICY,
@@ -48,12 +48,12 @@ LONG = json.dumps(
 ).encode()  # 150 kB: over the 64 KiB of a short body
 
 
-REAL_UNREAD_RISK = headeronly.unread_risk
+REAL_UNREAD_RISK = coarse.unread_risk
 
 
 @pytest.fixture(autouse=True)
 def _nothing_unbounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(headeronly, "unread_risk", lambda *_args: None)
+    monkeypatch.setattr(coarse, "unread_risk", lambda *_args: None)
 
 
 def metric(name: str, **labels: str) -> float:
@@ -107,7 +107,7 @@ def test_a_coarse_verdict_on_a_real_api_is_a_429_at_the_headers(
     """A chat names ``n`` in a few bytes: on the calm page, beside another body, a 429
     ``ice_busy`` with Retry-After, not a pass with the body phase off; at the body phase
     too (a chunked body on a full worker)."""
-    monkeypatch.setattr(headeronly, "unread_risk", REAL_UNREAD_RISK)
+    monkeypatch.setattr(coarse, "unread_risk", REAL_UNREAD_RISK)
     backlog = Backlog(max_inflight_bytes=1 * MIB)
     other = backlog.admit(700_000, "inline")
     out = stream(servicer(backlog, usage=0.0), [headers_msg(**{"content-length": "500000"})])

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from ext_proc.signals import names as N
-from ext_proc.signals.model import EngineScrape, GpuScrape
+from ext_proc.signals.scrapes import EngineScrape, GpuScrape
 
 ENGINE_FIELDS = {f.name for f in dataclasses.fields(EngineScrape)}
 GPU_FIELDS = {f.name for f in dataclasses.fields(GpuScrape)}

@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from ext_proc.signals.model import GpuScrape
 from ext_proc.signals.nvml import NvmlReader, NvmlSource, NvmlUnavailable
+from ext_proc.signals.scrapes import GpuScrape
 from tests.builders import GIB, H200, FakeNvml, FakeNVMLError
 from tests.builders import GpuMem as _Mem
 

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from ext_proc.signals.model import EngineScrape, Histogram
 from ext_proc.signals.parse import (
     _FILTERS,
     SourceParseError,
@@ -16,6 +15,7 @@ from ext_proc.signals.parse import (
     parse_dcgm,
     parse_engine,
 )
+from ext_proc.signals.scrapes import EngineScrape, Histogram
 
 DATA = Path(__file__).parents[1] / "data"
 VLLM_PAGES = [

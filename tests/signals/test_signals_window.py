@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ext_proc.signals.model import Derived, EngineScrape, Histogram
+from ext_proc.signals.scrapes import Derived, EngineScrape, Histogram
 from ext_proc.signals.window import (
     Window,
     derive,

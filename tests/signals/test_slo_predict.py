@@ -9,9 +9,9 @@ import pytest
 from prometheus_client import REGISTRY
 
 from ext_proc.serve.collecting import observe_slo
-from ext_proc.signals.model import EngineScrape, Histogram, Speed
 from ext_proc.signals.parse import parse_engine
 from ext_proc.signals.poolbuild import backend_signals
+from ext_proc.signals.scrapes import EngineScrape, Histogram, Speed
 from ext_proc.signals.slo import predicted_tpot_s, predicted_ttft_s, speed
 from ext_proc.signals.window import Window, derive
 

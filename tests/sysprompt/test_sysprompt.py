@@ -192,8 +192,8 @@ def test_nothing_to_do_or_not_json_is_left_alone() -> None:
     assert compact_system_json(pretty, "openai.completions") is None
     assert compact_system_json(pretty, "openai.responses") is None
     doc = rawjson.parse_object(pretty)
-    assert maybe_compact(False, doc, "openai.chat") is None
-    out = maybe_compact(True, doc, "openai_chat")
+    assert maybe_compact(doc, "openai.chat", enabled=False) is None
+    out = maybe_compact(doc, "openai_chat", enabled=True)
     direct = compact_system_json(pretty, "openai.chat")
     assert out is not None and direct is not None and direct[1] > 0
     assert out[0].text.encode() == direct[0]

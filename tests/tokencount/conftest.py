@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from ext_proc.admit.carry import estimate_request
+from ext_proc.admit.reload_carry import estimate_request
 from ext_proc.tokencount import ExactCounter, TokenizerSpec
 from tests.token_families import Loaded, build, reference
 

@@ -25,8 +25,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import pre_tokenizers
 
-from ext_proc.admit.carry import estimate_request
 from ext_proc.admit.pipeline import Pipeline, RequestFacts
+from ext_proc.admit.reload_carry import estimate_request
 from ext_proc.policy.decision import Pass, Reject
 from ext_proc.schemas import BY_NAME
 from ext_proc.tokencount import TokenizerSpec
@@ -212,7 +212,7 @@ def test_every_exact_count_lies_between_the_derived_bounds(
     loaded: Loaded, contents: list[str]
 ) -> None:
     from ext_proc.admit.counting import bounds
-    from ext_proc.admit.headeronly import coarse_tokens
+    from ext_proc.policy.coarse import coarse_tokens
 
     messages = [
         {"role": "user" if i % 2 == 0 else "assistant", "content": c}

@@ -16,9 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ext_proc.admit.carry import estimate_request
 from ext_proc.admit.counting import bounds
 from ext_proc.admit.pipeline import RequestFacts
+from ext_proc.admit.reload_carry import estimate_request
 from ext_proc.policy.decision import Reject
 from ext_proc.schemas import BY_NAME
 from ext_proc.tokencount.calibration import (

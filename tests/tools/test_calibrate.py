@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ext_proc.policy.load import parse_policy
-from ext_proc.policy.model import PressureModel
+from ext_proc.policy.settings import PressureModel
 from ext_proc.tools.calibrate.cli import fragment, main, parse_duration
 from ext_proc.tools.calibrate.fit import auc, fit_pressure, thresholds_for
 from ext_proc.tools.calibrate.history import (

@@ -26,12 +26,12 @@ from ext_proc.policy.load import default_policy_text, load_policy, parse_policy
 from ext_proc.tools.doctor import ice as ice_checks
 from ext_proc.tools.doctor import main
 from ext_proc.tools.doctor.backend import backend_checks
+from ext_proc.tools.doctor.checks import STATUSES, Check, render_text
 from ext_proc.tools.doctor.dump import from_bootstrap, from_config_dump
 from ext_proc.tools.doctor.envoy import view_checks
 from ext_proc.tools.doctor.envoy_guards import body_limit
 from ext_proc.tools.doctor.expect import Expected, expected
 from ext_proc.tools.doctor.fetch import FetchError
-from ext_proc.tools.doctor.model import STATUSES, Check, render_text
 from ext_proc.tools.doctor.routing import filter_on, route_to, select_vhost
 from ext_proc.tools.envoygen import pieces
 

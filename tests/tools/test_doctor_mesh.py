@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from ext_proc.policy.load import default_policy_text, parse_policy
+from ext_proc.tools.doctor.checks import Check
 from ext_proc.tools.doctor.dump import from_config_dump
 from ext_proc.tools.doctor.envoy import view_checks
 from ext_proc.tools.doctor.envoy_mesh import (
@@ -25,7 +26,6 @@ from ext_proc.tools.doctor.envoy_mesh import (
     node_of,
 )
 from ext_proc.tools.doctor.expect import Expected, expected
-from ext_proc.tools.doctor.model import Check
 from ext_proc.tools.envoygen.spec import Backend, MeshSpec
 from tests.e2e import meshes
 

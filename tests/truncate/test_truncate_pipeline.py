@@ -20,7 +20,7 @@ from ext_proc.policy.decision import Downgrade, Reject, Truncated
 from ext_proc.policy.load import parse_policy
 from ext_proc.schemas import OPENAI_CHAT
 from ext_proc.schemas.anthropic_messages import ANTHROPIC_MESSAGES
-from ext_proc.serve.helper import Offload
+from ext_proc.serve.offload import Offload
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
 from ext_proc.truncate import cli as truncate_cli
 from ext_proc.truncate.client import EmbeddingClient, EmbeddingWorkerProcess

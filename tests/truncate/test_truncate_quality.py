@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from ext_proc.policy.model import EmbeddingSpec
+from ext_proc.policy.settings import EmbeddingSpec
 from ext_proc.truncate.runner import LocalSimilarity
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "truncation_quality.py"

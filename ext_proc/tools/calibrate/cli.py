@@ -24,7 +24,7 @@ from typing import NoReturn
 
 import numpy as np
 
-from ext_proc.policy.model import PressureModel
+from ext_proc.policy.settings import PressureModel
 from ext_proc.tools.calibrate.fit import FEATURES, Fit, fit_pressure
 from ext_proc.tools.calibrate.history import History, InputError, hurt_labels, outcome_events
 

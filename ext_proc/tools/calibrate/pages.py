@@ -29,8 +29,8 @@ from pathlib import Path
 import numpy as np
 
 from ext_proc.signals.combine import SourceParseError
-from ext_proc.signals.model import EngineScrape
 from ext_proc.signals.parse import detect_kind, parse_dcgm, parse_engine
+from ext_proc.signals.scrapes import EngineScrape
 from ext_proc.tools.calibrate.history import (
     Array,
     History,

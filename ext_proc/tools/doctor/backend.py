@@ -29,12 +29,12 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-from ext_proc.signals.model import EngineScrape
 from ext_proc.signals.parse import SourceParseError, parse_engine
 from ext_proc.signals.pool import Pool
+from ext_proc.signals.scrapes import EngineScrape
 from ext_proc.tools.doctor import expect as X
+from ext_proc.tools.doctor.checks import Check, fail
 from ext_proc.tools.doctor.fetch import Fetch, FetchError
-from ext_proc.tools.doctor.model import Check, fail
 
 __all__ = ["backend_checks", "pool_profiles"]
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from ext_proc.tools.doctor.model import Check, exit_status, fail, render_json, render_text
+from ext_proc.tools.doctor.checks import Check, exit_status, fail, render_json, render_text
 
 __all__ = ["main"]
 

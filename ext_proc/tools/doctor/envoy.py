@@ -26,6 +26,7 @@ import time
 from typing import Any
 
 from ext_proc.tools.doctor import expect as X
+from ext_proc.tools.doctor.checks import Check, fail
 from ext_proc.tools.doctor.dump import EnvoyView, HcmView, as_dict, as_list, from_config_dump
 from ext_proc.tools.doctor.envoy_cluster import ice_cluster_checks
 from ext_proc.tools.doctor.envoy_filters import ext_proc_filters, filter_checks
@@ -41,7 +42,6 @@ from ext_proc.tools.doctor.envoy_mesh import (
 )
 from ext_proc.tools.doctor.envoy_routes import route_checks
 from ext_proc.tools.doctor.fetch import Fetch, FetchError
-from ext_proc.tools.doctor.model import Check, fail
 from ext_proc.tools.doctor.routing import route_to, select_vhost
 
 __all__ = ["envoy_checks", "inference_hcms", "view_checks"]

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ext_proc.tools.doctor.checks import Check, fail
 from ext_proc.tools.doctor.dump import HcmView, as_dict, as_list, unwrap
 from ext_proc.tools.doctor.envoy_filters import ext_proc_filters
-from ext_proc.tools.doctor.model import Check, fail
 
 __all__ = ["ice_cluster_checks"]
 

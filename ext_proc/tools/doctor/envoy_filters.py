@@ -17,9 +17,9 @@ import re
 from typing import Any
 
 from ext_proc.tools.doctor import expect as X
+from ext_proc.tools.doctor.checks import Check, fail
 from ext_proc.tools.doctor.dump import EXT_PROC_TYPE, FilterView, HcmView, as_dict
 from ext_proc.tools.doctor.envoy_guards import buffer_check, normalise_check, strip_check
-from ext_proc.tools.doctor.model import Check, fail
 
 __all__ = ["duration_s", "ext_proc_filters", "filter_checks"]
 

@@ -21,8 +21,8 @@ import re
 from typing import Any
 
 from ext_proc.tools.doctor import expect as X
+from ext_proc.tools.doctor.checks import Check, fail
 from ext_proc.tools.doctor.dump import EXT_PROC_TYPE, FilterView, HcmView, as_dict, as_list, unwrap
-from ext_proc.tools.doctor.model import Check, fail
 from ext_proc.tools.doctor.routing import filter_on, route_to, select_vhost
 
 __all__ = ["body_limit", "buffer_check", "normalise_check", "strip_check"]

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ext_proc.tools.doctor.checks import Check, fail
 from ext_proc.tools.doctor.dump import as_dict, as_list
-from ext_proc.tools.doctor.model import Check, fail
 
 __all__ = ["address_of", "healthy", "hosts_check", "panic_threshold"]
 

@@ -32,9 +32,9 @@ import re
 from typing import Any
 
 from ext_proc.tools.doctor import expect as X
+from ext_proc.tools.doctor.checks import Check, fail
 from ext_proc.tools.doctor.dump import EnvoyView, HcmView, as_dict, as_list
 from ext_proc.tools.doctor.envoy_filters import ext_proc_filters
-from ext_proc.tools.doctor.model import Check, fail
 from ext_proc.tools.doctor.routing import filter_on, route_to, select_vhost
 from ext_proc.tools.envoygen.istio import MIN_ENVOY, MIN_ISTIO, VIRTUAL_INBOUND
 from ext_proc.tools.envoygen.spec import Backend

@@ -17,9 +17,9 @@ from __future__ import annotations
 from typing import Any
 
 from ext_proc.tools.doctor import expect as X
+from ext_proc.tools.doctor.checks import Check, fail
 from ext_proc.tools.doctor.dump import FilterView, HcmView, as_dict, as_list, type_name
 from ext_proc.tools.doctor.envoy_filters import ext_proc_filters
-from ext_proc.tools.doctor.model import Check, fail
 from ext_proc.tools.doctor.routing import filter_on, route_to, select_vhost
 
 __all__ = ["PROBE_PATHS", "route_checks"]

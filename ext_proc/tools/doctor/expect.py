@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ext_proc.policy.model import Policy
+from ext_proc.policy.settings import Policy
 from ext_proc.schemas import ADAPTERS, READ_ONLY_PATHS
 from ext_proc.tools.envoygen import pieces
 from ext_proc.tools.envoygen.emit import as_dict

@@ -23,8 +23,8 @@ from collections.abc import Callable, Sequence
 from prometheus_client.parser import text_string_to_metric_families
 
 from ext_proc.tools.doctor import expect as X
+from ext_proc.tools.doctor.checks import Check, fail
 from ext_proc.tools.doctor.fetch import Fetch, FetchError
-from ext_proc.tools.doctor.model import Check, fail
 
 __all__ = ["HEALTH_SERVICES", "Samples", "health_checks", "metrics_checks", "parse_samples"]
 

@@ -10,7 +10,7 @@ Invariants: pure, fixed text; every status is MANUAL.
 
 from __future__ import annotations
 
-from ext_proc.tools.doctor.model import Check
+from ext_proc.tools.doctor.checks import Check
 
 __all__ = ["manual_checks"]
 

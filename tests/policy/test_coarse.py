@@ -1,6 +1,6 @@
 """The coarse verdict (a request judged from its size), hand-computed.
 
-The worst request of a body of L bytes (``ext_proc.admit.headeronly``): P = min(L + 256,
+The worst request of a body of L bytes (``ext_proc.policy.coarse``): P = min(L + 256,
 max_model_len) prompt tokens; S = max_sequences (16) sequences, unshared; O = M − P output
 tokens each, to the end of the context (M = 32,768 here). It passes only where every body of
 that size would pass untouched: no shedding, no output cap at the level, and the worst
@@ -18,20 +18,20 @@ import time
 
 import pytest
 
-from ext_proc.admit import headeronly
-from ext_proc.admit.headeronly import (
+from ext_proc.admit.outcome import Continue, Respond
+from ext_proc.admit.pipeline import Pipeline, RequestFacts
+from ext_proc.admit.queue import queueable
+from ext_proc.policy import coarse
+from ext_proc.policy.coarse import (
     H_JUDGED,
     TEMPLATE_SLACK_TOKENS,
     coarse_features,
     coarse_tokens,
 )
-from ext_proc.admit.outcome import Continue, Respond
-from ext_proc.admit.pipeline import Pipeline, RequestFacts
-from ext_proc.admit.queue import queueable
 from ext_proc.policy.decision import Pass, Reject, Wait
 from ext_proc.policy.evaluate import Case
 from ext_proc.policy.load import parse_policy
-from ext_proc.policy.model import Profile
+from ext_proc.policy.settings import Profile
 from ext_proc.schemas import BY_NAME
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
 
@@ -58,7 +58,7 @@ routes:
 
 @pytest.fixture(autouse=True)
 def _nothing_unbounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(headeronly, "unread_risk", lambda *_args: None)
+    monkeypatch.setattr(coarse, "unread_risk", lambda *_args: None)
 
 
 def snap(usage: float, blocks: int = 10_001, waiting: float = 0.0) -> PoolSnapshot:
@@ -76,7 +76,7 @@ def judge(
     route = pipeline.router.resolve((("x-ice-route", route_name),))
     facts = RequestFacts(adapter=BY_NAME["openai.chat"], priority=priority)  # type: ignore[arg-type]
     verdict = pipeline.on_size(route, facts, nbytes)
-    pipeline.record(route, verdict)
+    pipeline.recorder.record(route, verdict)
     return pipeline, verdict
 
 
@@ -198,7 +198,7 @@ def test_the_first_in_flight_pass_is_seen_by_the_next_coarse_verdict() -> None:
     outcomes = []
     for _ in range(2):  # P = 32,768, O = 0: 16 × 2,048 = 32,768 blocks each; 2 × ≤ 70,000
         v = pipeline.on_size(route, facts, 200_000)
-        pipeline.record(route, v)
+        pipeline.recorder.record(route, v)
         outcomes.append(v.decision)
     third = pipeline.on_size(route, facts, 200_000)  # 70,000 − 65,536 = 4,464 < 32,768
     assert all(isinstance(d, Pass) for d in outcomes)

@@ -18,8 +18,10 @@ from typing import Any, Protocol
 
 from ext_proc.placement.ledger_shm import LedgerHandle
 from ext_proc.placement.poolview import PoolViews
-from ext_proc.policy.model import Policy
+from ext_proc.policy.settings import Policy
+from ext_proc.prefix.live import LivePrefix
 from ext_proc.schemas import BY_NAME
+from ext_proc.tokencount import CounterRegistry
 
 __all__ = ["Replaced", "carried_counters", "carried_prefix", "carried_views"]
 
@@ -29,8 +31,8 @@ class Replaced(Protocol):
 
     policy: Policy
     views: PoolViews
-    prefix: Any
-    counters: Any
+    prefix: LivePrefix | None
+    counters: CounterRegistry | None
 
 
 def carried_views(policy: Policy, carry: Replaced | None, ledger: LedgerHandle | None) -> PoolViews:
@@ -50,18 +52,16 @@ def carried_views(policy: Policy, carry: Replaced | None, ledger: LedgerHandle |
     return views
 
 
-def carried_prefix(policy: Policy, carry: Replaced | None) -> Any:
+def carried_prefix(policy: Policy, carry: Replaced | None) -> LivePrefix | None:
     """The live prefix_stability_score (ext_proc/prefix/live.py), carried over when its
     settings are unchanged; None when the policy does not track prefixes."""
     if policy.prefix_tracking is None:
         return None
-    from ext_proc.prefix.live import LivePrefix
-
     same = carry is not None and carry.policy.prefix_tracking == policy.prefix_tracking
     return LivePrefix.for_spec(policy.prefix_tracking, carry.prefix if same and carry else None)
 
 
-def carried_counters(policy: Policy, carry: Replaced | None) -> Any:
+def carried_counters(policy: Policy, carry: Replaced | None) -> CounterRegistry | None:
     """The tokenizers (``CounterRegistry``): the replaced pipeline's when their files and
     cache size are unchanged; else loaded now (a bad file stops start-up)."""
     old = carry.policy if carry is not None else None
@@ -76,8 +76,6 @@ def carried_counters(policy: Policy, carry: Replaced | None) -> Any:
         return carry.counters
     if not policy.tokenizers:
         return None
-    from ext_proc.tokencount import CounterRegistry
-
     # each tokenizer's estimate bounds are measured against the adapters' own estimate
     return CounterRegistry(
         dict(policy.tokenizers), policy.token_count_cache_bytes, estimate_request

@@ -1,7 +1,7 @@
 """Output lengths by kind of request, from what ICE sees finish (``admission: forecast``).
 
 The forecast's length distribution is the backend's (``vllm:request_generation_tokens``:
-every client's finished requests, per model; ``ext_proc.policy.outlen``). A pool serves
+every client's finished requests, per model; ``ext_proc.policy.output_dist``). A pool serves
 kinds of request that run to different lengths: a summarising profile and a chat one, a
 client that sends ``max_tokens: 64`` and one that sends none. ICE refines the backend's
 distribution per **kind** = (profile name, limit bucket), from the requests it passed that
@@ -40,7 +40,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from ext_proc.signals.model import Histogram
+from ext_proc.signals.scrapes import Histogram
 
 __all__ = [
     "LIMIT_BOUNDS",

@@ -115,7 +115,7 @@ class ForecastSpec:
     min_observations: int = 20  # finished requests before the distribution is trusted
     read_floors: bool = True  # min_tokens / ignore_eos bound the prediction from below
     start_within_s: float = 0.0  # admit what will start within this wait (0: fits now)
-    refine: bool = True  # lengths per profile and limit bucket (ext_proc.placement.lengths)
+    refine: bool = True  # lengths per profile and limit bucket (ext_proc.placement.length_kinds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,7 +172,7 @@ class Profile:
     admission: Admission = "reserve"
     forecast: ForecastSpec = field(default_factory=ForecastSpec)
     # output per sequence the backend runs without a client limit (None: the API's default,
-    # ext_proc.policy.output)
+    # ext_proc.policy.output_limit)
     default_output_tokens: int | None = None
     # latency targets (docs/slo.md): shown and measured, read by no decision yet
     slo: SloTarget = field(default_factory=SloTarget)

@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import math
 
-from ext_proc.signals.model import Histogram
+from ext_proc.signals.scrapes import Histogram
 
 __all__ = ["cdf_at", "remaining_total"]
 

@@ -21,7 +21,7 @@ output and injects a limit whenever what fits is less (``cap_output_tokens``).
 
 from __future__ import annotations
 
-from ext_proc.policy.model import Profile
+from ext_proc.policy.settings import Profile
 from ext_proc.schemas.base import RequestFeatures
 from ext_proc.schemas.limits import COMPLETIONS_DEFAULT_MAX_TOKENS, CONFIG_OR_REST, unset_rule
 

@@ -1,4 +1,4 @@
-"""What a verdict leaves behind (``Recording``, a part of ``ext_proc.admit.pipeline.Pipeline``):
+"""What a verdict leaves behind (``Recorder``, the pipeline's ``recorder``):
 its metrics, the endpoint ICE picked, and the KV blocks held in the in-flight ledger by a
 request that goes upstream, released by its stream when it ends.
 
@@ -18,11 +18,11 @@ from ext_proc.placement.inflight import Hold
 from ext_proc.placement.placer import Placer
 from ext_proc.placement.poolview import PoolViews
 from ext_proc.policy.evaluate import Shape
-from ext_proc.policy.output import backend_output
+from ext_proc.policy.output_limit import backend_output
 from ext_proc.schemas import RequestFeatures
 from ext_proc.signals.snapshot import PoolSnapshot
 
-__all__ = ["Recording", "SnapshotLookup"]
+__all__ = ["Recorder", "SnapshotLookup"]
 
 SnapshotLookup = Callable[[str], PoolSnapshot | None]
 
@@ -32,12 +32,13 @@ def _upstream(verdict: BodyVerdict) -> bool:
     return verdict.features is not None and verdict.goes_upstream
 
 
-class Recording:
+class Recorder:
     """Counts and holds verdicts for a pipeline (its ``views``, ``placer`` and ``lookup``)."""
 
-    views: PoolViews
-    placer: Placer
-    lookup: SnapshotLookup
+    def __init__(self, views: PoolViews, placer: Placer, lookup: SnapshotLookup) -> None:
+        self.views = views
+        self.placer = placer
+        self.lookup = lookup
 
     def record(self, route: Route, verdict: BodyVerdict) -> Hold | None:
         """Count a body verdict in ICE's metrics (kept apart from ``on_body``, which may run

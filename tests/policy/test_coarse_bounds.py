@@ -1,6 +1,6 @@
 """A verdict without the body is never more permissive than one with it (issue 44, item 2).
 
-The coarse verdict (``ext_proc.admit.headeronly``) passes a body it has not read only when
+The coarse verdict (``ext_proc.policy.coarse``) passes a body it has not read only when
 no body of that size could get a stricter full verdict. A body sets ``n``, ``best_of`` and
 its output limit in a few bytes whatever its size, and holds at most ⌈L / 2⌉ list items
 (prompts, inputs, media parts: each a JSON value and a comma). Where one of these can make
@@ -14,8 +14,11 @@ import time
 
 import pytest
 
-from ext_proc.admit import headeronly
-from ext_proc.admit.headeronly import (
+from ext_proc.admit.outcome import Respond
+from ext_proc.admit.pipeline import Pipeline, RequestFacts
+from ext_proc.admit.queue import queueable
+from ext_proc.policy import coarse
+from ext_proc.policy.coarse import (
     COARSE_LADDER,
     H_JUDGED,
     MIN_ITEM_BYTES,
@@ -24,12 +27,9 @@ from ext_proc.admit.headeronly import (
     refuse_unbounded,
     unread_risk,
 )
-from ext_proc.admit.outcome import Respond
-from ext_proc.admit.pipeline import Pipeline, RequestFacts
-from ext_proc.admit.queue import queueable
 from ext_proc.policy.decision import Pass, Reject
 from ext_proc.policy.load import parse_policy
-from ext_proc.policy.model import Profile
+from ext_proc.policy.settings import Profile
 from ext_proc.schemas import BY_NAME
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
 
@@ -134,10 +134,10 @@ def test_every_api_reads_media_parts_whose_tokens_no_size_bounds(schema: str) ->
 def bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     """APIs that read none of the unbounded fields, as a test double: ``test.plain``
     (generating), ``test.stored`` (a stored context only), and embeddings without media."""
-    monkeypatch.setitem(headeronly._UNBOUNDED, "test.plain", frozenset())
-    monkeypatch.setitem(headeronly._UNBOUNDED, "test.stored", frozenset({"stored_context"}))
-    monkeypatch.setitem(headeronly._UNBOUNDED, "openai.embeddings", frozenset())
-    monkeypatch.setitem(headeronly._UNBOUNDED, "anthropic.messages", frozenset())
+    monkeypatch.setitem(coarse._UNBOUNDED, "test.plain", frozenset())
+    monkeypatch.setitem(coarse._UNBOUNDED, "test.stored", frozenset({"stored_context"}))
+    monkeypatch.setitem(coarse._UNBOUNDED, "openai.embeddings", frozenset())
+    monkeypatch.setitem(coarse._UNBOUNDED, "anthropic.messages", frozenset())
 
 
 CASES = [

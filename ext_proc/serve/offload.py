@@ -67,7 +67,7 @@ from ext_proc.admit.backlog import Weight
 from ext_proc.admit.faults import JudgeFault
 from ext_proc.admit.pipeline import BodyVerdict, Pipeline, RequestFacts, Route
 from ext_proc.policy.load import load_policy
-from ext_proc.policy.model import Priority
+from ext_proc.policy.settings import Priority
 from ext_proc.schemas import BY_NAME, RequestFeatures
 from ext_proc.signals.snapshot import PoolSnapshot
 from ext_proc.tokencount.newtext import NewTextOverBound, lessons, new_text_bound, noting_pieces

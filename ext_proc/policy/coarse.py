@@ -97,8 +97,8 @@ from typing import Literal
 
 from ext_proc.policy.decision import Decision, Reject, Wait
 from ext_proc.policy.evaluate import Case, Rule, shed_by_priority, truncation_budget
-from ext_proc.policy.model import Profile
-from ext_proc.policy.output import backend_output
+from ext_proc.policy.output_limit import backend_output
+from ext_proc.policy.settings import Profile
 from ext_proc.schemas import RequestFeatures, SchemaAdapter
 
 __all__ = [
