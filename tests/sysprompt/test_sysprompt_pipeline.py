@@ -55,3 +55,24 @@ def test_off_by_default_and_in_shadow_mode_the_body_is_untouched() -> None:
         outcome = _judge(_pipeline(extra))
         assert outcome.body is None, extra
         assert "x-ice-compacted" not in dict(outcome.headers)
+
+
+def test_a_shadow_profile_judges_the_body_enforce_would_judge_and_forwards_the_original() -> None:
+    """Shadow is applied last: the would-be verdict is made on the compacted decode, as
+    enforce makes it, and the request still goes on as the client sent it."""
+    route_input: dict[str, int] = {}
+    for mode in ("enforce", "shadow"):
+        pipeline = _pipeline(f"    compact_system_json: true\n    mode: {mode}")
+        verdict = pipeline.on_body(
+            pipeline.router.resolve([]), RequestFacts(adapter=OPENAI_CHAT), BODY
+        )
+        assert verdict is not None and verdict.features is not None
+        route_input[mode] = verdict.features.input_tokens
+        if mode == "shadow":
+            assert isinstance(verdict.outcome, Continue) and verdict.outcome.body is None
+            assert dict(verdict.outcome.headers)["x-ice-shadow-decision"] == "pass"
+    plain = _pipeline("").on_body(
+        _pipeline("").router.resolve([]), RequestFacts(adapter=OPENAI_CHAT), BODY
+    )
+    assert plain is not None and plain.features is not None
+    assert route_input["shadow"] == route_input["enforce"] < plain.features.input_tokens
