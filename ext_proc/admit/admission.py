@@ -152,9 +152,10 @@ def with_profile(outcome: Outcome, route: Route, facts: RequestFacts) -> Outcome
         *priority_fields(facts.priority, facts.priority_claimed),
     )
     targets = slo_headers(facts.slo)
+    log = (*outcome.log, *fields)
     if targets:
-        outcome = replace(outcome, headers=[*outcome.headers, *targets])
-    return replace(outcome, log=(*outcome.log, *fields))
+        return replace(outcome, headers=[*outcome.headers, *targets], log=log)
+    return replace(outcome, log=log)
 
 
 class Admission:

@@ -12,8 +12,7 @@ too); an inner stage's fault keeps its own stage.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from types import TracebackType
 
 from ext_proc.schemas import BadRequest, rawjson
 
@@ -32,15 +31,36 @@ class JudgeFault(Exception):
         return f"{self.kind} while judging ({self.stage}): {self.args[2]}"
 
 
-@contextmanager
-def judging(stage: str, client: bool = False) -> Iterator[None]:
+class _Judging:
+    """The context of ``judging``: stateless, so one per (stage, client) serves every body
+    (a generator-based context manager cost ~3 µs a use on the request path; this, ~0.3)."""
+
+    __slots__ = ("client", "stage")
+
+    def __init__(self, stage: str, client: bool) -> None:
+        self.stage, self.client = stage, client
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if e is None or isinstance(e, JudgeFault) or not isinstance(e, Exception):
+            return
+        if self.client and isinstance(e, rawjson.InvalidJSON | BadRequest | RecursionError):
+            return
+        raise JudgeFault(self.stage, type(e).__name__, str(e)[:300]) from e
+
+
+_CONTEXTS: dict[tuple[str, bool], _Judging] = {}
+
+
+def judging(stage: str, *, client: bool = False) -> _Judging:
     """An exception inside is ICE's fault at ``stage`` (``JudgeFault``; an inner stage's
     stays its own), but (``client``) those that say the body breaks its API: a 400."""
-    try:
-        yield
-    except JudgeFault:
-        raise
-    except Exception as e:
-        if client and isinstance(e, rawjson.InvalidJSON | BadRequest | RecursionError):
-            raise
-        raise JudgeFault(stage, type(e).__name__, str(e)[:300]) from e
+    key = (stage, client)
+    context = _CONTEXTS.get(key)
+    if context is None:
+        context = _CONTEXTS[key] = _Judging(stage, client)
+    return context

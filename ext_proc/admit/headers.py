@@ -148,7 +148,9 @@ class HeaderRules:
         """The request's facts, and its answer when it gets one without its body."""
         seen, strip = self._scan(route, headers)
         priority, claimed = judged_priority(route, seen.priority)
+        adapter = route.schema or schema_for_path(seen.path)
         facts = RequestFacts(
+            adapter=adapter,
             priority=priority,
             priority_claimed=claimed,
             strip=tuple(strip),
@@ -159,7 +161,6 @@ class HeaderRules:
             queue_tenant=seen.queue_tenant,
             slo=judged_slo(route.profile.slo, seen.slo_ttft, seen.slo_tpot),
         )
-        adapter = route.schema or schema_for_path(seen.path)
         if adapter is None:
             plain = normal_path(seen.path)
             read_only = plain in READ_ONLY_PATHS and seen.method in ("GET", "HEAD")
@@ -170,7 +171,6 @@ class HeaderRules:
                 f"the inference endpoints only (see docs/endpoints.md)."
             )
             return facts, Refusal(OPENAI_CHAT_FALLBACK, 404, "unknown_endpoint", message)
-        facts = replace(facts, adapter=adapter)
         if not _is_json(seen.content_type):
             if route.profile.content_types == "pass":  # the profile leaves non-JSON alone
                 return replace(facts, skip_body=True), None
