@@ -87,7 +87,7 @@ def _free(fit: KvFit) -> int:
 
 
 def _less(fit: KvFit, held: int) -> KvFit:
-    return replace(fit, free_blocks=max(0, fit.free_blocks - held)) if held else fit
+    return fit.less(held)
 
 
 class PoolViews(Holding):
@@ -272,9 +272,7 @@ class PoolViews(Holding):
         what a request placed anywhere can count on."""
         anywhere = ledger.get("", 0)
         if len(views) == 1:  # the common case: one endpoint, its fit as it is when nothing is held
-            fit = views[0].fit
-            held = anywhere + ledger.get(views[0].endpoint, 0)
-            return replace(fit, free_blocks=max(0, fit.free_blocks - held)) if held else fit
+            return views[0].fit.less(anywhere + ledger.get(views[0].endpoint, 0))
         free = min(max(0, v.fit.free_blocks - anywhere - ledger.get(v.endpoint, 0)) for v in views)
         usable = min(v.fit.usable_blocks for v in views)
         return replace(views[0].fit, free_blocks=free, usable_blocks=usable)

@@ -79,6 +79,16 @@ class KvFit:
     # endpoint's forecast peak (ext_proc.placement.forecast); None: its need, held whole
     forecast: Callable[[Shape, int], int] | None = None
 
+    def less(self, held: int, usable_blocks: int | None = None) -> KvFit:
+        """This room less ``held`` blocks (never below 0), with ``usable_blocks`` when given; the
+        same object when nothing changes (built directly: on the request path)."""
+        usable = self.usable_blocks if usable_blocks is None else usable_blocks
+        if not held and usable == self.usable_blocks:
+            return self
+        free = max(0, self.free_blocks - held)
+        b, s, c, f = self.blocks, self.sibling, self.cold, self.forecast
+        return KvFit(free, usable, self.block_size, b, s, c, f)
+
     def charge(self, shape: Shape, output: int) -> int:
         """What admitting the request costs against ``free_blocks``: its whole need, or
         (forecast) what it adds to the forecast peak."""
