@@ -41,6 +41,7 @@ from ext_proc.admit.counting import H_TOKENS, bounds, exact_count, same_verdict
 from ext_proc.admit.faults import judging
 from ext_proc.admit.headeronly import COARSE_LADDER, H_JUDGED, coarse_features, coarse_ladder
 from ext_proc.admit.headers import DEFAULT_MAX_BODY_BYTES, SPOOF_PREFIXES, HeaderRules
+from ext_proc.admit.identity import NOTHING_VOUCHED, Vouched
 from ext_proc.admit.outcome import Continue, Respond, reject_outcome
 from ext_proc.admit.recording import Recording, SnapshotLookup
 from ext_proc.admit.routing import Route, Router
@@ -130,10 +131,15 @@ class Pipeline(Recording):
         headers: Iterable[tuple[str, bytes]],
         end_of_stream: bool,
         subset: frozenset[str] | None = None,
+        vouched: Vouched = NOTHING_VOUCHED,
     ) -> RequestFacts:
-        """Read the request headers (raw bytes values; only the ones ICE uses are decoded);
-        ``answer`` set: the request is answered now; ``skip_body``: it passes unjudged."""
-        facts, refusal = self.headers.read(route, headers, end_of_stream, subset)
+        """Read the request headers (raw bytes values; only the ones ICE uses are decoded)
+        and what Envoy vouches for (``vouched``: the identity's sources); ``answer`` set: the
+        request is answered now; ``skip_body``: it passes unjudged."""
+        facts, refusal = self.headers.read(route, headers, end_of_stream, subset, vouched)
+        if facts.adapter is not None:
+            found = "yes" if facts.identity_source else "no"
+            telemetry.IDENTITIES.labels(route.name, route.identity.source, found).inc()
         if facts.skip_body:
             reason = "path" if facts.adapter is None else "content_type"
             telemetry.PASSTHROUGH.labels(route=route.name, reason=reason).inc()
