@@ -12,6 +12,7 @@ tenant is what Envoy vouches for (docs/identity.md).
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import time
 from pathlib import Path
@@ -113,9 +114,7 @@ def test_jwt_claims_name_the_tenant_and_bad_tokens_are_refused(tmp_path: Path) -
 def test_mtls_spiffe_ids_name_the_tenant(tmp_path: Path) -> None:
     ca = Ca.new(tmp_path / "tls")
     other = Ca.new(tmp_path / "other", "other-ca")
-    server = ca.issue(
-        "server", [x509.IPAddress(__import__("ipaddress").ip_address("127.0.0.1"))], server=True
-    )
+    server = ca.issue("server", [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))], server=True)
     spiffe_a = "spiffe://ice.test/ns/team-a/sa/client"
     client_a = ca.issue("client-a", [x509.UniformResourceIdentifier(spiffe_a)])
     client_dns = ca.issue("client-dns", [x509.DNSName("client.ice.test")])
