@@ -6,11 +6,13 @@ path's), the priority (``judged_priority``: the route's, which a client's priori
 lower, or set where the route trusts it), the latency targets (``judged_slo``: the profile's
 ``slo``, which llm-d's ``x-llm-d-slo-ttft-ms`` / ``x-llm-d-slo-tpot-ms`` may only tighten; the
 client's headers are left on the request), the tenant headers, spoofed ICE headers to strip and
-the endpoint a trusted picker chose. It then says whether the request is answered without its
-body (``Refusal``): an unknown path → 404, a judged path with a body that is not JSON → 415
-(unless the profile passes other content types), an empty body → 400, a declared length
-over the limit → 413. Read-only paths (GET/HEAD) and the policy's ``passthrough_paths`` pass
-without a body phase (``skip_body``).
+the endpoint a trusted picker chose, and who is asking (``ext_proc.admit.identity``: the
+route's identity source; any source but ``trust`` ignores and strips the client's tenant
+headers). It then says whether the request is answered without its body (``Refusal``): an
+unknown path → 404, a required identity that is absent → 401, a judged path with a body
+that is not JSON → 415 (unless the profile passes other content types), an empty body → 400,
+a declared length over the limit → 413. Read-only paths (GET/HEAD) and the policy's
+``passthrough_paths`` pass without a body phase (``skip_body``).
 
 Pure: no metrics, no pool views (``ext_proc.admit.pipeline`` words the answer with the
 pool's pressure and counts it).
@@ -162,8 +164,8 @@ class HeaderRules:
         subset: frozenset[str] | None = None,
         vouched: Vouched = NOTHING_VOUCHED,
     ) -> tuple[RequestFacts, Refusal | None]:
-        """The request's facts, and its answer when it gets one without its body.
-        ``vouched``: what Envoy vouches for (``ext_proc.admit.identity``)."""
+        """The request's facts, and its answer when it gets one without its body
+        (``vouched``: what Envoy vouches for, ``ext_proc.admit.identity``)."""
         seen, strip = self._scan(route, headers)
         who = self._who(route, seen, vouched)
         priority, claimed = judged_priority(route, seen.priority)
@@ -192,8 +194,7 @@ class HeaderRules:
             return facts, Refusal(OPENAI_CHAT_FALLBACK, 404, "unknown_endpoint", message)
         facts = replace(facts, adapter=adapter)
         if route.identity.required and not facts.identity_source:
-            message = missing_message(route.identity, self._trust_header(route))
-            return facts, self._refusal(route, adapter, 401, IDENTITY_REQUIRED, message)
+            return facts, self._no_identity(route, adapter)
         if not _is_json(seen.content_type):
             if route.profile.content_types == "pass":  # the profile leaves non-JSON alone
                 return replace(facts, skip_body=True), None
@@ -225,9 +226,12 @@ class HeaderRules:
             return None
         return identify(ident, vouched, seen.identity)
 
-    def _trust_header(self, route: Route) -> str:
+    def _no_identity(self, route: Route, adapter: SchemaAdapter) -> Refusal:
+        """401 ``identity_required``: the route requires an identity the request lacks."""
         own, queue_header, tenant_header = self._tenant_headers(route)
-        return own or queue_header or tenant_header or ""
+        trust_header = own or queue_header or tenant_header or ""
+        message = missing_message(route.identity, trust_header)
+        return self._refusal(route, adapter, 401, IDENTITY_REQUIRED, message)
 
     @staticmethod
     def _refusal(

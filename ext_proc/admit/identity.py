@@ -35,7 +35,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ext_proc.admit.waiters import tenant_key
 from ext_proc.policy.model import IdentitySource, IdentitySpec
 
 if TYPE_CHECKING:
@@ -45,6 +44,7 @@ if TYPE_CHECKING:
 __all__ = [
     "IDENTITY_REQUIRED",
     "JWT_NAMESPACE",
+    "MAX_TENANT_CHARS",
     "NOTHING_VOUCHED",
     "PEER_DNS_SAN",
     "PEER_URI_SAN",
@@ -54,12 +54,14 @@ __all__ = [
     "identify",
     "missing_message",
     "request_tenant",
+    "tenant_key",
 ]
 
 JWT_NAMESPACE = "envoy.filters.http.jwt_authn"  # jwt_authn's dynamic metadata
 PEER_URI_SAN = "connection.uri_san_peer_certificate"  # Envoy's attributes (first SAN)
 PEER_DNS_SAN = "connection.dns_san_peer_certificate"
 IDENTITY_REQUIRED = "identity_required"  # the refusal's code (401)
+MAX_TENANT_CHARS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +148,13 @@ def missing_message(spec: IdentitySpec, trust_header: str) -> str:
             f"({spec.header}); the request has none."
         )
     return f"This endpoint needs the tenant header {trust_header or 'of the route'}."
+
+
+def tenant_key(value: str, fallback: str) -> str:
+    """The tenant a value names: printable ASCII, at most MAX_TENANT_CHARS; else
+    ``fallback``."""
+    clean = "".join(c for c in value[: MAX_TENANT_CHARS * 4] if " " < c < "\x7f")
+    return clean[:MAX_TENANT_CHARS] or fallback
 
 
 def request_tenant(route: Route, facts: RequestFacts) -> str:
