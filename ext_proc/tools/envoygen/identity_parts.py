@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Iterable
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from envoy_data_plane.envoy.config.cluster.v3 import Cluster, ClusterDiscoveryType
@@ -48,6 +49,7 @@ from envoy_data_plane.envoy.extensions.transport_sockets.tls.v3 import (
 from envoy_data_plane.google.protobuf import Any, Empty
 
 from ext_proc.policy.model import IdentitySpec, JwtProviderSpec
+from ext_proc.tools.envoygen import pieces
 from ext_proc.tools.envoygen.cluster_parts import _assignment
 from ext_proc.tools.envoygen.spec import ListenerTls, RouteSpec
 
@@ -56,8 +58,11 @@ __all__ = [
     "JWT_NAMESPACE",
     "PEER_ATTRIBUTES",
     "downstream_tls",
+    "ext_proc_config",
+    "ext_proc_filter",
     "identity_headers",
     "jwks_clusters",
+    "jwks_text",
     "jwt_filter",
     "jwt_route_config",
     "provider_name",
@@ -171,6 +176,30 @@ def identity_headers(routes: Iterable[RouteSpec]) -> list[str]:
         if r.identity.source == "header" and r.identity.header not in out:
             out.append(r.identity.header)
     return out
+
+
+def ext_proc_config(cluster: str, routes: Iterable[RouteSpec]) -> ExternalProcessor:
+    """``pieces.ext_proc_config`` with what the routes' identities need (``with_identity``)."""
+    config = pieces.ext_proc_config(cluster)
+    with_identity(config, (r.identity for r in routes))
+    return config
+
+
+def ext_proc_filter(
+    cluster: str, routes: Iterable[RouteSpec], *, disabled: bool = False
+) -> HttpFilter:
+    """``pieces.ext_proc_filter`` with what the routes' identities need."""
+    config = ext_proc_config(cluster, routes)
+    return HttpFilter(name=pieces.EXT_PROC, typed_config=_any(config), disabled=disabled)
+
+
+def jwks_text(spec: JwtProviderSpec) -> str:
+    """A ``jwks_file``'s keys, for the flavours that carry them inline (Istio's ``jwks``,
+    Envoy Gateway's ``localJWKS``); ValueError naming the file when it cannot be read."""
+    try:
+        return Path(spec.jwks_file).read_text()
+    except OSError as e:
+        raise ValueError(f"identity.jwt.jwks_file {spec.jwks_file!r}: {e.strerror}") from None
 
 
 def with_identity(config: ExternalProcessor, identities: Iterable[IdentitySpec]) -> None:

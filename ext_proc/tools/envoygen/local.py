@@ -151,13 +151,11 @@ def http_filters(spec: MeshSpec) -> list[HttpFilter]:
     """The ingress HCM's filters: no spoofing (with the identity headers a trusted service
     sets), the routes' JWT verification (when any reads a JWT), ICE (with what the routes'
     identities need), the 404's body reader, the router."""
-    ext_proc = pieces.ext_proc_config("ice")
-    identity_parts.with_identity(ext_proc, (r.identity for r in spec.routes))
     jwt = identity_parts.jwt_filter(spec.routes)
     return [
         pieces.strip_spoofed_headers(extra=identity_parts.identity_headers(spec.routes)),
         *([jwt] if jwt is not None else []),
-        HttpFilter(name=pieces.EXT_PROC, typed_config=PbAny.pack(ext_proc)),
+        identity_parts.ext_proc_filter("ice", spec.routes),
         pieces.buffer_filter(),
         pieces.router_filter(),
     ]
