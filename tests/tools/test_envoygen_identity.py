@@ -188,7 +188,12 @@ def test_istio_request_authentication_for_the_gateway_and_the_sidecar(tmp_path: 
         ("llm", {"app": "vllm"}),
     ]
     rule = ras[0]["spec"]["jwtRules"][0]
-    assert rule == {"issuer": ISSUER, "audiences": ["ice"], "jwks": JWKS}
+    assert rule == {
+        "issuer": ISSUER,
+        "forwardOriginalToken": True,
+        "audiences": ["ice"],
+        "jwks": JWKS,
+    }
     text = yaml.safe_dump_all(objs)
     assert "envoy.filters.http.jwt_authn" in text  # ICE's EnvoyFilters forward its metadata
     uri = _by_kind(istio.objects(_spec(tmp_path, JWT_URI)), "RequestAuthentication")[0]

@@ -5,7 +5,8 @@ Istio (``istio_objects``):
 - ``RequestAuthentication`` ``ice-jwt`` for the ingress gateway's pods (in the gateway's
   namespace, ``gateway.istio_namespace``, by its ``istio_selector``) and one for the backend's
   pods (the sidecar flavour), when a route reads a JWT: one ``jwtRules`` entry per provider
-  (issuer, audiences, ``jwksUri``, or the ``jwks_file``'s keys inline as ``jwks``). istiod
+  (issuer, audiences, ``jwksUri``, or the ``jwks_file``'s keys inline as ``jwks``; the token
+  forwarded, so that a sidecar behind the gateway verifies it again). istiod
   turns it into the proxy's jwt_authn filter, first among its HTTP filters, with each
   provider's requirement "this provider, or no token" (a bad token is Istio's 401, a missing
   one reaches ICE) and the verified payload in the filter's metadata under ``payload``
@@ -50,7 +51,9 @@ MTLS_POLICY = "ice-mtls"
 
 
 def _istio_rule(spec: JwtProviderSpec) -> dict[str, Any]:
-    rule: dict[str, Any] = {"issuer": spec.issuer}
+    # forwardOriginalToken: a request judged at the gateway keeps its token for the sidecar's
+    # jwt_authn (the sidecar flavour, or both), which would otherwise find none
+    rule: dict[str, Any] = {"issuer": spec.issuer, "forwardOriginalToken": True}
     if spec.audiences:
         rule["audiences"] = list(spec.audiences)
     if spec.jwks_uri:
