@@ -90,6 +90,7 @@ def test_jwt_claims_name_the_tenant_and_bad_tokens_are_refused(tmp_path: Path) -
         assert b"expired" in bad["expired"].body
         assert b"verification fail" in bad["signature"].body
         assert b"udience" in bad["audience"].body
+        assert b"issuer" in bad["issuer"].body.lower()
 
         # no token: ICE's 401 in the route's API format
         absent = e2e.post(f"{MESSAGES}?t=none", ANTHROPIC, {"x-tenant": "team-b"})
