@@ -12,7 +12,7 @@ import http.client
 import json
 import ssl
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -174,13 +174,18 @@ def tls_request(
 
 @contextlib.contextmanager
 def identity_stack(
-    workdir: Path, identity: str, *, tls: dict[str, str] | None = None, probe: Issued | None = None
+    workdir: Path,
+    identity: str,
+    *,
+    tls: dict[str, str] | None = None,
+    probe: Issued | None = None,
+    edit: Callable[[dict[str, Any]], None] | None = None,
 ) -> Iterator[E2E]:
     """Backend, ICE and the generated Envoy; the ``messages`` route's identity is
     ``identity`` (flow YAML), the others trust as before; the profile's fair queue names
     tenants by ``x-tenant`` (``QUEUE``). ``tls``: the spec's ``tls`` (the
     listener then requires client certificates: ``probe`` is the one the readiness probe
-    presents)."""
+    presents). ``edit``: changes the generated bootstrap first (what an operator adds)."""
     with Stack(workdir) as stack:
         backend_port = free_port()
         stack.start_backend(backend_port)
@@ -202,7 +207,10 @@ def identity_stack(
         spec_path = workdir / "mesh.yaml"
         spec_path.write_text(yaml.safe_dump(spec_doc))
         template = workdir / "envoy-identity.yaml"
-        template.write_text(to_yaml([local_bootstrap(load_spec(spec_path))], ""))
+        bootstrap = local_bootstrap(load_spec(spec_path))
+        if edit is not None:
+            edit(bootstrap)
+        template.write_text(to_yaml([bootstrap], ""))
         address = f"127.0.0.1:{free_port()}"
         metrics_port = free_port()
         stack.start_ice(address, policy=policy, metrics_address=f"127.0.0.1:{metrics_port}")

@@ -8,14 +8,20 @@ tenant is what Envoy vouches for (docs/identity.md).
   ICE's 401 in the API's (Anthropic's) format.
 - ``source: mtls``: a test CA, client certificates with SPIFFE IDs; the tenant is the
   certificate's URI SAN, whatever ``x-tenant`` says.
+- ``source: header``: an ext_authz service (HTTP, here) sets ``x-verified-tenant``; a client's
+  copy is removed before the filter runs, so it never names the tenant.
 - ``trust``: the routes without an identity keep the client's ``x-tenant``, as before."""
 
 from __future__ import annotations
 
+import http.server
 import ipaddress
 import json
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from cryptography import x509
 
@@ -150,3 +156,120 @@ def test_mtls_spiffe_ids_name_the_tenant(tmp_path: Path) -> None:
         assert refused is None or refused.status >= 400
         assert e2e.received() == []
         assert _metric(e2e, "mtls", "yes") >= 1
+
+
+# --- source: header, set by an ext_authz service --------------------------------------------
+
+KEYS = {"Bearer key-a": "team-a", "": ""}  # the service's callers (none: anonymous)
+
+
+class _Authz(http.server.BaseHTTPRequestHandler):
+    """An HTTP ext_authz service: 200 with ``x-verified-tenant`` for a known key, 200 without
+    it for an anonymous caller (no key), 403 for an unknown key."""
+
+    def do_POST(self) -> None:
+        self._answer()
+
+    def do_GET(self) -> None:
+        self._answer()
+
+    def _answer(self) -> None:
+        key = self.headers.get("authorization", "")
+        if key not in KEYS:
+            self.send_response(403)
+            self.send_header("content-length", "0")
+            self.end_headers()
+            return
+        self.send_response(200)
+        if KEYS[key]:
+            self.send_header("x-verified-tenant", KEYS[key])
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def _with_authz(port: int) -> Callable[[dict[str, Any]], None]:
+    """The operator's ext_authz filter, after ICE's stripping filter and before ext_proc."""
+
+    def edit(bootstrap: dict[str, Any]) -> None:
+        res = bootstrap["static_resources"]
+        chain = res["listeners"][0]["filter_chains"][0]
+        filters = chain["filters"][0]["typed_config"]["http_filters"]
+        authz = {
+            "name": "envoy.filters.http.ext_authz",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_authz.v3.ExtAuthz",
+                "http_service": {
+                    "server_uri": {
+                        "uri": f"http://127.0.0.1:{port}",
+                        "cluster": "authz",
+                        "timeout": "1s",
+                    },
+                    "authorization_response": {
+                        "allowed_upstream_headers": {"patterns": [{"exact": "x-verified-tenant"}]}
+                    },
+                },
+                "allowed_headers": {"patterns": [{"exact": "authorization"}]},
+                "transport_api_version": "V3",
+            },
+        }
+        filters.insert(1, authz)
+        res["clusters"].append(
+            {
+                "name": "authz",
+                "type": "STATIC",
+                "connect_timeout": "1s",
+                "load_assignment": {
+                    "cluster_name": "authz",
+                    "endpoints": [
+                        {
+                            "lb_endpoints": [
+                                {
+                                    "endpoint": {
+                                        "address": {
+                                            "socket_address": {
+                                                "address": "127.0.0.1",
+                                                "port_value": port,
+                                            }
+                                        }
+                                    }
+                                }
+                            ]
+                        }
+                    ],
+                },
+            }
+        )
+
+    return edit
+
+
+def test_an_ext_authz_header_names_the_tenant_and_a_clients_copy_never_does(tmp_path: Path) -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Authz)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    identity = "{source: header, header: x-verified-tenant}"
+    try:
+        with identity_stack(tmp_path, identity, edit=_with_authz(server.server_address[1])) as e2e:
+            spoof = {"x-verified-tenant": "team-b", "x-tenant": "team-b", "x-priority": "critical"}
+            ok = e2e.post(f"{MESSAGES}?t=a", ANTHROPIC, {"authorization": "Bearer key-a", **spoof})
+            assert ok.status == 200, ok
+            got = e2e.only_received()
+            assert got.header("x-verified-tenant") == "team-a"  # the service's, not the client's
+            assert got.header("x-tenant") is None
+            entry = access_log_entry(e2e, f"{MESSAGES}?t=a")
+            assert (entry["tenant"], entry["identity"]) == ("team-a", "header")
+            e2e.clear_received()
+
+            # the service lets the caller in without naming a tenant: the client's copy was
+            # removed before ext_authz ran, so ICE finds none and refuses
+            anon = e2e.post(MESSAGES, ANTHROPIC, spoof)
+            assert anon.status == 401, anon
+            assert json.loads(anon.body)["error"]["type"] == "authentication_error"
+            wrong = {"authorization": "Bearer wrong", **spoof}
+            assert e2e.post(MESSAGES, ANTHROPIC, wrong).status == 403  # the service's refusal
+            assert e2e.received() == []
+    finally:
+        server.shutdown()
+        server.server_close()
