@@ -1,16 +1,19 @@
 """Who is asking: the tenant comes from what Envoy vouches for (a JWT claim jwt_authn verified,
 the peer certificate's SAN, an ext_authz service's header) unless the route says ``trust``;
 a client's own tenant headers then name no one and are removed; a required identity that is
-absent is a 401 in the API's format (docs/identity.md)."""
+absent is a 401 in the API's format; the fair queue takes turns by it, so a flood that
+rotates its tenant header is one tenant (docs/identity.md)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from google.protobuf import struct_pb2
 
+from ext_proc.admit.backlog import Backlog
 from ext_proc.admit.identity import (
     NOTHING_VOUCHED,
     Vouched,
@@ -19,11 +22,14 @@ from ext_proc.admit.identity import (
     request_tenant,
 )
 from ext_proc.admit.pipeline import Pipeline
+from ext_proc.admit.queue import Waiter
+from ext_proc.admit.stream import Stream
 from ext_proc.admit.verdict import RequestFacts
 from ext_proc.policy.load import PolicyError, parse_policy
 from ext_proc.policy.model import IdentitySpec, JwtProviderSpec
 from ext_proc.serve.messages import vouched
 from ext_proc.tools.envoygen.hcm_settings import ACCESS_LOG_FIELDS
+from tests.builders import QueueRig as Rig
 
 ISSUER = "https://issuer.test"
 POLICY = f"""
@@ -261,3 +267,41 @@ def test_defaults() -> None:
 def test_the_access_log_names_the_tenant_and_its_source() -> None:
     names = [name for name, _ in ACCESS_LOG_FIELDS]
     assert "tenant" in names and "identity" in names
+
+
+def _queued(rig: Rig, facts: RequestFacts) -> RequestFacts:
+    """``facts`` (from the identity policy's headers) given a stream in the queue's rig."""
+    rig.streams[id(facts)] = Stream(Backlog(), rig.pipeline.views, rig.queue)
+    return facts
+
+
+def _turns(route: str, heavy_seen: Vouched, light_seen: Vouched) -> list[str]:
+    """The order in which the fair queue admits 4 requests of a heavy client, each with a new
+    ``x-tenant``, queued before 1 of a light client, room for one request per view."""
+
+    async def run() -> list[str]:
+        rig = Rig()
+        rig.pass_one()
+        heavy = [_facts(route, {"x-tenant": f"rotated-{i}"}, heavy_seen) for i in range(4)]
+        light = _facts(route, {"x-tenant": "light"}, light_seen)
+        waiters = [(rig.offer(_queued(rig, f)), "heavy") for f in heavy]
+        waiters.append((rig.offer(_queued(rig, light)), "light"))
+        order: list[str] = []
+        done: set[Waiter] = set()
+        for _ in range(5):
+            rig.newer_view()
+            rig.queue.tick()
+            order += [name for w, name in waiters if w.future.done() and w not in done]
+            done.update(w for w, _ in waiters if w.future.done())
+        return order
+
+    return asyncio.run(run())
+
+
+def test_a_flood_that_rotates_its_tenant_header_is_one_tenant_in_the_fair_queue() -> None:
+    light_token = {**A_TOKEN, "org": {"id": "team-b"}}
+    # trust: each new header value is a new tenant with a turn of its own: light goes last
+    assert _turns("chat", NOTHING_VOUCHED, NOTHING_VOUCHED) == ["heavy"] * 4 + ["light"]
+    # jwt: the flood is team-a whatever it sends: light goes second
+    order = _turns("jwt", _jwt(A_TOKEN), _jwt(light_token))
+    assert order == ["heavy", "light", "heavy", "heavy", "heavy"]
