@@ -26,6 +26,7 @@ __all__ = [
     "FORECAST_PEAK",
     "FORECAST_WAITS",
     "HOLD_RECOUNTS",
+    "IDENTITIES",
     "INPUT_TOKENS",
     "JUDGE_ERRORS",
     "KV_USAGE",
@@ -60,6 +61,13 @@ BAD_REQUESTS = Counter(
     "ice_bad_requests",
     "Requests ICE answered with a 4xx because their body broke the API contract.",
     ["route", "reason"],
+)
+IDENTITIES = Counter(
+    "ice_identities",
+    "Judged requests by where their tenant came from (docs/identity.md): source jwt, mtls, "
+    "header or trust; found: yes, or no (then refused when the route requires it). Never "
+    "labelled by the identity's value.",
+    ["route", "source", "found"],
 )
 PASSTHROUGH = Counter(
     "ice_passthrough",

@@ -456,6 +456,7 @@ class RouteBinding(_message.Message):
     PRIORITY_FIELD_NUMBER: _builtins.int
     SCHEMA_FIELD_NUMBER: _builtins.int
     CLIENT_PRIORITY_FIELD_NUMBER: _builtins.int
+    IDENTITY_FIELD_NUMBER: _builtins.int
     profile: _builtins.str
     """Profile name (default: default_profile)."""
     pool: _builtins.str
@@ -476,6 +477,12 @@ class RouteBinding(_message.Message):
     an authenticated identity) or "ignore" (the route's priority is fixed). Default: the
     profile's client_priority.
     """
+    @_builtins.property
+    def identity(self) -> Global___Identity:
+        """Who is asking on this route (docs/identity.md): replaces the profile's identity whole.
+        Unset: the profile's.
+        """
+
     def __init__(
         self,
         *,
@@ -484,14 +491,120 @@ class RouteBinding(_message.Message):
         priority: _builtins.str = ...,
         schema: _builtins.str = ...,
         client_priority: _builtins.str = ...,
+        identity: Global___Identity | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["identity", b"identity"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_priority", b"client_priority", "pool", b"pool", "priority", b"priority", "profile", b"profile", "schema", b"schema"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_priority", b"client_priority", "identity", b"identity", "pool", b"pool", "priority", b"priority", "profile", b"profile", "schema", b"schema"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RouteBinding: _TypeAlias = RouteBinding  # noqa: Y015
+
+@_typing.final
+class Identity(_message.Message):
+    """Who is asking (docs/identity.md): where a request's tenant comes from. The fair queue and
+    the per-tenant accounting use it. Any source but "trust" takes the tenant only from what
+    Envoy vouches for: a client's own tenant headers are ignored and removed.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SOURCE_FIELD_NUMBER: _builtins.int
+    CLAIM_FIELD_NUMBER: _builtins.int
+    HEADER_FIELD_NUMBER: _builtins.int
+    REQUIRED_FIELD_NUMBER: _builtins.int
+    SAN_FIELD_NUMBER: _builtins.int
+    JWT_FIELD_NUMBER: _builtins.int
+    source: _builtins.str
+    """jwt: a claim of a JWT verified by Envoy's jwt_authn filter (its dynamic metadata);
+    mtls: the client certificate's SAN, as Envoy saw it on the connection;
+    header: a header set by a trusted ext_authz service (the generated configs remove any
+    client copy before that filter runs);
+    trust: the client's own tenant header (queue.tenant_header; ICE's behaviour before
+    identity sources). Default: trust.
+    """
+    claim: _builtins.str
+    """jwt: the claim naming the tenant; a dotted path reads a nested claim. Default "sub"."""
+    header: _builtins.str
+    """header: the header the ext_authz service sets; trust: the client's header (default:
+    the profile's queue.tenant_header, else prefix_tracking.tenant_header).
+    """
+    required: _builtins.bool
+    """A request without the identity gets 401 in its API's format. Default: true for jwt,
+    mtls and header; false for trust.
+    """
+    san: _builtins.str
+    """mtls: which SAN names the tenant: uri (a SPIFFE ID; default) or dns."""
+    @_builtins.property
+    def jwt(self) -> Global___IdentityJwt:
+        """jwt: the tokens the generated configs verify (issuer, audiences, keys)."""
+
+    def __init__(
+        self,
+        *,
+        source: _builtins.str = ...,
+        claim: _builtins.str = ...,
+        header: _builtins.str = ...,
+        required: _builtins.bool | None = ...,
+        san: _builtins.str = ...,
+        jwt: Global___IdentityJwt | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_required", b"_required", "jwt", b"jwt", "required", b"required"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_required", b"_required", "claim", b"claim", "header", b"header", "jwt", b"jwt", "required", b"required", "san", b"san", "source", b"source"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__required: _TypeAlias = _typing.Literal["required"]  # noqa: Y015
+    _WhichOneofArgType__required: _TypeAlias = _typing.Literal["_required", b"_required"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__required) -> _WhichOneofReturnType__required | None: ...
+
+Global___Identity: _TypeAlias = Identity  # noqa: Y015
+
+@_typing.final
+class IdentityJwt(_message.Message):
+    """The JWT provider of an identity with source: jwt (docs/identity.md). ICE itself verifies
+    nothing: Envoy's jwt_authn (local Envoy), Istio's RequestAuthentication or Envoy Gateway's
+    SecurityPolicy does, from these fields.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ISSUER_FIELD_NUMBER: _builtins.int
+    AUDIENCES_FIELD_NUMBER: _builtins.int
+    JWKS_FILE_FIELD_NUMBER: _builtins.int
+    JWKS_URI_FIELD_NUMBER: _builtins.int
+    METADATA_KEY_FIELD_NUMBER: _builtins.int
+    issuer: _builtins.str
+    """The token's iss. Required with source: jwt."""
+    jwks_file: _builtins.str
+    """The JWKS as a file on Envoy's host (local Envoy only); or"""
+    jwks_uri: _builtins.str
+    """the JWKS's https URL (fetched by Envoy; the local bootstrap gets a cluster for it)."""
+    metadata_key: _builtins.str
+    """The key under Envoy's jwt_authn metadata that holds the verified payload. Default:
+    "payload" (ICE's local config and Istio); Envoy Gateway keys it by the issuer, which ICE
+    also reads when this key is absent.
+    """
+    @_builtins.property
+    def audiences(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Accepted aud values; empty: any audience."""
+
+    def __init__(
+        self,
+        *,
+        issuer: _builtins.str = ...,
+        audiences: _abc.Iterable[_builtins.str] | None = ...,
+        jwks_file: _builtins.str = ...,
+        jwks_uri: _builtins.str = ...,
+        metadata_key: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audiences", b"audiences", "issuer", b"issuer", "jwks_file", b"jwks_file", "jwks_uri", b"jwks_uri", "metadata_key", b"metadata_key"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___IdentityJwt: _TypeAlias = IdentityJwt  # noqa: Y015
 
 @_typing.final
 class Profile(_message.Message):
@@ -527,6 +640,7 @@ class Profile(_message.Message):
     FORECAST_FIELD_NUMBER: _builtins.int
     DEFAULT_OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
     SLO_FIELD_NUMBER: _builtins.int
+    IDENTITY_FIELD_NUMBER: _builtins.int
     max_model_len: _builtins.int
     """The model's context length in tokens. Unset: no context checks."""
     output_buffer_tokens: _builtins.int
@@ -661,6 +775,10 @@ class Profile(_message.Message):
         them yet.
         """
 
+    @_builtins.property
+    def identity(self) -> Global___Identity:
+        """Who is asking (docs/identity.md): the source of the request's tenant. Unset: trust."""
+
     def __init__(
         self,
         *,
@@ -694,10 +812,11 @@ class Profile(_message.Message):
         forecast: Global___Forecast | None = ...,
         default_output_tokens: _builtins.int | None = ...,
         slo: Global___Slo | None = ...,
+        identity: Global___Identity | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_backend_overload_status", b"_backend_overload_status", "_default_output_tokens", b"_default_output_tokens", "_max_embedding_inputs", b"_max_embedding_inputs", "_max_media_parts", b"_max_media_parts", "_max_model_len", b"_max_model_len", "_max_sequences", b"_max_sequences", "_min_output_tokens", b"_min_output_tokens", "_output_buffer_tokens", b"_output_buffer_tokens", "_retry_after_max_s", b"_retry_after_max_s", "_retry_after_min_s", b"_retry_after_min_s", "_retry_after_s", b"_retry_after_s", "_ttft_target_s", b"_ttft_target_s", "backend_overload_status", b"backend_overload_status", "default_output_tokens", b"default_output_tokens", "forecast", b"forecast", "kv_model", b"kv_model", "max_embedding_inputs", b"max_embedding_inputs", "max_media_parts", b"max_media_parts", "max_model_len", b"max_model_len", "max_sequences", b"max_sequences", "max_tokens_cap", b"max_tokens_cap", "media", b"media", "min_output_tokens", b"min_output_tokens", "output_buffer_tokens", b"output_buffer_tokens", "pressure", b"pressure", "queue", b"queue", "retry_after_max_s", b"retry_after_max_s", "retry_after_min_s", b"retry_after_min_s", "retry_after_s", b"retry_after_s", "shed", b"shed", "slo", b"slo", "truncation", b"truncation", "ttft_target_s", b"ttft_target_s"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_backend_overload_status", b"_backend_overload_status", "_default_output_tokens", b"_default_output_tokens", "_max_embedding_inputs", b"_max_embedding_inputs", "_max_media_parts", b"_max_media_parts", "_max_model_len", b"_max_model_len", "_max_sequences", b"_max_sequences", "_min_output_tokens", b"_min_output_tokens", "_output_buffer_tokens", b"_output_buffer_tokens", "_retry_after_max_s", b"_retry_after_max_s", "_retry_after_min_s", b"_retry_after_min_s", "_retry_after_s", b"_retry_after_s", "_ttft_target_s", b"_ttft_target_s", "backend_overload_status", b"backend_overload_status", "default_output_tokens", b"default_output_tokens", "forecast", b"forecast", "identity", b"identity", "kv_model", b"kv_model", "max_embedding_inputs", b"max_embedding_inputs", "max_media_parts", b"max_media_parts", "max_model_len", b"max_model_len", "max_sequences", b"max_sequences", "max_tokens_cap", b"max_tokens_cap", "media", b"media", "min_output_tokens", b"min_output_tokens", "output_buffer_tokens", b"output_buffer_tokens", "pressure", b"pressure", "queue", b"queue", "retry_after_max_s", b"retry_after_max_s", "retry_after_min_s", b"retry_after_min_s", "retry_after_s", b"retry_after_s", "shed", b"shed", "slo", b"slo", "truncation", b"truncation", "ttft_target_s", b"ttft_target_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_backend_overload_status", b"_backend_overload_status", "_default_output_tokens", b"_default_output_tokens", "_max_embedding_inputs", b"_max_embedding_inputs", "_max_media_parts", b"_max_media_parts", "_max_model_len", b"_max_model_len", "_max_sequences", b"_max_sequences", "_min_output_tokens", b"_min_output_tokens", "_output_buffer_tokens", b"_output_buffer_tokens", "_retry_after_max_s", b"_retry_after_max_s", "_retry_after_min_s", b"_retry_after_min_s", "_retry_after_s", b"_retry_after_s", "_ttft_target_s", b"_ttft_target_s", "admission", b"admission", "backend_overload_status", b"backend_overload_status", "client_priority", b"client_priority", "compact_system_json", b"compact_system_json", "content_types", b"content_types", "default_output_tokens", b"default_output_tokens", "default_priority", b"default_priority", "fail_mode", b"fail_mode", "forecast", b"forecast", "kv_model", b"kv_model", "max_embedding_inputs", b"max_embedding_inputs", "max_media_parts", b"max_media_parts", "max_model_len", b"max_model_len", "max_sequences", b"max_sequences", "max_tokens_cap", b"max_tokens_cap", "media", b"media", "min_output_tokens", b"min_output_tokens", "mode", b"mode", "on_kv_shortfall", b"on_kv_shortfall", "output_buffer_tokens", b"output_buffer_tokens", "pressure", b"pressure", "queue", b"queue", "retry_after_max_s", b"retry_after_max_s", "retry_after_min_s", b"retry_after_min_s", "retry_after_s", b"retry_after_s", "shed", b"shed", "slo", b"slo", "stored_context", b"stored_context", "truncation", b"truncation", "ttft_target_s", b"ttft_target_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_backend_overload_status", b"_backend_overload_status", "_default_output_tokens", b"_default_output_tokens", "_max_embedding_inputs", b"_max_embedding_inputs", "_max_media_parts", b"_max_media_parts", "_max_model_len", b"_max_model_len", "_max_sequences", b"_max_sequences", "_min_output_tokens", b"_min_output_tokens", "_output_buffer_tokens", b"_output_buffer_tokens", "_retry_after_max_s", b"_retry_after_max_s", "_retry_after_min_s", b"_retry_after_min_s", "_retry_after_s", b"_retry_after_s", "_ttft_target_s", b"_ttft_target_s", "admission", b"admission", "backend_overload_status", b"backend_overload_status", "client_priority", b"client_priority", "compact_system_json", b"compact_system_json", "content_types", b"content_types", "default_output_tokens", b"default_output_tokens", "default_priority", b"default_priority", "fail_mode", b"fail_mode", "forecast", b"forecast", "identity", b"identity", "kv_model", b"kv_model", "max_embedding_inputs", b"max_embedding_inputs", "max_media_parts", b"max_media_parts", "max_model_len", b"max_model_len", "max_sequences", b"max_sequences", "max_tokens_cap", b"max_tokens_cap", "media", b"media", "min_output_tokens", b"min_output_tokens", "mode", b"mode", "on_kv_shortfall", b"on_kv_shortfall", "output_buffer_tokens", b"output_buffer_tokens", "pressure", b"pressure", "queue", b"queue", "retry_after_max_s", b"retry_after_max_s", "retry_after_min_s", b"retry_after_min_s", "retry_after_s", b"retry_after_s", "shed", b"shed", "slo", b"slo", "stored_context", b"stored_context", "truncation", b"truncation", "ttft_target_s", b"ttft_target_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__backend_overload_status: _TypeAlias = _typing.Literal["backend_overload_status"]  # noqa: Y015
     _WhichOneofArgType__backend_overload_status: _TypeAlias = _typing.Literal["_backend_overload_status", b"_backend_overload_status"]  # noqa: Y015

@@ -43,6 +43,7 @@ from typing import Protocol
 from ext_proc import telemetry
 from ext_proc.admit import overload_answer
 from ext_proc.admit.backlog import SMALL_BODY_BYTES, Backlog, BodyClock, Lane, Ticket, Weight
+from ext_proc.admit.identity import NOTHING_VOUCHED, Vouched, request_tenant
 from ext_proc.admit.outcome import Continue, Outcome, Respond, priority_fields, slo_headers
 from ext_proc.admit.pipeline import BodyVerdict, Pipeline, RequestFacts, Route
 from ext_proc.admit.queue import AdmissionQueue, Waiter, queueable
@@ -146,10 +147,13 @@ GONE = BodyVerdict(None, None, Continue([], None))
 def with_profile(outcome: Outcome, route: Route, facts: RequestFacts) -> Outcome:
     """The access log's ``profile`` and priority fields: the profile the request was judged
     under, its priority, and a priority header's claim ICE did not take; and the latency
-    targets used (``x-ice-slo-ttft-ms`` / ``x-ice-slo-tpot-ms``, docs/slo.md), when set."""
+    targets used (``x-ice-slo-ttft-ms`` / ``x-ice-slo-tpot-ms``, docs/slo.md), when set;
+    the tenant and where it came from (``tenant``, ``identity``; docs/identity.md)."""
     fields = (
         ("profile", route.profile.name),
         *priority_fields(facts.priority, facts.priority_claimed),
+        ("tenant", request_tenant(route, facts)),
+        *((("identity", facts.identity_source),) if facts.identity_source else ()),
     )
     targets = slo_headers(facts.slo)
     log = (*outcome.log, *fields)
@@ -219,11 +223,12 @@ class Admission:
         headers: Iterable[tuple[str, bytes]],
         end_of_stream: bool,
         subset: frozenset[str] | None = None,
+        vouched: Vouched = NOTHING_VOUCHED,
     ) -> AsyncIterator[Step]:
         """The headers' steps (``Extend`` while a coarse refusal waits in the queue), then
-        their answer."""
+        their answer. ``vouched``: what Envoy vouches for (``ext_proc.admit.identity``)."""
         pipeline, route = self.pipeline, self.route
-        facts = self.facts = pipeline.on_headers(route, headers, end_of_stream, subset)
+        facts = self.facts = pipeline.on_headers(route, headers, end_of_stream, subset, vouched)
         if facts.answer is not None:
             yield Immediate(facts.answer)
             return

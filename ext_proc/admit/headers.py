@@ -6,11 +6,13 @@ path's), the priority (``judged_priority``: the route's, which a client's priori
 lower, or set where the route trusts it), the latency targets (``judged_slo``: the profile's
 ``slo``, which llm-d's ``x-llm-d-slo-ttft-ms`` / ``x-llm-d-slo-tpot-ms`` may only tighten; the
 client's headers are left on the request), the tenant headers, spoofed ICE headers to strip and
-the endpoint a trusted picker chose. It then says whether the request is answered without its
-body (``Refusal``): an unknown path → 404, a judged path with a body that is not JSON → 415
-(unless the profile passes other content types), an empty body → 400, a declared length
-over the limit → 413. Read-only paths (GET/HEAD) and the policy's ``passthrough_paths`` pass
-without a body phase (``skip_body``).
+the endpoint a trusted picker chose, and who is asking (``ext_proc.admit.identity``: the
+route's identity source; any source but ``trust`` ignores and strips the client's tenant
+headers). It then says whether the request is answered without its body (``Refusal``): an
+unknown path → 404, a required identity that is absent → 401, a judged path with a body
+that is not JSON → 415 (unless the profile passes other content types), an empty body → 400,
+a declared length over the limit → 413. Read-only paths (GET/HEAD) and the policy's
+``passthrough_paths`` pass without a body phase (``skip_body``).
 
 Pure: no metrics, no pool views (``ext_proc.admit.pipeline`` words the answer with the
 pool's pressure and counts it).
@@ -21,6 +23,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+from ext_proc.admit.identity import (
+    IDENTITY_REQUIRED,
+    NOTHING_VOUCHED,
+    Identity,
+    Vouched,
+    identify,
+    missing_message,
+)
 from ext_proc.admit.routing import Route
 from ext_proc.admit.verdict import RequestFacts
 from ext_proc.placement.endpoints import DESTINATION_HEADER
@@ -76,6 +86,7 @@ class _Seen:
     content_length: str = ""
     tenant: str = ""
     queue_tenant: str = ""
+    identity: str = ""  # the identity header's value (``header`` source; ``trust`` with one)
     priority: Priority | None = None  # the client's claim (``judged_priority`` judges it)
     slo_ttft: bytes = b""  # the client's llm-d SLO headers, raw (``judged_slo`` reads them)
     slo_tpot: bytes = b""
@@ -120,6 +131,13 @@ def judged_slo(own: SloTarget, ttft_raw: bytes, tpot_raw: bytes) -> SloTarget:
     return SloTarget(_tighter(own.ttft_ms, ttft_raw), _tighter(own.tpot_ms, tpot_raw))
 
 
+def _source(route: Route, seen: _Seen, who: Identity | None) -> str:
+    """Where the tenant came from (the access log's ``identity``); "" when none was found."""
+    if who is not None:
+        return who.source if who.tenant else ""
+    return "trust" if seen.queue_tenant or seen.tenant else ""
+
+
 def _is_json(content_type: str) -> bool:
     if not content_type:
         return True  # many clients omit it; JSON backends parse the body regardless
@@ -144,9 +162,12 @@ class HeaderRules:
         headers: Iterable[tuple[str, bytes]],
         end_of_stream: bool,
         subset: frozenset[str] | None = None,
+        vouched: Vouched = NOTHING_VOUCHED,
     ) -> tuple[RequestFacts, Refusal | None]:
-        """The request's facts, and its answer when it gets one without its body."""
+        """The request's facts, and its answer when it gets one without its body
+        (``vouched``: what Envoy vouches for, ``ext_proc.admit.identity``)."""
         seen, strip = self._scan(route, headers)
+        who = self._who(route, seen, vouched)
         priority, claimed = judged_priority(route, seen.priority)
         adapter = route.schema or schema_for_path(seen.path)
         facts = RequestFacts(
@@ -157,8 +178,9 @@ class HeaderRules:
             endpoint=seen.endpoint,
             subset=subset,
             content_length=int(seen.content_length) if seen.content_length.isdigit() else None,
-            tenant=seen.tenant,
-            queue_tenant=seen.queue_tenant,
+            tenant=seen.tenant if who is None else who.tenant,
+            queue_tenant=seen.queue_tenant if who is None else who.tenant,
+            identity_source=_source(route, seen, who),
             slo=judged_slo(route.profile.slo, seen.slo_ttft, seen.slo_tpot),
         )
         if adapter is None:
@@ -171,6 +193,8 @@ class HeaderRules:
                 f"the inference endpoints only (see docs/endpoints.md)."
             )
             return facts, Refusal(OPENAI_CHAT_FALLBACK, 404, "unknown_endpoint", message)
+        if route.identity.required and not facts.identity_source:
+            return facts, self._no_identity(route, adapter)
         if not _is_json(seen.content_type):
             if route.profile.content_types == "pass":  # the profile leaves non-JSON alone
                 return replace(facts, skip_body=True), None
@@ -194,18 +218,43 @@ class HeaderRules:
         return facts, None
 
     @staticmethod
+    def _who(route: Route, seen: _Seen, vouched: Vouched) -> Identity | None:
+        """The identity that names both tenants (a vouched source, or ``trust`` with its own
+        header); None: ``trust`` as before (each tenant header names its own)."""
+        ident = route.identity
+        if not ident.vouched and not ident.header:
+            return None
+        return identify(ident, vouched, seen.identity)
+
+    def _no_identity(self, route: Route, adapter: SchemaAdapter) -> Refusal:
+        """401 ``identity_required``: the route requires an identity the request lacks."""
+        own, queue_header, tenant_header = self._tenant_headers(route)
+        trust_header = own or queue_header or tenant_header or ""
+        message = missing_message(route.identity, trust_header)
+        return self._refusal(route, adapter, 401, IDENTITY_REQUIRED, message)
+
+    @staticmethod
     def _refusal(
         route: Route, adapter: SchemaAdapter, status: int, code: str, message: str
     ) -> Refusal:
         shadow = route.profile.mode == "shadow"
         return Refusal(adapter, status, code, message, counted=not shadow, shadowed=shadow)
 
+    def _tenant_headers(self, route: Route) -> tuple[str | None, str | None, str | None]:
+        """The headers naming a tenant on ``route``: the identity's own (``header`` source, or
+        ``trust`` with ``identity.header``), then the client's queue and prefix tenant
+        headers, which a vouched identity ignores (and strips)."""
+        ident = route.identity
+        queue = route.profile.queue
+        queue_header = queue.tenant_header if queue is not None and queue.tenant_header else None
+        own = ident.header or None if ident.source in ("header", "trust") else None
+        return own, queue_header, self._tenant_header
+
     def _scan(self, route: Route, headers: Iterable[tuple[str, bytes]]) -> tuple[_Seen, list[str]]:
         seen = _Seen()
         strip: list[str] = []
-        queue = route.profile.queue
-        queue_header = queue.tenant_header if queue is not None and queue.tenant_header else None
-        tenant_header = self._tenant_header
+        own_header, queue_header, tenant_header = self._tenant_headers(route)
+        vouched = route.identity.vouched
         for key, raw in headers:
             if key == ":path":
                 seen.path = raw.decode("latin-1")
@@ -215,7 +264,12 @@ class HeaderRules:
                 seen.content_type = raw.decode("latin-1")
             elif key == "content-length":
                 seen.content_length = raw.decode("latin-1")
+            elif key == own_header:
+                seen.identity = raw.decode("latin-1").strip()
             elif key in (tenant_header, queue_header):
+                if vouched:  # only what Envoy vouches for names the tenant
+                    strip.append(key)
+                    continue
                 value = raw.decode("latin-1").strip()
                 if key == tenant_header:
                     seen.tenant = value

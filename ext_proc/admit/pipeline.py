@@ -38,6 +38,7 @@ from ext_proc.admit.body_priority import strip_priority
 from ext_proc.admit.counting import H_TOKENS, bounds, exact_count, same_verdict
 from ext_proc.admit.faults import judging
 from ext_proc.admit.headers import DEFAULT_MAX_BODY_BYTES, SPOOF_PREFIXES, HeaderRules
+from ext_proc.admit.identity import NOTHING_VOUCHED, Vouched
 from ext_proc.admit.outcome import Continue, Respond, reject_outcome
 from ext_proc.admit.recorder import Recorder, SnapshotLookup
 from ext_proc.admit.reload_carry import carried_counters, carried_prefix, carried_views
@@ -135,10 +136,15 @@ class Pipeline:
         headers: Iterable[tuple[str, bytes]],
         end_of_stream: bool,
         subset: frozenset[str] | None = None,
+        vouched: Vouched = NOTHING_VOUCHED,
     ) -> RequestFacts:
-        """Read the request headers (raw bytes values; only the ones ICE uses are decoded);
-        ``answer`` set: the request is answered now; ``skip_body``: it passes unjudged."""
-        facts, refusal = self.headers.read(route, headers, end_of_stream, subset)
+        """Read the request headers (raw bytes values; only the ones ICE uses are decoded)
+        and what Envoy vouches for (``vouched``: the identity's sources); ``answer`` set: the
+        request is answered now; ``skip_body``: it passes unjudged."""
+        facts, refusal = self.headers.read(route, headers, end_of_stream, subset, vouched)
+        if facts.adapter is not None:
+            found = "yes" if facts.identity_source else "no"
+            telemetry.IDENTITIES.labels(route.name, route.identity.source, found).inc()
         if facts.skip_body:
             reason = "path" if facts.adapter is None else "content_type"
             telemetry.PASSTHROUGH.labels(route=route.name, reason=reason).inc()

@@ -38,7 +38,8 @@ Refused at once (429 ``queue_full``): a request when its pool's queue in this wo
 (``close``), every waiter, and every request offered after, gets 429 ``queue_shutdown``
 (``critical`` ones pass, above).
 
-Tenants: the value of the profile's ``tenant_header`` (else the route's name), printable
+Tenants: ``ext_proc.admit.identity.request_tenant`` (the route's identity, else the profile's
+``tenant_header``, else the route's name), printable
 ASCII only, at most ``MAX_TENANT_CHARS`` characters. At most ``max_tenants`` tenants have a
 queue of their own per pool and band at a time; a request of any other tenant joins the
 shared ``OTHER_TENANT`` queue. Metric labels name the first ``max_tenants`` tenants a worker
@@ -64,6 +65,7 @@ from typing import TYPE_CHECKING
 
 from ext_proc import telemetry
 from ext_proc.admit.counting import exact_to_wait
+from ext_proc.admit.identity import request_tenant
 from ext_proc.admit.queue_answers import H_QUEUED_MS, behind_critical, refusal, with_queued_ms
 from ext_proc.admit.stream import Stream
 from ext_proc.admit.verdict import BodyVerdict, RequestFacts
@@ -130,7 +132,7 @@ class AdmissionQueue:
             return
         if not verdict.goes_upstream:
             return
-        stream.slot = (route.pool, tenant_key(facts.queue_tenant, route.name))
+        stream.slot = (route.pool, request_tenant(route, facts))
         self.started(*stream.slot)
 
     def ended(self, pool: str, tenant: str) -> None:
@@ -162,7 +164,7 @@ class AdmissionQueue:
         spec = route.profile.queue
         assert spec is not None
         pool = self._pools.setdefault(route.pool, PoolQueues())
-        tenant = tenant_key(facts.queue_tenant, route.name)
+        tenant = request_tenant(route, facts)
         label = tenant if tenant in pool.labels or len(pool.labels) < spec.max_tenants else ""
         if label:
             pool.labels.add(label)

@@ -16,9 +16,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from ext_proc.policy.settings import PRIORITIES, ClientPriority, Policy, Priority, Profile
+from ext_proc.policy.settings import (
+    PRIORITIES,
+    ClientPriority,
+    IdentitySpec,
+    Policy,
+    Priority,
+    Profile,
+)
 from ext_proc.schemas import SCHEMAS, SchemaAdapter
 
 __all__ = ["Route", "Router"]
@@ -39,6 +46,8 @@ class Route:
     key: tuple[str, str, str, str] = ("", "", "", "")
     schema: SchemaAdapter | None = None  # the binding's schema; None: chosen by path
     client_priority: ClientPriority = "cap"
+    # who is asking (ext_proc.admit.identity): the binding's, else the profile's
+    identity: IdentitySpec = field(default_factory=IdentitySpec)
 
 
 class Router:
@@ -108,4 +117,7 @@ class Router:
             key=(name, profile, pool, priority),
             schema=schema,
             client_priority=client,
+            identity=binding.identity
+            if binding is not None and binding.identity is not None
+            else prof.identity,
         )

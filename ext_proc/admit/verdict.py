@@ -64,6 +64,9 @@ class RequestFacts:
     content_length: int | None = None  # the request's content-length, when it declares one
     tenant: str = ""  # prefix_tracking.tenant_header's value
     queue_tenant: str = ""  # the profile's queue.tenant_header's value (ext_proc.admit.queue)
+    # where the tenant came from (ext_proc.admit.identity: jwt, mtls, header, trust); "":
+    # none found. With any source but trust, tenant and queue_tenant are the identity.
+    identity_source: str = ""
     # mode: shadow — an answer at the headers that was not given: its headers for the request
     shadow_headers: tuple[Header, ...] = ()
     # the latency targets used: the profile's, tightened by the client's llm-d SLO headers

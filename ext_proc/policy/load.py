@@ -22,6 +22,7 @@ from ext_proc._pb import policy_pb2
 from ext_proc.policy.errors import PolicyError
 from ext_proc.policy.load_fields import opt
 from ext_proc.policy.load_forecast import admission_settings
+from ext_proc.policy.load_identity import identity_spec
 from ext_proc.policy.load_models import kv_model_spec, media_spec, tokenizer_specs
 from ext_proc.policy.load_pool import pool_spec, positive
 from ext_proc.policy.load_queue import queue_spec
@@ -191,6 +192,7 @@ def _profile(name: str, msg: policy_pb2.Profile, base_dir: Path) -> Profile:
         forecast=admission.forecast,
         default_output_tokens=admission.default_output_tokens,
         slo=admission.slo,
+        identity=identity_spec(msg.identity, f"{where}.identity"),
     )
 
 
@@ -350,6 +352,9 @@ def _route(
         priority=_priority_or_none(binding.priority),
         schema=binding.schema,
         client_priority=_client_priority(binding.client_priority, where),
+        identity=identity_spec(binding.identity, f"{where}.identity")
+        if binding.HasField("identity")
+        else None,
     )
 
 

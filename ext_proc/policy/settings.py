@@ -24,6 +24,9 @@ __all__ = [
     "EmbeddingSpec",
     "FailMode",
     "ForecastSpec",
+    "IdentitySource",
+    "IdentitySpec",
+    "JwtProviderSpec",
     "KvModelSpec",
     "KvShortfall",
     "Level",
@@ -47,6 +50,7 @@ CLIENT_PRIORITIES: tuple[ClientPriority, ...] = ("cap", "trust", "ignore")
 FailMode = Literal["open", "closed"]
 KvShortfall = Literal["downgrade", "shed", "ignore"]
 CriticalInQueue = Literal["pass", "wait"]
+IdentitySource = Literal["jwt", "mtls", "header", "trust"]
 
 
 class Level(IntEnum):
@@ -127,6 +131,35 @@ class SloTarget:
 
 
 @dataclass(frozen=True, slots=True)
+class JwtProviderSpec:
+    """The tokens an identity with ``source: jwt`` reads (Envoy verifies them; docs/identity.md)."""
+
+    issuer: str = ""
+    audiences: tuple[str, ...] = ()
+    jwks_file: str = ""  # a JWKS file on Envoy's host (local Envoy)
+    jwks_uri: str = ""  # a JWKS's https URL
+    metadata_key: str = "payload"  # jwt_authn's payload_in_metadata (else the issuer's)
+
+
+@dataclass(frozen=True, slots=True)
+class IdentitySpec:
+    """Who is asking (``ext_proc.admit.identity``; docs/identity.md): where the tenant comes
+    from. ``trust`` (the default) reads the client's tenant headers as before."""
+
+    source: IdentitySource = "trust"
+    claim: str = "sub"  # jwt: the claim (a dotted path reads a nested one)
+    header: str = ""  # header: the ext_authz service's; trust: the client's ("": the queue's)
+    required: bool = False  # a request without it gets 401
+    san: Literal["uri", "dns"] = "uri"  # mtls: the SAN that names the tenant
+    jwt: JwtProviderSpec | None = None  # source: jwt only
+
+    @property
+    def vouched(self) -> bool:
+        """The tenant comes from what Envoy vouches for: client tenant headers are ignored."""
+        return self.source != "trust"
+
+
+@dataclass(frozen=True, slots=True)
 class Profile:
     """What one class of routes allows. Token figures are in tokens; times in seconds."""
 
@@ -176,6 +209,7 @@ class Profile:
     default_output_tokens: int | None = None
     # latency targets (docs/slo.md): shown and measured, read by no decision yet
     slo: SloTarget = field(default_factory=SloTarget)
+    identity: IdentitySpec = field(default_factory=IdentitySpec)  # who is asking
 
     @property
     def critical_waits(self) -> bool:
@@ -245,6 +279,7 @@ class RouteBinding:
     priority: Priority | None = None
     schema: str = ""  # an adapter name (ext_proc.schemas.SCHEMAS); "" = chosen by path
     client_priority: ClientPriority | None = None  # None: the profile's
+    identity: IdentitySpec | None = None  # None: the profile's
 
 
 @dataclass(frozen=True, slots=True)

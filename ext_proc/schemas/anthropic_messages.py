@@ -47,6 +47,7 @@ MESSAGE_KEYS = frozenset(("role", "content"))
 
 _ERROR_TYPES = {
     400: "invalid_request_error",
+    401: "authentication_error",
     404: "not_found_error",
     413: "request_too_large",
     415: "invalid_request_error",

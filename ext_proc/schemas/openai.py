@@ -48,6 +48,7 @@ __all__ = [
 
 _ERROR_TYPES = {
     400: "invalid_request_error",
+    401: "invalid_request_error",  # OpenAI's own, for a missing or bad key
     404: "invalid_request_error",
     413: "invalid_request_error",
     415: "invalid_request_error",

@@ -1,6 +1,7 @@
 """The ext_proc messages' small parts, read and written: a timeout extension, the picker's
-subset hint, the request id, Envoy's response code details, and the do-nothing answer of any
-phase (the servicer's vocabulary; protobuf only, no verdicts).
+subset hint, what Envoy vouches for about the request (``vouched``: jwt_authn's verified
+payloads, the peer certificate's SANs), the request id, Envoy's response code details, and
+the do-nothing answer of any phase (the servicer's vocabulary; protobuf only, no verdicts).
 """
 
 from __future__ import annotations
@@ -10,6 +11,13 @@ from typing import Any
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from ext_proc.admit import overload_answer
+from ext_proc.admit.identity import (
+    JWT_NAMESPACE,
+    NOTHING_VOUCHED,
+    PEER_DNS_SAN,
+    PEER_URI_SAN,
+    Vouched,
+)
 
 __all__ = [
     "SUBSET_KEY",
@@ -20,6 +28,7 @@ __all__ = [
     "extend_timeout",
     "request_id",
     "subset_hint",
+    "vouched",
 ]
 
 
@@ -61,6 +70,43 @@ def subset_hint(metadata: Any) -> frozenset[str] | None:
         return None
     hint = frozenset(i.strip() for i in items if i.strip())
     return hint or None
+
+
+def _plain(value: Any) -> object:
+    """A ``google.protobuf.Value`` as plain Python (a walk: 5× faster than json_format)."""
+    kind = value.WhichOneof("kind")
+    if kind == "struct_value":
+        return _plain_struct(value.struct_value)
+    if kind == "list_value":
+        return [_plain(v) for v in value.list_value.values]
+    if kind == "null_value" or kind is None:
+        return None
+    return getattr(value, kind)
+
+
+def _plain_struct(struct: Any) -> dict[str, object]:
+    return {k: _plain(v) for k, v in struct.fields.items()}
+
+
+def vouched(request: pb.ProcessingRequest) -> Vouched:
+    """What Envoy vouches for (``ext_proc.admit.identity``), from the first message of the
+    stream: jwt_authn's payloads (its dynamic metadata, forwarded by the ext_proc filter's
+    ``forwarding_namespaces``) and the peer certificate's first URI / DNS SAN (its
+    ``request_attributes``; "" or absent: none). Nothing sent: ``NOTHING_VOUCHED``."""
+    jwt: dict[str, object] = {}
+    namespaces = request.metadata_context.filter_metadata
+    if JWT_NAMESPACE in namespaces:
+        jwt = _plain_struct(namespaces[JWT_NAMESPACE])
+    uri = dns = ""
+    for attributes in request.attributes.values():
+        fields = attributes.fields
+        if PEER_URI_SAN in fields:
+            uri = str(fields[PEER_URI_SAN].string_value)
+        if PEER_DNS_SAN in fields:
+            dns = str(fields[PEER_DNS_SAN].string_value)
+    if not jwt and not uri and not dns:
+        return NOTHING_VOUCHED
+    return Vouched(jwt=jwt, uri_san=uri, dns_san=dns)
 
 
 def request_id(headers: pb.HttpHeaders) -> str:

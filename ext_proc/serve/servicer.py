@@ -56,6 +56,7 @@ from ext_proc.serve.messages import (
     extend_timeout,
     request_id,
     subset_hint,
+    vouched,
 )
 from ext_proc.serve.offload import Offload
 from ext_proc.serve.recount import Recounter
@@ -162,7 +163,9 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                         (h.key, h.raw_value or h.value.encode()) for h in headers.headers.headers
                     )
                     subset = subset_hint(request.metadata_context)
-                    steps = admission.on_headers(pairs, headers.end_of_stream, subset)
+                    steps = admission.on_headers(
+                        pairs, headers.end_of_stream, subset, vouched(request)
+                    )
                 elif phase == "request_body":
                     data = request.request_body.body
                     clock = self.backlog.clock(answered, started, len(data))

@@ -4,7 +4,8 @@ Job: given an ``HcmView`` (a listener's HTTP connection manager that serves judg
 and ``Expected``, say whether ext_proc is there and before the router, how it fails
 (``failure_mode_allow`` against the profiles' ``fail_mode``), its processing mode, its
 ``message_timeout`` / ``max_message_timeout``; then the request guards ahead of ICE
-(``envoy_guards``: stripping, normalisation, body limit).
+(``envoy_guards``: stripping, normalisation, body limit) and what the routes' identities need
+(``envoy_identity``).
 
 Invariants: pure; one ``Check`` per item per ext_proc filter (or HCM), its detail prefixed
 with the listener's name; the expected values come from ``expect``
@@ -20,6 +21,7 @@ from ext_proc.tools.doctor import expect as X
 from ext_proc.tools.doctor.checks import Check, fail
 from ext_proc.tools.doctor.dump import EXT_PROC_TYPE, FilterView, HcmView, as_dict
 from ext_proc.tools.doctor.envoy_guards import buffer_check, normalise_check, strip_check
+from ext_proc.tools.doctor.envoy_identity import identity_checks
 
 __all__ = ["duration_s", "ext_proc_filters", "filter_checks"]
 
@@ -242,4 +244,5 @@ def filter_checks(hcm: HcmView, ex: X.Expected) -> list[Check]:
         )
     )
     out.append(normalise_check(hcm, where, tuple(ex.judged), ex.host))
+    out += identity_checks(hcm, ex, found)
     return out

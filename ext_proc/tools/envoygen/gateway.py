@@ -20,6 +20,8 @@ The objects (``objects``), in this order:
 - ``ClientTrafficPolicy`` ``ice`` on the listener: no spoofing, the 8 MiB buffer, the path
   normalisation of the local HCM.
 - ``EnvoyPatchPolicy`` ``ice`` on the Gateway: what EG's API cannot say, per route.
+- ``SecurityPolicy`` ``<HTTPRoute>-jwt`` on each judged HTTPRoute whose routes read a JWT
+  (``identity_mesh.security_policies``; docs/identity.md).
 
 No spoofing: ``headers.earlyRequestHeaders`` of the ClientTrafficPolicy, with ``remove`` for
 the names and ``removeOnMatch`` (``Prefix``) for ICE's prefixes, taken from
@@ -132,6 +134,7 @@ from ext_proc.tools.envoygen.gateway_policies import (
     extension_policies,
     patch_policy,
 )
+from ext_proc.tools.envoygen.identity_mesh import security_policies
 from ext_proc.tools.envoygen.spec import MeshSpec
 
 __all__ = [
@@ -306,4 +309,5 @@ def objects(spec: MeshSpec) -> list[dict[str, Any]]:
         *extension_policies(spec),
         client_traffic_policy(spec),
         patch_policy(spec),
+        *security_policies(spec),
     ]

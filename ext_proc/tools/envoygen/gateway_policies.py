@@ -24,7 +24,7 @@ from typing import Any
 
 from envoy_data_plane.google.protobuf import Any as PbAny
 
-from ext_proc.tools.envoygen import pieces
+from ext_proc.tools.envoygen import identity_parts, pieces
 from ext_proc.tools.envoygen.emit import as_dict, k8s_duration
 from ext_proc.tools.envoygen.gateway_names import (
     CLUSTER_TYPE,
@@ -131,7 +131,7 @@ def _cluster_patches(spec: MeshSpec, policy: str) -> list[dict[str, Any]]:
 def _ext_proc_entry(spec: MeshSpec) -> dict[str, Any]:
     """``pieces.ext_proc_config`` in EG's ExtProc API (less max_message_timeout and
     response_attributes: patched)."""
-    cfg = as_dict(pieces.ext_proc_config("ice"))
+    cfg = as_dict(identity_parts.ext_proc_config("ice", spec.routes))
     metadata = cfg["metadata_options"]
     processing = _processing_mode(cfg["processing_mode"])
     processing["allowModeOverride"] = cfg["allow_mode_override"]
@@ -166,9 +166,11 @@ def extension_policies(spec: MeshSpec) -> list[dict[str, Any]]:
     return out
 
 
-def _early_request_headers() -> dict[str, Any]:
-    """``pieces.strip_spoofed_headers`` as EG's ``earlyRequestHeaders``."""
-    config = as_dict(pieces.strip_spoofed_headers())["typed_config"]
+def _early_request_headers(spec: MeshSpec) -> dict[str, Any]:
+    """``pieces.strip_spoofed_headers`` as EG's ``earlyRequestHeaders`` (with the identity
+    headers an ext_authz service sets, ``identity_parts.identity_headers``)."""
+    extra = identity_parts.identity_headers(spec.routes)
+    config = as_dict(pieces.strip_spoofed_headers(extra=extra))["typed_config"]
     remove: list[str] = []
     on_match: list[dict[str, str]] = []
     for mutation in config["mutations"]["request_mutations"]:
@@ -195,7 +197,7 @@ def client_traffic_policy(spec: MeshSpec) -> dict[str, Any]:
         "metadata": _meta(POLICY, spec.gateway.namespace),
         "spec": {
             "targetRefs": [{**target, "sectionName": LISTENER}],
-            "headers": {"earlyRequestHeaders": _early_request_headers()},
+            "headers": {"earlyRequestHeaders": _early_request_headers(spec)},
             "connection": {"bufferLimit": _quantity(pieces.MAX_BODY_BYTES)},
             "path": {"escapedSlashesAction": ESCAPED_SLASHES},
         },
@@ -224,10 +226,12 @@ def _patches(spec: MeshSpec) -> list[dict[str, Any]]:
             for i, r in enumerate(routes):
                 config = as_dict(PbAny.pack(pieces.judged_route_config(r.name, r.profile)))
                 patches.append(_route_patch(spec, xds_route_name(ns, name, i), config, flt))
-    cfg = as_dict(pieces.ext_proc_config("ice"))
+    cfg = as_dict(identity_parts.ext_proc_config("ice", spec.routes))
     for group in judged_groups(spec):
         flt = ext_proc_filter_name(ns, group.policy)
         fields = [(f, cfg[f]) for f in ("max_message_timeout", "response_attributes")]
+        if "request_attributes" in cfg:  # the peer certificate's SANs (identity: mtls)
+            fields.append(("request_attributes", cfg["request_attributes"]))
         fields.append(("grpc_service/retry_policy", cfg["grpc_service"]["retry_policy"]))
         for field, value in fields:
             patches.append(

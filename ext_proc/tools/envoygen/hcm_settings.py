@@ -127,6 +127,8 @@ ACCESS_LOG_FIELDS: tuple[tuple[str, str], ...] = (
     ("profile", f"%DYNAMIC_METADATA({VERDICT_NAMESPACE}:profile)%"),
     ("priority", f"%DYNAMIC_METADATA({VERDICT_NAMESPACE}:priority)%"),
     ("priority_claimed", f"%DYNAMIC_METADATA({VERDICT_NAMESPACE}:priority_claimed)%"),
+    ("tenant", f"%DYNAMIC_METADATA({VERDICT_NAMESPACE}:tenant)%"),
+    ("identity", f"%DYNAMIC_METADATA({VERDICT_NAMESPACE}:identity)%"),
     ("input_tokens", f"%DYNAMIC_METADATA({VERDICT_NAMESPACE}:input_tokens)%"),
     ("max_tokens_requested", f"%DYNAMIC_METADATA({VERDICT_NAMESPACE}:max_tokens_requested)%"),
     ("max_tokens_granted", f"%DYNAMIC_METADATA({VERDICT_NAMESPACE}:max_tokens_granted)%"),

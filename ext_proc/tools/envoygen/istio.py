@@ -62,7 +62,7 @@ from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v
 )
 from envoy_data_plane.google.protobuf import Any as PbAny
 
-from ext_proc.tools.envoygen import pieces
+from ext_proc.tools.envoygen import identity_mesh, identity_parts, pieces
 from ext_proc.tools.envoygen.emit import as_dict, k8s_duration
 from ext_proc.tools.envoygen.hcm_settings import access_log, route_scope, too_large_reply
 from ext_proc.tools.envoygen.local import read_only_name
@@ -135,9 +135,10 @@ def _hcm_merge(*, normalise: bool, scope: str | None) -> dict[str, Any]:
 def _filters_before_router(spec: MeshSpec, *, shared: bool) -> list[dict[str, Any]]:
     """``shared``: a proxy that serves other services too: every filter off by default."""
     cluster = ice_cluster_name(spec)
+    extra = identity_parts.identity_headers(spec.routes)
     return [
-        as_dict(pieces.strip_spoofed_headers(disabled=shared)),
-        as_dict(pieces.ext_proc_filter(cluster, disabled=shared)),
+        as_dict(pieces.strip_spoofed_headers(disabled=shared, extra=extra)),
+        as_dict(identity_parts.ext_proc_filter(cluster, spec.routes, disabled=shared)),
         as_dict(pieces.buffer_filter()),
     ]
 
@@ -366,5 +367,12 @@ def ice_destination_rule(spec: MeshSpec) -> dict[str, Any]:
 
 def objects(spec: MeshSpec) -> list[dict[str, Any]]:
     """The Istio objects, in a fixed order: gateway flavour, then sidecar flavour, then ICE's
-    own DestinationRule (both flavours' outbound cluster to ICE)."""
-    return [*_gateway_objects(spec), *_sidecar_objects(spec), ice_destination_rule(spec)]
+    own DestinationRule (both flavours' outbound cluster to ICE), then what the routes'
+    identities need (``identity_mesh.istio_objects``: RequestAuthentication,
+    PeerAuthentication)."""
+    return [
+        *_gateway_objects(spec),
+        *_sidecar_objects(spec),
+        ice_destination_rule(spec),
+        *identity_mesh.istio_objects(spec),
+    ]

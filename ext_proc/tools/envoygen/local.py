@@ -71,7 +71,7 @@ from envoy_data_plane.envoy.extensions.retry.host.previous_hosts.v3 import Previ
 from envoy_data_plane.envoy.type.matcher.v3 import StringMatcher
 from envoy_data_plane.google.protobuf import Any as PbAny
 
-from ext_proc.tools.envoygen import pieces
+from ext_proc.tools.envoygen import identity_parts, pieces
 from ext_proc.tools.envoygen.emit import as_dict
 from ext_proc.tools.envoygen.hcm_settings import access_log, too_large_reply
 from ext_proc.tools.envoygen.spec import MeshSpec
@@ -132,8 +132,12 @@ def inference_routes(
     """Closed by default, in this order: the judged endpoints, the read-only paths, the 404.
     ``retry_503``: judged routes whose pool has several endpoints retry a 503 on another."""
     routes = [pieces.judged_route(r.name, r.path, cluster, r.profile) for r in spec.routes]
+    jwt = identity_parts.providers(spec.routes)
     for route, r in zip(routes, spec.routes, strict=True):
         assert route.route is not None
+        if jwt:  # each judged route names its jwt_authn requirement (or turns it off)
+            config = identity_parts.jwt_route_config(r, spec.routes)
+            route.typed_per_filter_config[identity_parts.JWT_AUTHN] = PbAny.pack(config)
         if timeout_s != 600:
             route.route.timeout = datetime.timedelta(seconds=timeout_s)
         if retry_503 and r.several_endpoints:
@@ -143,11 +147,15 @@ def inference_routes(
     return routes
 
 
-def http_filters() -> list[HttpFilter]:
-    """The ingress HCM's filters: no spoofing, ICE, the 404's body reader, the router."""
+def http_filters(spec: MeshSpec) -> list[HttpFilter]:
+    """The ingress HCM's filters: no spoofing (with the identity headers a trusted service
+    sets), the routes' JWT verification (when any reads a JWT), ICE (with what the routes'
+    identities need), the 404's body reader, the router."""
+    jwt = identity_parts.jwt_filter(spec.routes)
     return [
-        pieces.strip_spoofed_headers(),
-        pieces.ext_proc_filter("ice"),
+        pieces.strip_spoofed_headers(extra=identity_parts.identity_headers(spec.routes)),
+        *([jwt] if jwt is not None else []),
+        identity_parts.ext_proc_filter("ice", spec.routes),
         pieces.buffer_filter(),
         pieces.router_filter(),
     ]
@@ -201,7 +209,14 @@ def _retry_once(*, status_503: bool = False) -> RetryPolicy:
 
 
 def _ingress(
-    port: int, name: str, routes: list[Route], *, retry: bool, local_reply: bool, log: bool
+    spec: MeshSpec,
+    port: int,
+    name: str,
+    routes: list[Route],
+    *,
+    retry: bool,
+    local_reply: bool,
+    log: bool,
 ) -> Listener:
     # Buffered request bodies up to 8 MiB (ICE's --max-body-bytes matches; larger → 413),
     # while Envoy reads at most LISTENER_READ_BYTES from one client per read event.
@@ -218,15 +233,15 @@ def _ingress(
         response_headers_to_add=pieces.verdict_response_headers(),
         virtual_hosts=[vhost],
     )
+    hcm = _hcm("ingress", config, http_filters(spec), local_reply=local_reply, log=log)
+    chain = FilterChain(filters=[hcm])
+    if spec.tls is not None:  # client certificates required (identity source: mtls)
+        chain.transport_socket = identity_parts.downstream_tls(spec.tls)
     return Listener(
         name="ingress",
         address=_address(port),
         per_connection_buffer_limit_bytes=pieces.LISTENER_READ_BYTES,
-        filter_chains=[
-            FilterChain(
-                filters=[_hcm("ingress", config, http_filters(), local_reply=local_reply, log=log)]
-            )
-        ],
+        filter_chains=[chain],
     )
 
 
@@ -240,7 +255,7 @@ def local_bootstrap(
     priority levels, the first judging and the others standing by (``pieces.ice_cluster``).
     The defaults give the checked-in file."""
     routes = inference_routes(spec, "backend", retry_503=True)
-    listener = _ingress(10000, "llm", routes, retry=True, local_reply=True, log=True)
+    listener = _ingress(spec, 10000, "llm", routes, retry=True, local_reply=True, log=True)
     bootstrap = Bootstrap(
         admin=Admin(address=_address(9901)),
         overload_manager=overload_manager(),
@@ -249,6 +264,7 @@ def local_bootstrap(
             clusters=[
                 pieces.ice_cluster("ice", ice, standby=ice_standby),
                 pieces.backend_cluster("backend", ["127.0.0.1:8000"]),
+                *identity_parts.jwks_clusters(spec.routes),
             ],
         ),
     )
@@ -348,7 +364,7 @@ def bench_bootstrap(spec: MeshSpec) -> dict[str, Any]:
         static_resources=BootstrapStaticResources(
             listeners=[
                 # no access log: the benchmark measures ICE, not Envoy's log writing
-                _ingress(10100, "bench", routes, retry=False, local_reply=False, log=False),
+                _ingress(spec, 10100, "bench", routes, retry=False, local_reply=False, log=False),
                 _fast_upstream(10101),
             ],
             clusters=[

@@ -187,22 +187,25 @@ def _any(message: object) -> Any:
     return Any.pack(message)  # type: ignore[arg-type]
 
 
-def spoof_mutations() -> Mutations:
-    """The removals of ``strip_spoofed_headers``: ICE's own prefixes, the names, the pick."""
+def spoof_mutations(extra: Sequence[str] = ()) -> Mutations:
+    """The removals of ``strip_spoofed_headers``: ICE's own prefixes, the names, the pick;
+    then ``extra`` names (identity headers a trusted service sets, docs/identity.md)."""
     removals = [
         Mutation(remove_on_match=HeaderMutationRemoveOnMatch(key_matcher=StringMatcher(prefix=p)))
         for p in SPOOF_PREFIXES
     ]
     removals += [Mutation(remove=name) for name in SPOOF_NAMES]
     # Order as the checked-in configs: prefixes of ICE's own, the names, then the pick.
-    return Mutations(request_mutations=[removals[0], removals[1], removals[3], removals[2]])
+    ordered = [removals[0], removals[1], removals[3], removals[2]]
+    return Mutations(request_mutations=ordered + [Mutation(remove=name) for name in extra])
 
 
-def strip_spoofed_headers(*, disabled: bool = False) -> HttpFilter:
+def strip_spoofed_headers(*, disabled: bool = False, extra: Sequence[str] = ()) -> HttpFilter:
     """No spoofing: only ICE may set its verdict headers, and only ICE picks the endpoint.
     ``disabled``: off unless a route turns it on (``strip_spoofed_headers_on_route``: a
-    shared gateway, where other services' requests keep their headers)."""
-    config = HeaderMutation(mutations=spoof_mutations())
+    shared gateway, where other services' requests keep their headers). ``extra``: header
+    names removed too (``spoof_mutations``)."""
+    config = HeaderMutation(mutations=spoof_mutations(extra))
     return HttpFilter(name=HEADER_MUTATION, typed_config=_any(config), disabled=disabled)
 
 

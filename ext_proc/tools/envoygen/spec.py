@@ -12,6 +12,9 @@ where ICE and the backend run (``envoy/mesh.yaml`` is the shipped one).
     - {name: chat, path: /v1/chat/completions}
     - {name: completions, path: /v1/completions, profile: batch}   # profile: optional
     read_only: [/v1/models, /health, /version, /ping]
+    tls: {cert: tls/server.pem, key: tls/server.key, client_ca: tls/ca.pem}   # optional:
+                                 # the local listener's TLS, client certificates required
+                                 # (required when a route's identity is source: mtls)
 
 Each route also learns from the policy whether its pool (the policy's binding for the route,
 else its default pool) has several endpoints: more than one ``metrics_urls``, or endpoints
@@ -31,13 +34,25 @@ alone.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-__all__ = ["Backend", "Gateway", "Ice", "MeshSpec", "RouteSpec", "SpecError", "load_spec"]
+from ext_proc.policy.settings import IdentitySpec
+
+__all__ = [
+    "Backend",
+    "Gateway",
+    "Ice",
+    "ListenerTls",
+    "MeshSpec",
+    "RouteSpec",
+    "SpecError",
+    "load_spec",
+]
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 ROUTE_NAME = re.compile(r"^[A-Za-z0-9_][-A-Za-z0-9_.]*$")
@@ -58,6 +73,9 @@ class RouteSpec:
     path: str  # exact, after Envoy's path normalisation
     profile: str | None = None  # x-ice-profile; None: the policy's binding for the route
     several_endpoints: bool = False  # the route's pool has more than one endpoint
+    # who is asking on the route (the policy's: the binding's, else the profile's;
+    # docs/identity.md): the filters it needs (jwt_authn, the peer certificate's attributes)
+    identity: IdentitySpec = field(default_factory=IdentitySpec)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +122,17 @@ class Gateway:
 
 
 @dataclass(frozen=True, slots=True)
+class ListenerTls:
+    """The local listener's TLS (files on Envoy's host): its certificate and key, and the CA
+    that signs client certificates (required on every connection: identity ``source:
+    mtls``)."""
+
+    cert: str
+    key: str
+    client_ca: str
+
+
+@dataclass(frozen=True, slots=True)
 class MeshSpec:
     routes: tuple[RouteSpec, ...]
     read_only: tuple[str, ...] = ("/v1/models", "/health", "/version", "/ping")
@@ -111,6 +140,7 @@ class MeshSpec:
     backend: Backend = field(default_factory=Backend)
     gateway: Gateway = field(default_factory=Gateway)
     policy: Path | None = None
+    tls: ListenerTls | None = None  # the local listener's; None: plain HTTP
 
     @property
     def profiled(self) -> bool:
@@ -183,12 +213,13 @@ def _hosts(value: Any, where: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-_PolicyFacts = tuple[set[str], set[str], set[str]]
+_PolicyFacts = tuple[set[str], set[str], set[str], Callable[[str, str | None], IdentitySpec]]
 
 
 def _policy_facts(path: Path | None) -> _PolicyFacts:
-    """The policy's route and profile names, and the routes whose pool has several endpoints
-    (``path`` None: the built-in default policy)."""
+    """The policy's route and profile names, the routes whose pool has several endpoints
+    (``path`` None: the built-in default policy), and a route's identity (by route and the
+    spec's profile, as ``ext_proc.admit.routing.Router`` resolves it)."""
     from ext_proc.policy.load import PolicyError, load_policy
 
     try:
@@ -202,19 +233,26 @@ def _policy_facts(path: Path | None) -> _PolicyFacts:
             len(pool.metrics_urls) > 1 or pool.dns_name or pool.prometheus_url
         ):
             several.add(name)
-    return set(policy.routes), set(policy.profiles), several
+
+    def identity(route: str, profile: str | None) -> IdentitySpec:
+        binding = policy.routes[route]
+        if binding.identity is not None:
+            return binding.identity
+        return policy.profiles[profile or binding.profile or policy.default_profile].identity
+
+    return set(policy.routes), set(policy.profiles), several, identity
 
 
 def parse_spec(doc: Any, base: Path | None = None) -> MeshSpec:
     """Check a spec document; relative ``policy`` paths are read from ``base``."""
     doc = _mapping(doc, "spec")
-    _only(doc, "", {"policy", "ice", "backend", "gateway", "routes", "read_only"})
+    _only(doc, "", {"policy", "ice", "backend", "gateway", "routes", "read_only", "tls"})
     policy: Path | None = None
     if doc.get("policy") is not None:
         if not isinstance(doc["policy"], str):
             raise SpecError("policy: expected a file path")
         policy = (base or Path.cwd()) / doc["policy"]
-    routes_known, profiles_known, several = _policy_facts(policy)
+    routes_known, profiles_known, several, identity = _policy_facts(policy)
 
     ice_doc = _mapping(doc.get("ice"), "ice")
     _only(ice_doc, "ice.", {"service", "namespace", "port"})
@@ -282,7 +320,13 @@ def parse_spec(doc: Any, base: Path | None = None) -> MeshSpec:
         names.add(name)
         paths.add(path)
         routes.append(
-            RouteSpec(name=name, path=path, profile=profile, several_endpoints=name in several)
+            RouteSpec(
+                name=name,
+                path=path,
+                profile=profile,
+                several_endpoints=name in several,
+                identity=identity(name, profile),
+            )
         )
 
     read_only = doc.get("read_only", list(MeshSpec(routes=()).read_only))
@@ -292,6 +336,12 @@ def parse_spec(doc: Any, base: Path | None = None) -> MeshSpec:
     for i, p in enumerate(checked):
         if p in paths:
             raise SpecError(f"read_only[{i}]: {p!r} is also a judged route's path")
+    tls = _tls(doc.get("tls"), base)
+    if tls is None and any(r.identity.source == "mtls" for r in routes):
+        raise SpecError(
+            "tls: missing: a route's identity is source: mtls, so the listener needs TLS with "
+            "client certificates (tls: {cert, key, client_ca}; docs/identity.md)"
+        )
     return MeshSpec(
         routes=tuple(routes),
         read_only=checked,
@@ -299,7 +349,23 @@ def parse_spec(doc: Any, base: Path | None = None) -> MeshSpec:
         backend=backend,
         gateway=gateway,
         policy=policy,
+        tls=tls,
     )
+
+
+def _tls(value: Any, base: Path | None) -> ListenerTls | None:
+    """``tls: {cert, key, client_ca}``: file paths (relative ones from ``base``)."""
+    if value is None:
+        return None
+    doc = _mapping(value, "tls")
+    _only(doc, "tls.", {"cert", "key", "client_ca"})
+    paths = []
+    for name in ("cert", "key", "client_ca"):
+        text = doc.get(name)
+        if not isinstance(text, str) or not text:
+            raise SpecError(f"tls.{name}: missing (a file path)")
+        paths.append(str((base or Path.cwd()) / text))
+    return ListenerTls(*paths)
 
 
 def load_spec(path: Path) -> MeshSpec:
