@@ -39,6 +39,8 @@ __all__ = [
     "QUEUE_WAIT_SECONDS",
     "SCRAPE_ERRORS",
     "SNAPSHOT_AGE",
+    "TENANT_BLOCKS_HELD",
+    "TENANT_SHARE_REFUSALS",
     "TOKENIZE_RISK",
     "TOKEN_COUNTS",
     "TRUNCATIONS",
@@ -146,6 +148,21 @@ QUEUE_OUTCOMES = Counter(
     ["pool", "tenant", "outcome"],
 )
 SCRAPE_ERRORS = Counter("ice_scrape_errors", "Failed scrapes of backend /metrics pages.", ["pool"])
+TENANT_BLOCKS_HELD = Gauge(
+    "ice_tenant_blocks_held",
+    "KV blocks held by a tenant's requests in flight in a pool with tenant_shares (the blocks "
+    "its share counts), by pool and tenant: the tenants the pool's tenant_shares names, every "
+    "other tenant summed as other.",
+    ["pool", "tenant"],
+    multiprocess_mode="livesum",
+)
+TENANT_SHARE_REFUSALS = Counter(
+    "ice_tenant_share_refusals",
+    "Requests answered 429 for their tenant's share of a pool (after any wait in the queue), "
+    "by pool and reason: tenant_share_exceeded (over its cap) | tenant_share_reserved (the "
+    "room left is guaranteed to other tenants).",
+    ["pool", "reason"],
+)
 KV_USAGE = Gauge(
     "ice_pool_kv_cache_usage",
     "KV-cache used fraction of the pool at the last successful scrape.",

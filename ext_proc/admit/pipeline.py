@@ -44,6 +44,7 @@ from ext_proc.admit.headers import DEFAULT_MAX_BODY_BYTES, SPOOF_PREFIXES, Heade
 from ext_proc.admit.outcome import Continue, Respond, reject_outcome
 from ext_proc.admit.recording import Recording, SnapshotLookup
 from ext_proc.admit.routing import Route, Router
+from ext_proc.admit.tenant_shares import check as share_check
 from ext_proc.admit.verdict import (
     BodyVerdict,
     JudgedBody,
@@ -363,6 +364,10 @@ class Pipeline(Recording):
             cache_efficiency=views.efficiency(snapshot) if route.profile.truncation else None,
             critical_waits=waits and route.profile.critical_waits,
             can_wait=can_wait,
+        )
+        # the tenant's share of the pool (ext_proc.admit.tenant_shares)
+        decision = share_check(
+            self.policy, views, route, facts, features, decision, seen, can_wait=can_wait
         )
         return decision, placement
 

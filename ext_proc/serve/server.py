@@ -294,10 +294,11 @@ def _shared_ledger(
         deadline_s=opts.ledger_deadline_s,
         ttl_s=opts.ledger_ttl_s,
         own_totals=lambda: live,
+        own_tenants=pipeline.views.tenants.totals,  # carried across reloads too
         view_age_ms=age,
         pools=lambda: in_force.policy.pools,
     )
-    pipeline.views.remote = remote
+    pipeline.views.remote = pipeline.views.tenants.remote = remote
     return remote
 
 
