@@ -205,6 +205,7 @@ from ext_proc.lab.overload import (  # noqa: E402
     plan_mixed,
     plan_text,
     report,
+    shares_policy,
     sweep,
     sweep_arms,
     table,
@@ -409,6 +410,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="policy",
         help="ICE's admission in every profile (policy: as --policy says)",
     )
+    ap.add_argument(
+        "--tenant-shares",
+        default="",
+        help='every pool\'s tenant_shares, as JSON, e.g. \'{"caps": {"heavy": 0.5}, '
+        '"guaranteed": {"light": 0.4}}\' (docs/tenant-shares.md); the tenant is x-tenant '
+        "in the queue arm, the route's name elsewhere",
+    )
     ap.add_argument("--spacing-ms", type=float, default=SPACING_MS, help="between starts")
     ap.add_argument("--mix", default=MIX, help="priority weights, e.g. standard=3,sheddable=2")
     ap.add_argument("--rounds", type=int, default=3)
@@ -497,6 +505,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "mix": args.mix,
         "policy": str(args.policy),
         "admission": args.admission,
+        "tenant_shares": args.tenant_shares,
         "history": args.history,
         "forecast": {
             "quantile": args.quantile,
@@ -554,6 +563,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     if v is not None
                 },
             )
+        if args.tenant_shares:
+            workdir.mkdir(parents=True, exist_ok=True)
+            shares = json.loads(args.tenant_shares)
+            policy = shares_policy(policy, workdir / "policy-shares.yaml", shares)
         try:
             done = sweep(
                 workdir,

@@ -400,7 +400,9 @@ class Admission:
                 self.backlog.observe("helper", len(data), time.perf_counter() - judging)
                 return self._coarse(len(data), "budget" if budget <= left else "late")
             if verdict is not None:  # the helper has no tenant ledger: the share is judged here
-                verdict = recheck(pipeline, route, facts, verdict)
+                verdict = recheck(
+                    pipeline.policy, pipeline.views, pipeline.lookup, route, facts, verdict
+                )
         else:
             verdict = pipeline.on_body(route, facts, data)
         if alone:  # with bodies ahead of it in the helper, the time includes their wait

@@ -3,7 +3,7 @@ back (``Wait``: the queue where the profile has one, else its 429) when its tena
 the pool says so (``ext_proc.policy.tenant_share``: the formulas).
 
 - **the tenant**: ``share_tenant`` — the queue's tenant (the profile's ``queue.tenant_header``
-  value, else the route's name; ``ext_proc.admit.waiters.tenant_key``), the one value the
+  value, else the route's name; ``ext_proc.admit.verdict.tenant_key``), the one value the
   fair queue and the tenant ledger use;
 - **the figures**: U and F from the view the request was judged against (every endpoint's
   usable blocks; every awake endpoint's room after the ledgers, ``PoolViews.candidates``),
@@ -27,11 +27,10 @@ through ``waits_where_it_can`` (one mapping of a wait to its 429).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from ext_proc.admit.routing import Route
-from ext_proc.admit.verdict import BodyVerdict, RequestFacts, make_verdict
-from ext_proc.admit.waiters import tenant_key
+from ext_proc.admit.verdict import BodyVerdict, RequestFacts, make_verdict, tenant_key
 from ext_proc.placement.poolview import PoolViews
 from ext_proc.policy.decision import Decision
 from ext_proc.policy.evaluate import Shape, waits_where_it_can
@@ -41,9 +40,6 @@ from ext_proc.policy.scores import retry_after_s
 from ext_proc.policy.tenant_share import ShareFigures, share_verdict
 from ext_proc.schemas import RequestFeatures
 from ext_proc.signals.snapshot import PoolSnapshot
-
-if TYPE_CHECKING:
-    from ext_proc.admit.pipeline import Pipeline
 
 __all__ = ["check", "recheck", "share_tenant"]
 
@@ -108,15 +104,21 @@ def check(
 
 
 def recheck(
-    pipeline: Pipeline, route: Route, facts: RequestFacts, verdict: BodyVerdict
+    policy: Policy,
+    views: PoolViews,
+    lookup: Callable[[str], PoolSnapshot | None],
+    route: Route,
+    facts: RequestFacts,
+    verdict: BodyVerdict,
 ) -> BodyVerdict:
     """A verdict judged elsewhere (the helper process), checked against the tenant's share
-    here: ``verdict``, or the same request's ``Wait`` (or 429)."""
+    here (a pipeline's ``policy``, ``views`` and ``lookup``): ``verdict``, or the same
+    request's ``Wait`` (or 429)."""
     d, f = verdict.decision, verdict.features
     if d is None or f is None or verdict.shadow is not None or facts.adapter is None:
         return verdict
-    seen = pipeline.views.judged_view(route.profile, route.pool, pipeline.lookup(route.pool))
-    got = check(pipeline.policy, pipeline.views, route, facts, f, d, seen)
+    seen = views.judged_view(route.profile, route.pool, lookup(route.pool))
+    got = check(policy, views, route, facts, f, d, seen)
     if got is d:
         return verdict
     placement = verdict.placement

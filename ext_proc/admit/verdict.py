@@ -37,15 +37,25 @@ if TYPE_CHECKING:
     from ext_proc.truncate.units import Conversation
 
 __all__ = [
+    "MAX_TENANT_CHARS",
     "BodyVerdict",
     "JudgedBody",
     "PendingTruncation",
     "RequestFacts",
     "make_verdict",
+    "tenant_key",
     "with_header",
 ]
 
 Header = tuple[str, str]
+
+MAX_TENANT_CHARS = 64
+
+
+def tenant_key(value: str, fallback: str) -> str:
+    """The tenant a header value names: printable ASCII, at most MAX_TENANT_CHARS."""
+    clean = "".join(c for c in value[: MAX_TENANT_CHARS * 4] if " " < c < "\x7f")
+    return clean[:MAX_TENANT_CHARS] or fallback
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ext_proc.admit.stream import Stream
-from ext_proc.admit.verdict import BodyVerdict, RequestFacts
+from ext_proc.admit.verdict import MAX_TENANT_CHARS, BodyVerdict, RequestFacts, tenant_key
 from ext_proc.policy.decision import Wait
 from ext_proc.policy.model import QueueSpec
 
@@ -37,7 +37,6 @@ __all__ = [
 ]
 
 OTHER_TENANT = "other"
-MAX_TENANT_CHARS = 64
 BANDS = ("critical", "standard", "sheddable")
 
 
@@ -55,12 +54,6 @@ def queueable(route: Route, verdict: BodyVerdict | None) -> bool:
 def body_bytes(verdict: BodyVerdict) -> int:
     """The bytes of the body ``verdict`` was judged on (0: judged without it)."""
     return len(verdict.body.raw) if verdict.body is not None else 0
-
-
-def tenant_key(value: str, fallback: str) -> str:
-    """The tenant a header value names: printable ASCII, at most MAX_TENANT_CHARS."""
-    clean = "".join(c for c in value[: MAX_TENANT_CHARS * 4] if " " < c < "\x7f")
-    return clean[:MAX_TENANT_CHARS] or fallback
 
 
 @dataclass(eq=False)

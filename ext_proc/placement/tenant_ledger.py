@@ -6,7 +6,7 @@ hold in a pool (``ext_proc.policy.tenant_share`` reads them).
   and releases them with the hold itself, whatever ``kv_hold`` says: a tenant's share
   counts what its requests hold until their streams end);
 - **the host's other workers** (``--workers N``): each worker publishes its total per
-  (pool, tenant) as a live total in the shared-memory ledger under ``tenant_key(pool,
+  (pool, tenant) as a live total in the shared-memory ledger under ``ledger_key(pool,
   tenant)`` (``ext_proc.placement.ledger_shm``: a total, not a delta; a key space apart from
   the endpoints'); a worker reads the others' totals for the tenants it asks about;
 - **the other replicas** (``--ledger redis://``): each replica writes its totals into the
@@ -38,11 +38,11 @@ from ext_proc.placement.ledger_shm import LedgerHandle
 if TYPE_CHECKING:
     from ext_proc.placement.ledger_redis import RedisLedger
 
-__all__ = ["TENANT_FIELD", "TenantLedger", "tenant_key"]
+__all__ = ["TENANT_FIELD", "TenantLedger", "ledger_key"]
 
 
 @functools.lru_cache(maxsize=4096)
-def tenant_key(pool: str, tenant: str) -> int:
+def ledger_key(pool: str, tenant: str) -> int:
     """The 63-bit key of (pool, tenant) in the host's shared-memory ledger: blake2b with its
     own personalisation, so it never equals an endpoint's key."""
     raw = pool.encode()
@@ -95,7 +95,7 @@ class TenantLedger:
         else:
             tenants.pop(tenant, None)
         if self.shared is not None:
-            self.shared.publish_live(tenant_key(pool, tenant), total, time.monotonic())
+            self.shared.publish_live(ledger_key(pool, tenant), total, time.monotonic())
         if self.remote is not None:
             self.remote.released(pool, TENANT_FIELD + tenant, total)
         named = self.named.get(pool, frozenset())
@@ -125,5 +125,5 @@ class TenantLedger:
         elif self.shared is not None:
             others = self.shared.others_live()
             for t in names:
-                out[t] += others.get(tenant_key(pool, t), 0)
+                out[t] += others.get(ledger_key(pool, t), 0)
         return out

@@ -1,7 +1,7 @@
 """Each tenant's share of a pool's KV blocks: the limits (``TenantShares``) and the one
 check (``share_verdict``). Pure: no clock, no I/O; the figures are passed in.
 
-The tenant is the request's queue tenant (``ext_proc.admit.waiters.tenant_key``: the
+The tenant is the request's queue tenant (``ext_proc.admit.verdict.tenant_key``: the
 profile's ``queue.tenant_header`` value, else the route's name). Units: KV blocks, the
 pool's usable blocks U = Σ over its endpoints of ``usable_blocks`` (num_gpu_blocks − 1).
 

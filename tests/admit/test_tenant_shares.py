@@ -182,6 +182,7 @@ def test_a_verdict_judged_elsewhere_is_checked_against_the_tenants_share_here() 
     verdict = helper.on_body(route, facts, BODY.encode())
     assert verdict is not None and verdict.decision is not None
     assert verdict.decision.decision == "pass"
-    again = recheck(rig.pipeline, route, facts, verdict)
+    p = rig.pipeline
+    again = recheck(p.policy, p.views, p.lookup, route, facts, verdict)
     assert again.decision is not None and again.decision.reason == "tenant_share_exceeded"
     assert isinstance(again.outcome, Respond) and again.outcome.status == 429

@@ -16,7 +16,7 @@ from ext_proc.lab.redis_local import RedisServer
 from ext_proc.placement.ledger_redis import TENANT_FIELD, RedisLedger, live_key
 from ext_proc.placement.ledger_shm import LedgerHandle, LedgerSegment, endpoint_key
 from ext_proc.placement.poolview import PoolViews
-from ext_proc.placement.tenant_ledger import TenantLedger, tenant_key
+from ext_proc.placement.tenant_ledger import TenantLedger, ledger_key
 from ext_proc.policy.evaluate import Shape
 from ext_proc.policy.model import Profile
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
@@ -76,10 +76,10 @@ def test_blocks_held_is_exported_for_named_tenants_and_summed_as_other() -> None
     assert gauge.labels(pool="metrics-pool", tenant="other")._value.get() == 4
 
 
-def test_tenant_keys_are_apart_from_endpoint_keys() -> None:
-    assert tenant_key("chat", "10.0.0.1:8000") != endpoint_key("chat", "10.0.0.1:8000")
-    assert tenant_key("chat", "a") != tenant_key("chat2", "a")
-    assert tenant_key("ch", "at") != tenant_key("cha", "t")  # the pool's length is hashed
+def test_ledger_keys_are_apart_from_endpoint_keys() -> None:
+    assert ledger_key("chat", "10.0.0.1:8000") != endpoint_key("chat", "10.0.0.1:8000")
+    assert ledger_key("chat", "a") != ledger_key("chat2", "a")
+    assert ledger_key("ch", "at") != ledger_key("cha", "t")  # the pool's length is hashed
 
 
 def test_workers_see_each_others_tenants_through_shared_memory() -> None:
@@ -92,7 +92,7 @@ def test_workers_see_each_others_tenants_through_shared_memory() -> None:
             assert hold is not None
             # 7 of its own and 7 of the other worker's; the endpoint totals are unchanged
             assert second.tenants.held("chat", {"acme", "b"}) == {"acme": 14, "b": 0}
-            assert two.others_live() == {endpoint_key("chat", ""): 7, tenant_key("chat", "acme"): 7}
+            assert two.others_live() == {endpoint_key("chat", ""): 7, ledger_key("chat", "acme"): 7}
             first.release(hold)
             assert second.tenants.held("chat", {"acme"}) == {"acme": 7}
         finally:

@@ -106,6 +106,7 @@ ROWS: tuple[tuple[str, str], ...] = (
     ("running_max", "vLLM running max"),
     ("kv_usage_max", "vLLM KV usage max"),
     ("forecast_peak_max", "ICE forecast peak max (blocks)"),
+    ("tenant_held_max", "ICE tenant blocks held max"),
     ("unjudged", "ICE fail-open (unjudged)"),
     ("ice_body_p50_s", "ICE time per body p50 (s, ≤ bucket)"),
     ("ice_body_max_s", "ICE time per body max (s, ≤ bucket)"),
