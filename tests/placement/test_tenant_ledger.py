@@ -20,6 +20,7 @@ from ext_proc.placement.tenant_ledger import TenantLedger, ledger_key
 from ext_proc.policy.evaluate import Shape
 from ext_proc.policy.model import Profile
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
+from tests.builders import forecast_backend
 
 PROFILE = Profile(name="default")
 # 11 blocks of 16 tokens: 10 usable. 57 prompt + 40 output = 97 tokens = 7 blocks
@@ -155,3 +156,19 @@ def test_replicas_count_each_others_tenants_through_redis(redis_url: str) -> Non
             await rb.close()
 
     asyncio.run(run())
+
+
+def test_under_the_forecast_a_tenant_counts_its_requests_predicted_total() -> None:
+    views = PoolViews()
+    forecast = Profile(name="default", admission="forecast")
+    snap = PoolSnapshot("pool", (forecast_backend(0.0),), time.monotonic())
+    fit = views.endpoints(forecast, snap)[0].fit
+    predicted = views.held_blocks(forecast, snap, fit, SHAPE, 2000)
+    whole = views.held_blocks(PROFILE, snap, fit, SHAPE, 2000)  # reserve: prompt + 2,000
+    assert whole == 129  # ceil((57 + 2000) / 16)
+    assert predicted < whole  # the lengths the backend reported predict far less
+    hold = views.hold(forecast, snap, SHAPE, 2000, tenant="acme")
+    assert hold is not None and hold.blocks == predicted
+    assert views.tenants.held("pool", {"acme"}) == {"acme": predicted}
+    views.release(hold)
+    assert views.tenants.held("pool", {"acme"}) == {"acme": 0}
