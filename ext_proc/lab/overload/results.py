@@ -173,6 +173,7 @@ TENANT_COLS: tuple[tuple[str, str], ...] = (
     ("queued", "queued"),
     ("queued_ms_p95", "queued ms p95"),
     ("ttft_p95_s", "TTFT p95 s"),
+    ("goodput_tok_per_s", "goodput tok/s"),
 )
 
 

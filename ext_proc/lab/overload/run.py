@@ -249,7 +249,7 @@ class RunResult:
             "unjudged": self.ext_proc.get("failure_mode_allowed", 0),
             "ice_body_p50_s": bucket_quantile(self.ice_body_buckets, 0.5),
             "ice_body_max_s": bucket_quantile(self.ice_body_buckets, 1.0),
-            "tenants": tenant_breakdown(self.shots),
+            "tenants": tenant_breakdown(self.shots, self.ttft_slo_s),
             "kinds": kind_breakdown(self.shots, self.ttft_slo_s, drain),
         }
 
