@@ -71,6 +71,13 @@ as above. Every arm is printed. The default invocation is one group without a va
 before sweeps existed. A valve flag in ``--vllm-arg`` is refused (the arm's name would not
 say so).
 
+``--tenant-shares JSON`` (e.g. ``'{"caps": {"heavy": 0.5}, "guaranteed": {"light": 0.4}}'``):
+every pool of both ICEs' policies gets that ``tenant_shares`` (docs/tenant-shares.md); the
+tenant is ``x-tenant`` in the ``queue`` arm (its ``tenant_header``), the route's name in the
+``ice`` arm. The tables then show ``ICE tenant blocks held max`` per tenant (ICE's
+``ice_tenant_blocks_held``, sampled every ``--sample-ms``: the tenants the shares name, the
+others as ``other``); ``'{"cap": 1.0, "caps": {"heavy": 1.0}}'`` counts without limiting.
+
 ``--ice-workers N``: each ICE runs ``--workers N`` (Envoy balances over them).
 ``--tenant-alone light``: per round, each arm also runs a control: only light's requests of
 the plan, at their planned times (the rows ``<arm> light alone``), to read what the other
@@ -87,7 +94,9 @@ request); completion tokens per second of drain time; goodput; from vLLM's /metr
 ``vllm:num_preemptions_total`` delta, vLLM's mean queue time and (sampled every
 ``--sample-ms``) the peak of waiting, running and KV usage; Envoy's ext_proc stats (did any
 request pass unjudged: fail-open); with tenants, per tenant: requests, 200s, 429s, queued,
-queued ms p95 (over its queued requests: the wait ICE added) and TTFT p95; in the mixed
+queued ms p95 (over its queued requests: the wait ICE added), TTFT p95 and goodput (its own
+200s with TTFT ≤ the SLO, per second of its own drain: t0 to the end of its last request); in
+the mixed
 workload, per size class: requests, 200s, 429s, 503s, TTFT p50 / p95, e2e p95, goodput.
 
 Goodput = Σ completion tokens of the 200s with TTFT ≤ ``--ttft-slo-s`` (default 2.0 s) /
