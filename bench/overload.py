@@ -71,6 +71,13 @@ as above. Every arm is printed. The default invocation is one group without a va
 before sweeps existed. A valve flag in ``--vllm-arg`` is refused (the arm's name would not
 say so).
 
+``--tenant-shares JSON`` (e.g. ``'{"caps": {"heavy": 0.5}, "guaranteed": {"light": 0.4}}'``):
+every pool of both ICEs' policies gets that ``tenant_shares`` (docs/tenant-shares.md); the
+tenant is ``x-tenant`` in the ``queue`` arm (its ``tenant_header``), the route's name in the
+``ice`` arm. The tables then show ``ICE tenant blocks held max`` per tenant (ICE's
+``ice_tenant_blocks_held``, sampled every ``--sample-ms``: the tenants the shares name, the
+others as ``other``); ``'{"cap": 1.0, "caps": {"heavy": 1.0}}'`` counts without limiting.
+
 ``--ice-workers N``: each ICE runs ``--workers N`` (Envoy balances over them).
 ``--tenant-alone light``: per round, each arm also runs a control: only light's requests of
 the plan, at their planned times (the rows ``<arm> light alone``), to read what the other
@@ -87,7 +94,9 @@ request); completion tokens per second of drain time; goodput; from vLLM's /metr
 ``vllm:num_preemptions_total`` delta, vLLM's mean queue time and (sampled every
 ``--sample-ms``) the peak of waiting, running and KV usage; Envoy's ext_proc stats (did any
 request pass unjudged: fail-open); with tenants, per tenant: requests, 200s, 429s, queued,
-queued ms p95 (over its queued requests: the wait ICE added) and TTFT p95; in the mixed
+queued ms p95 (over its queued requests: the wait ICE added), TTFT p95 and goodput (its own
+200s with TTFT ≤ the SLO, per second of its own drain: t0 to the end of its last request); in
+the mixed
 workload, per size class: requests, 200s, 429s, 503s, TTFT p50 / p95, e2e p95, goodput.
 
 Goodput = Σ completion tokens of the 200s with TTFT ≤ ``--ttft-slo-s`` (default 2.0 s) /
@@ -205,6 +214,7 @@ from ext_proc.lab.overload import (  # noqa: E402
     plan_mixed,
     plan_text,
     report,
+    shares_policy,
     sweep,
     sweep_arms,
     table,
@@ -409,6 +419,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="policy",
         help="ICE's admission in every profile (policy: as --policy says)",
     )
+    ap.add_argument(
+        "--tenant-shares",
+        default="",
+        help='every pool\'s tenant_shares, as JSON, e.g. \'{"caps": {"heavy": 0.5}, '
+        '"guaranteed": {"light": 0.4}}\' (docs/tenant-shares.md); the tenant is x-tenant '
+        "in the queue arm, the route's name elsewhere",
+    )
     ap.add_argument("--spacing-ms", type=float, default=SPACING_MS, help="between starts")
     ap.add_argument("--mix", default=MIX, help="priority weights, e.g. standard=3,sheddable=2")
     ap.add_argument("--rounds", type=int, default=3)
@@ -497,6 +514,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "mix": args.mix,
         "policy": str(args.policy),
         "admission": args.admission,
+        "tenant_shares": args.tenant_shares,
         "history": args.history,
         "forecast": {
             "quantile": args.quantile,
@@ -554,6 +572,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     if v is not None
                 },
             )
+        if args.tenant_shares:
+            workdir.mkdir(parents=True, exist_ok=True)
+            shares = json.loads(args.tenant_shares)
+            policy = shares_policy(policy, workdir / "policy-shares.yaml", shares)
         try:
             done = sweep(
                 workdir,

@@ -2,54 +2,16 @@
 
 All metric objects live here so their names and labels are defined once (see
 docs/configuration.md for the list). With ``--workers N`` the parent process serves the
-workers' metrics through prometheus_client's multiprocess mode.
+workers' metrics through prometheus_client's multiprocess mode. Every name here is public:
+the metric objects and the request path's counting helpers (their label lookups cached).
 """
 
 from __future__ import annotations
 
 import functools
+import time
 
 from prometheus_client import Counter, Gauge, Histogram
-
-__all__ = [
-    "BACKEND_OVERLOADS",
-    "BACKLOG_BYTES",
-    "BACKLOG_WINDOW",
-    "BAD_REQUESTS",
-    "BODIES_DROPPED",
-    "CACHE_EFFICIENCY",
-    "COARSE_VERDICTS",
-    "DECISIONS",
-    "ERRORS",
-    "FORECAST_CAUTION",
-    "FORECAST_LENGTH_FACTOR",
-    "FORECAST_PEAK",
-    "FORECAST_WAITS",
-    "HOLD_RECOUNTS",
-    "IDENTITIES",
-    "INPUT_TOKENS",
-    "JUDGE_ERRORS",
-    "KV_USAGE",
-    "LOOP_LAG",
-    "PASSTHROUGH",
-    "POOL_STALE",
-    "PRESSURE",
-    "PROCESSING_SECONDS",
-    "QUEUE_DEPTH",
-    "QUEUE_OUTCOMES",
-    "QUEUE_WAIT_SECONDS",
-    "SCRAPE_ERRORS",
-    "SNAPSHOT_AGE",
-    "TOKENIZE_RISK",
-    "TOKEN_COUNTS",
-    "TRUNCATIONS",
-    "TRUNCATION_FALLBACKS",
-    "TRUNCATION_SAVED_TOKENS",
-    "count_decision",
-    "count_input_tokens",
-    "count_truncation",
-    "observe_pool",
-]
 
 DECISIONS = Counter(
     "ice_decisions",
@@ -154,6 +116,21 @@ QUEUE_OUTCOMES = Counter(
     ["pool", "tenant", "outcome"],
 )
 SCRAPE_ERRORS = Counter("ice_scrape_errors", "Failed scrapes of backend /metrics pages.", ["pool"])
+TENANT_BLOCKS_HELD = Gauge(
+    "ice_tenant_blocks_held",
+    "KV blocks held by a tenant's requests in flight in a pool with tenant_shares (the blocks "
+    "its share counts), by pool and tenant: the tenants the pool's tenant_shares names, every "
+    "other tenant summed as other.",
+    ["pool", "tenant"],
+    multiprocess_mode="livesum",
+)
+TENANT_SHARE_REFUSALS = Counter(
+    "ice_tenant_share_refusals",
+    "Requests answered 429 for their tenant's share of a pool (after any wait in the queue), "
+    "by pool and reason: tenant_share_exceeded (over its cap) | tenant_share_reserved (the "
+    "room left is guaranteed to other tenants).",
+    ["pool", "reason"],
+)
 KV_USAGE = Gauge(
     "ice_pool_kv_cache_usage",
     "KV-cache used fraction of the pool at the last successful scrape.",
@@ -268,13 +245,9 @@ PICKS = Counter(
 
 
 @functools.lru_cache(maxsize=16)
-def _processing_child(phase: str) -> Histogram:
+def processing(phase: str) -> Histogram:
+    """``PROCESSING_SECONDS`` of ``phase`` (on the request path: the label lookup cached)."""
     return PROCESSING_SECONDS.labels(phase=phase)
-
-
-def observe_processing(phase: str, seconds: float) -> None:
-    """One ext_proc message's time in ICE, by phase (on the request path: label cached)."""
-    _processing_child(phase).observe(seconds)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -422,25 +395,22 @@ SLO_TTFT_ERROR = Gauge(
 
 # What the collector and its observer set: with several workers the supervisor collects, and
 # its own (in-process) values of these join the workers' on its /metrics page.
-def collector_metrics() -> tuple[Counter | Gauge, ...]:
-    return (
-        SCRAPE_ERRORS,
-        KV_USAGE,
-        SNAPSHOT_AGE,
-        PRESSURE,
-        POOL_STALE,
-        CACHE_EFFICIENCY,
-        TOKENIZE_RISK,
-        SLO_PREDICTED_TTFT,
-        SLO_PREDICTED_TPOT,
-        SLO_TTFT_ERROR,
-    )
+COLLECTOR_METRICS: tuple[Counter | Gauge, ...] = (
+    SCRAPE_ERRORS,
+    KV_USAGE,
+    SNAPSHOT_AGE,
+    PRESSURE,
+    POOL_STALE,
+    CACHE_EFFICIENCY,
+    TOKENIZE_RISK,
+    SLO_PREDICTED_TTFT,
+    SLO_PREDICTED_TPOT,
+    SLO_TTFT_ERROR,
+)
 
 
 def observe_pool(pool: str, kv_cache_usage: float | None) -> None:
     """Record a fresh view of ``pool`` in the gauges (its KV-cache usage, 0–1, when known)."""
-    import time
-
     if kv_cache_usage is not None:
         KV_USAGE.labels(pool=pool).set(kv_cache_usage)
     SNAPSHOT_AGE.labels(pool=pool).set(time.time())

@@ -1376,6 +1376,7 @@ class Pool(_message.Message):
     ENDPOINT_PICK_FIELD_NUMBER: _builtins.int
     BACKEND_ENDPOINTS_FIELD_NUMBER: _builtins.int
     KV_HOLD_FIELD_NUMBER: _builtins.int
+    TENANT_SHARES_FIELD_NUMBER: _builtins.int
     scrape_interval_s: _builtins.float
     """Seconds between scrapes. Default 0.2."""
     scrape_timeout_s: _builtins.float
@@ -1456,6 +1457,14 @@ class Pool(_message.Message):
         is not the metrics URL's own host:port.
         """
 
+    @_builtins.property
+    def tenant_shares(self) -> Global___TenantShareLimits:
+        """Each tenant's share of the pool's KV blocks (docs/tenant-shares.md): a cap on what one
+        tenant may hold, and a guaranteed share the others cannot take while it is active.
+        Unset: no tenant limit. The tenant is the request's queue tenant (the profile's
+        queue.tenant_header, else the route's name).
+        """
+
     def __init__(
         self,
         *,
@@ -1477,10 +1486,11 @@ class Pool(_message.Message):
         endpoint_pick: _builtins.str = ...,
         backend_endpoints: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         kv_hold: _builtins.str = ...,
+        tenant_shares: Global___TenantShareLimits | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_age_s", b"_max_age_s", "_pcie_bandwidth_bytes_s", b"_pcie_bandwidth_bytes_s", "_scrape_interval_s", b"_scrape_interval_s", "_scrape_timeout_s", b"_scrape_timeout_s", "_stale_after_s", b"_stale_after_s", "_window_s", b"_window_s", "dns", b"dns", "max_age_s", b"max_age_s", "pcie_bandwidth_bytes_s", b"pcie_bandwidth_bytes_s", "prometheus", b"prometheus", "scrape_interval_s", b"scrape_interval_s", "scrape_timeout_s", b"scrape_timeout_s", "stale_after_s", b"stale_after_s", "window_s", b"window_s"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_age_s", b"_max_age_s", "_pcie_bandwidth_bytes_s", b"_pcie_bandwidth_bytes_s", "_scrape_interval_s", b"_scrape_interval_s", "_scrape_timeout_s", b"_scrape_timeout_s", "_stale_after_s", b"_stale_after_s", "_window_s", b"_window_s", "dns", b"dns", "max_age_s", b"max_age_s", "pcie_bandwidth_bytes_s", b"pcie_bandwidth_bytes_s", "prometheus", b"prometheus", "scrape_interval_s", b"scrape_interval_s", "scrape_timeout_s", b"scrape_timeout_s", "stale_after_s", b"stale_after_s", "tenant_shares", b"tenant_shares", "window_s", b"window_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_age_s", b"_max_age_s", "_pcie_bandwidth_bytes_s", b"_pcie_bandwidth_bytes_s", "_scrape_interval_s", b"_scrape_interval_s", "_scrape_timeout_s", b"_scrape_timeout_s", "_stale_after_s", b"_stale_after_s", "_window_s", b"_window_s", "backend_endpoints", b"backend_endpoints", "backend_pods", b"backend_pods", "dns", b"dns", "endpoint_pick", b"endpoint_pick", "gpu_join", b"gpu_join", "gpu_metrics_urls", b"gpu_metrics_urls", "kind", b"kind", "kv_hold", b"kv_hold", "local_gpus", b"local_gpus", "max_age_s", b"max_age_s", "metrics_urls", b"metrics_urls", "pcie_bandwidth_bytes_s", b"pcie_bandwidth_bytes_s", "prometheus", b"prometheus", "scrape_interval_s", b"scrape_interval_s", "scrape_timeout_s", b"scrape_timeout_s", "stale", b"stale", "stale_after_s", b"stale_after_s", "window_s", b"window_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_age_s", b"_max_age_s", "_pcie_bandwidth_bytes_s", b"_pcie_bandwidth_bytes_s", "_scrape_interval_s", b"_scrape_interval_s", "_scrape_timeout_s", b"_scrape_timeout_s", "_stale_after_s", b"_stale_after_s", "_window_s", b"_window_s", "backend_endpoints", b"backend_endpoints", "backend_pods", b"backend_pods", "dns", b"dns", "endpoint_pick", b"endpoint_pick", "gpu_join", b"gpu_join", "gpu_metrics_urls", b"gpu_metrics_urls", "kind", b"kind", "kv_hold", b"kv_hold", "local_gpus", b"local_gpus", "max_age_s", b"max_age_s", "metrics_urls", b"metrics_urls", "pcie_bandwidth_bytes_s", b"pcie_bandwidth_bytes_s", "prometheus", b"prometheus", "scrape_interval_s", b"scrape_interval_s", "scrape_timeout_s", b"scrape_timeout_s", "stale", b"stale", "stale_after_s", b"stale_after_s", "tenant_shares", b"tenant_shares", "window_s", b"window_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_age_s: _TypeAlias = _typing.Literal["max_age_s"]  # noqa: Y015
     _WhichOneofArgType__max_age_s: _TypeAlias = _typing.Literal["_max_age_s", b"_max_age_s"]  # noqa: Y015
@@ -1508,6 +1518,84 @@ class Pool(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__window_s) -> _WhichOneofReturnType__window_s | None: ...
 
 Global___Pool: _TypeAlias = Pool  # noqa: Y015
+
+@_typing.final
+class TenantShareLimits(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class CapsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class GuaranteedEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    CAP_FIELD_NUMBER: _builtins.int
+    CAPS_FIELD_NUMBER: _builtins.int
+    GUARANTEED_FIELD_NUMBER: _builtins.int
+    cap: _builtins.float
+    """The fraction of the pool's usable blocks any one tenant may hold, in (0, 1]. Default 1."""
+    @_builtins.property
+    def caps(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """Per-tenant caps (tenant → fraction in (0, 1]) overriding `cap`."""
+
+    @_builtins.property
+    def guaranteed(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """Per-tenant guaranteed shares (tenant → fraction in [0, 1]); their sum is at most 1 and
+        each is at most that tenant's cap. While the tenant is active (it has requests waiting
+        in ICE's queue, or holds blocks), the part of its share it does not hold is kept from
+        every other tenant.
+        """
+
+    def __init__(
+        self,
+        *,
+        cap: _builtins.float | None = ...,
+        caps: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        guaranteed: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_cap", b"_cap", "cap", b"cap"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cap", b"_cap", "cap", b"cap", "caps", b"caps", "guaranteed", b"guaranteed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__cap: _TypeAlias = _typing.Literal["cap"]  # noqa: Y015
+    _WhichOneofArgType__cap: _TypeAlias = _typing.Literal["_cap", b"_cap"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__cap) -> _WhichOneofReturnType__cap | None: ...
+
+Global___TenantShareLimits: _TypeAlias = TenantShareLimits  # noqa: Y015
 
 @_typing.final
 class PrometheusSource(_message.Message):

@@ -49,6 +49,7 @@ from ext_proc.admit.pipeline import BodyVerdict, Pipeline, RequestFacts, Route
 from ext_proc.admit.queue import AdmissionQueue, Waiter, queueable
 from ext_proc.admit.shared_ledger import admit_shared, share_hold
 from ext_proc.admit.stream import Stream
+from ext_proc.admit.tenant_shares import recheck
 from ext_proc.admit.truncation import finish_truncation
 from ext_proc.placement.inflight import Hold
 
@@ -205,7 +206,7 @@ class Admission:
             pipeline.recorder.count(route, verdict)
             stream.hold = held
         else:
-            stream.hold = pipeline.recorder.record(route, verdict)
+            stream.hold = pipeline.recorder.record(route, verdict, self.facts)
             share_hold(pipeline, route, stream.hold)
         self.queue.count_started(route, self.facts, stream, verdict)
 
@@ -404,6 +405,10 @@ class Admission:
             except TimeoutError:  # a count under way in the helper still finishes and teaches
                 self.backlog.observe("helper", len(data), time.perf_counter() - judging)
                 return self._coarse(len(data), "budget" if budget <= left else "late")
+            if verdict is not None:  # the helper has no tenant ledger: the share is judged here
+                verdict = recheck(
+                    pipeline.policy, pipeline.views, pipeline.lookup, route, facts, verdict
+                )
         else:
             verdict = pipeline.on_body(route, facts, data)
         if alone:  # with bodies ahead of it in the helper, the time includes their wait

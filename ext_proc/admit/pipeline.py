@@ -43,6 +43,7 @@ from ext_proc.admit.outcome import Continue, Respond, reject_outcome
 from ext_proc.admit.recorder import Recorder, SnapshotLookup
 from ext_proc.admit.reload_carry import carried_counters, carried_prefix, carried_views
 from ext_proc.admit.routing import Route, Router
+from ext_proc.admit.tenant_shares import check as share_check
 from ext_proc.admit.verdict import (
     BodyVerdict,
     JudgedBody,
@@ -123,7 +124,7 @@ class Pipeline:
         # what each pool's snapshot says, once per snapshot; where requests are placed
         self.views: PoolViews = carried_views(policy, carry, ledger)
         self.placer = Placer(self.views)
-        self.recorder = Recorder(self.views, self.placer, lookup)
+        self.recorder = Recorder(self.views, self.placer, lookup, policy)
         self._pick = {n: p.endpoint_pick for n, p in policy.pools.items()}
         self.prefix: LivePrefix | None = carried_prefix(policy, carry)
         self.counters: CounterRegistry | None = carried_counters(policy, carry)
@@ -378,6 +379,10 @@ class Pipeline:
             cache_efficiency=views.efficiency(snapshot) if route.profile.truncation else None,
             critical_waits=waits and route.profile.critical_waits,
             can_wait=can_wait,
+        )
+        # the tenant's share of the pool (ext_proc.admit.tenant_shares)
+        decision = share_check(
+            self.policy, views, route, facts, features, decision, seen, can_wait=can_wait
         )
         return decision, placement
 

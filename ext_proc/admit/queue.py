@@ -82,6 +82,7 @@ from ext_proc.admit.waiters import (
     tenant_key,
 )
 from ext_proc.policy.settings import QueueSpec
+from ext_proc.policy.tenant_share import TENANT_SHARE_REASONS
 
 if TYPE_CHECKING:
     from ext_proc.admit.pipeline import Pipeline, Route
@@ -200,6 +201,7 @@ class AdmissionQueue:
             commit,
         )
         band.tenants.setdefault(tenant, deque()).append(waiter)
+        pipeline.views.tenants.wait_started(route.pool, waiter.share_tenant)
         pool.length += 1
         pool.nbytes += nbytes
         telemetry.QUEUE_DEPTH.labels(pool=route.pool, priority=waiter.band).inc()
@@ -274,6 +276,8 @@ class AdmissionQueue:
                     progress = True
                     break
                 if queueable(w.route, verdict):
+                    assert verdict.decision is not None
+                    w.reason = verdict.decision.reason
                     continue
                 self._remove(w)
                 if band.tenants.get(tenant):
@@ -293,6 +297,17 @@ class AdmissionQueue:
 
     def _timed_out(self, w: Waiter, now: float) -> BodyVerdict:
         waited = now - w.enqueued_s
+        why = w.reason or (w.first.decision.reason if w.first.decision is not None else "")
+        if why in TENANT_SHARE_REASONS:  # its own reason: its tenant's share held it back
+            return refusal(
+                w.pipeline,
+                w.route,
+                w.facts,
+                w.first,
+                why,
+                f"The request waited {waited * 1000:.0f} ms for its tenant's share of the "
+                f"backend (the limit is {w.spec.max_queue_wait_ms} ms).",
+            )
         return refusal(
             w.pipeline,
             w.route,
@@ -327,6 +342,7 @@ class AdmissionQueue:
         if q is None or w not in q:
             return False
         q.remove(w)
+        w.pipeline.views.tenants.wait_ended(w.route.pool, w.share_tenant)
         if not q:
             del band.tenants[w.tenant]
         pool.length -= 1

@@ -13,12 +13,16 @@ from collections.abc import Callable
 
 from ext_proc import telemetry
 from ext_proc.admit.routing import Route
-from ext_proc.admit.verdict import BodyVerdict
+from ext_proc.admit.tenant_shares import share_tenant
+from ext_proc.admit.verdict import BodyVerdict, RequestFacts
 from ext_proc.placement.inflight import Hold
 from ext_proc.placement.placer import Placer
 from ext_proc.placement.poolview import PoolViews
+from ext_proc.policy.decision import Reject
 from ext_proc.policy.evaluate import Shape
 from ext_proc.policy.output_limit import backend_output
+from ext_proc.policy.settings import Policy
+from ext_proc.policy.tenant_share import TENANT_SHARE_REASONS
 from ext_proc.schemas import RequestFeatures
 from ext_proc.signals.snapshot import PoolSnapshot
 
@@ -35,17 +39,23 @@ def _upstream(verdict: BodyVerdict) -> bool:
 class Recorder:
     """Counts and holds verdicts for a pipeline (its ``views``, ``placer`` and ``lookup``)."""
 
-    def __init__(self, views: PoolViews, placer: Placer, lookup: SnapshotLookup) -> None:
+    def __init__(
+        self, views: PoolViews, placer: Placer, lookup: SnapshotLookup, policy: Policy
+    ) -> None:
         self.views = views
         self.placer = placer
         self.lookup = lookup
+        self.policy = policy
 
-    def record(self, route: Route, verdict: BodyVerdict) -> Hold | None:
+    def record(
+        self, route: Route, verdict: BodyVerdict, facts: RequestFacts | None = None
+    ) -> Hold | None:
         """Count a body verdict in ICE's metrics (kept apart from ``on_body``, which may run
         in the helper process); a request that goes upstream holds its KV blocks in the
-        ledger: its reservation, for ``views.release`` when its stream ends."""
+        ledger: its reservation, for ``views.release`` when its stream ends (``facts``: its
+        tenant's too, in a pool with tenant shares)."""
         self.count(route, verdict)
-        return self.hold_of(route, verdict)
+        return self.hold_of(route, verdict, facts)
 
     def count(self, route: Route, verdict: BodyVerdict) -> None:
         """``record``'s counting: the verdict's metrics, and the endpoint ICE picked."""
@@ -55,6 +65,9 @@ class Recorder:
             telemetry.BAD_REQUESTS.labels(route=route.name, reason=verdict.bad).inc()
         elif verdict.decision is not None:
             telemetry.count_decision(route.name, verdict.decision.decision, verdict.decision.reason)
+            d = verdict.decision
+            if isinstance(d, Reject) and d.reason in TENANT_SHARE_REASONS:
+                telemetry.TENANT_SHARE_REFUSALS.labels(pool=route.pool, reason=d.reason).inc()
         f = verdict.features
         if f is not None:
             telemetry.count_input_tokens(f.input_tokens_source)
@@ -66,13 +79,19 @@ class Recorder:
             self.placer.sent(route.pool, placed)
             telemetry.count_pick(route.pool, placed.endpoint or "")
 
-    def hold_of(self, route: Route, verdict: BodyVerdict) -> Hold | None:
+    def hold_of(
+        self, route: Route, verdict: BodyVerdict, facts: RequestFacts | None = None
+    ) -> Hold | None:
         """``record``'s holding: a request that goes upstream holds its blocks (all its
-        sequences) at its endpoint ("" when Envoy places it) in the in-flight ledger."""
+        sequences) at its endpoint ("" when Envoy places it) in the in-flight ledger, and as
+        its tenant's (``facts``' tenant) where the pool has tenant shares."""
         f = verdict.features
         if f is None or not _upstream(verdict):
             return None
-        return self.views.hold(route.profile, *self.hold_terms(route, verdict, f))
+        tenant = None
+        if facts is not None and route.pool in self.policy.tenant_shares:
+            tenant = share_tenant(route, facts)
+        return self.views.hold(route.profile, *self.hold_terms(route, verdict, f), tenant)
 
     def hold_terms(
         self, route: Route, verdict: BodyVerdict, f: RequestFeatures

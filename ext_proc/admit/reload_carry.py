@@ -40,15 +40,18 @@ def carried_views(policy: Policy, carry: Replaced | None, ledger: LedgerHandle |
     endpoints are unchanged; else new ones, into which live reservations carry over."""
     endpoints = {n: p.backend_endpoints for n, p in policy.pools.items()}
     until_seen = frozenset(n for n, p in policy.pools.items() if p.kv_hold == "seen")
+    named = {n: s.named for n, s in policy.tenant_shares.items()}  # their own metrics label
     if carry is None:
-        return PoolViews(endpoints, ledger, until_seen, None)
-    old = {n: p.backend_endpoints for n, p in carry.policy.pools.items()}
-    if endpoints == old:
-        carry.views.until_seen = until_seen
-        return carry.views
-    views = PoolViews(endpoints, carry.views.shared, until_seen, carry.views.live)
-    views.remote = carry.views.remote  # the replicas' shared ledger (--ledger) too
-    views.book = carry.views.book  # and the forecast's trajectories, which release into it
+        views = PoolViews(endpoints, ledger, until_seen, None)
+    elif endpoints == {n: p.backend_endpoints for n, p in carry.policy.pools.items()}:
+        views = carry.views
+        views.until_seen = until_seen
+    else:
+        views = PoolViews(endpoints, carry.views.shared, until_seen, carry.views.live)
+        views.remote = carry.views.remote  # the replicas' shared ledger (--ledger) too
+        views.book = carry.views.book  # and the forecast's trajectories, which release into it
+        views.tenants = carry.views.tenants  # and the tenants' blocks held
+    views.tenants.named = named
     return views
 
 

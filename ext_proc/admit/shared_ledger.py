@@ -106,7 +106,7 @@ async def admit_shared(
     for attempt in range(TRIES):
         free = _room(pipeline, route, verdict) if again and attempt < TRIES - 1 else None
         # in the stream at once: cancelled while its reservation is on the wire, it releases it
-        hold = stream.hold = pipeline.recorder.hold_of(route, verdict)
+        hold = stream.hold = pipeline.recorder.hold_of(route, verdict, facts)
         if hold is None:
             break
         snapshot = pipeline.lookup(route.pool)

@@ -75,6 +75,12 @@ class Waiter:
     # commits its verdict once it is judged again (``Admission.commit``), before the next
     # waiter is judged
     commit: Callable[[BodyVerdict], None] = field(repr=False)
+    reason: str = ""  # why it waits, as last judged ("": as ``first``)
+
+    @property
+    def share_tenant(self) -> str:
+        """The tenant its tenant share counts (``ext_proc.admit.tenant_shares``)."""
+        return tenant_key(self.facts.queue_tenant, self.route.name)
 
     @property
     def spec(self) -> QueueSpec:

@@ -19,6 +19,9 @@ half; the ledger's arithmetic is in ``ext_proc.placement.poolview``).
   counts only until their next view (scraped every second or faster), which shows the
   request's real blocks; their live totals (L, the request's whole life) are rewritten.
 - **release** (idempotent) and **unhold** (a reservation the shared ledger refused).
+- **tenant**: a hold that names its tenant (a pool with ``tenant_shares``) also counts its
+  blocks in the tenant ledger (``ext_proc.placement.tenant_ledger``) from ``hold`` to
+  ``release``, shrunk with it, under either ``kv_hold``.
 
 Invariant: ``live[pool][endpoint]`` is the sum of the blocks of this worker's unreleased
 live holds there; a hold's trajectory is in the book exactly while the hold is unreleased.
@@ -34,6 +37,7 @@ from ext_proc.placement.forecast import Trajectory, slot_tokens
 from ext_proc.placement.forecast_book import ForecastBook
 from ext_proc.placement.inflight import Endpoint, Entries, Hold
 from ext_proc.placement.ledger_shm import LedgerHandle, endpoint_key
+from ext_proc.placement.tenant_ledger import TenantLedger
 from ext_proc.policy.evaluate import KvFit, Shape
 from ext_proc.policy.settings import Profile
 from ext_proc.signals.snapshot import PoolSnapshot
@@ -52,27 +56,37 @@ class Holding:
     until_seen: frozenset[str]
     live: dict[str, dict[str, int]]
     book: ForecastBook
+    tenants: TenantLedger
     _inflight: dict[str, dict[str, Entries]]
 
     def endpoints(self, profile: Profile, snapshot: PoolSnapshot | None) -> tuple[Endpoint, ...]:
         raise NotImplementedError  # PoolViews'
 
+    def held_blocks(
+        self, profile: Profile, pool: PoolSnapshot, fit: KvFit, shape: Shape, output: int
+    ) -> int:
+        """The blocks a request of ``shape`` with ``output`` tokens per sequence is held at:
+        its whole need under ``reserve``, its predicted total under ``forecast``."""
+        if profile.admission == "forecast":  # held at its predicted total (ForecastBook)
+            floor = min(shape.floor, output) if profile.forecast.read_floors else 0
+            look = self.book.outlook(profile, pool.pool, pool.backends[0], fit.block_size)
+            return fit.need(shape, look.total(0, output, floor))
+        return fit.need(shape, output)
+
     def _sized(
         self, profile: Profile, pool: PoolSnapshot, fit: KvFit, shape: Shape, output: int, at: float
     ) -> tuple[int, Trajectory]:
-        """The blocks a request of ``shape`` with ``output`` tokens per sequence holds, and its
-        trajectory: its whole need under ``reserve``, its predicted total under ``forecast``."""
+        """``held_blocks`` and the request's trajectory."""
         floor = min(shape.floor, output) if profile.forecast.read_floors else 0
         tokens = slot_tokens(shape, profile)
         trajectory = Trajectory(
             at, fit.need(shape, 0), shape.sequences, output, floor, None, tokens, kind=profile.name
         )
-        if profile.admission == "forecast":  # held at its predicted total (ForecastBook)
+        if profile.admission == "forecast":
             trajectory.runs_s = self.book.planned_start(pool.pool, shape, output, at)
             if trajectory.runs_s is not None:
                 telemetry.FORECAST_WAITS.labels(pool=pool.pool).inc()
-            look = self.book.outlook(profile, pool.pool, pool.backends[0], fit.block_size)
-            return fit.need(shape, look.total(0, output, floor)), trajectory
+            return self.held_blocks(profile, pool, fit, shape, output), trajectory
         trajectory.whole = fit.need(shape, output)
         return trajectory.whole, trajectory
 
@@ -83,11 +97,12 @@ class Holding:
         shape: Shape,
         output: int,
         endpoint: str = "",
+        tenant: str | None = None,
     ) -> Hold | None:
         """Remember the blocks of a request (all its sequences) sent upstream to
         ``snapshot``'s pool: to ``endpoint``, or "" when Envoy's load balancer placed it.
         Its reservation (None: no blocks; not ``live`` under ``kv_hold: seen``) lasts until
-        ``release``."""
+        ``release``; ``tenant``: also counted as that tenant's (the module docstring)."""
         views = self.endpoints(profile, snapshot)
         if not views or snapshot is None:
             return None
@@ -106,13 +121,15 @@ class Holding:
         if blocks <= 0:
             self.book.remove(name, endpoint, trajectory)
             return None
+        if tenant is not None:
+            self.tenants.change(name, tenant, blocks)
         if name in self.until_seen:
-            return Hold(name, endpoint, blocks, at, live=False, trajectory=trajectory)
+            return Hold(name, endpoint, blocks, at, False, trajectory=trajectory, tenant=tenant)
         live = self.live.setdefault(name, {})
         total = live[endpoint] = live.get(endpoint, 0) + blocks
         if self.shared is not None:
             self.shared.publish_live(key, total, at)
-        return Hold(name, endpoint, blocks, at, trajectory=trajectory)
+        return Hold(name, endpoint, blocks, at, trajectory=trajectory, tenant=tenant)
 
     def shrink(
         self,
@@ -143,6 +160,8 @@ class Holding:
         if entries is not None:
             entries.resize(hold.at_s, hold.blocks, blocks)
         hold.blocks = blocks
+        if hold.tenant is not None:
+            self.tenants.change(hold.pool, hold.tenant, -freed)
         if hold.live:
             pool = self.live.setdefault(hold.pool, {})
             total = pool[hold.endpoint] = max(0, pool.get(hold.endpoint, 0) - freed)
@@ -168,6 +187,8 @@ class Holding:
             self.book.remove(hold.pool, hold.endpoint, t)
             if finished:
                 self.book.finished(hold.pool, hold.endpoint, t)
+        if hold.tenant is not None:
+            self.tenants.change(hold.pool, hold.tenant, -hold.blocks)
         if not hold.live:
             return
         pool = self.live.setdefault(hold.pool, {})

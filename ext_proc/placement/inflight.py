@@ -86,6 +86,7 @@ class Hold:
     live: bool = True
     released: bool = False
     trajectory: Trajectory | None = None  # its place in the forecast (ForecastBook)
+    tenant: str | None = None  # its tenant, counted in the tenant ledger (None: not counted)
 
 
 def add_into(out: dict[str, int], more: Mapping[str, int]) -> None:

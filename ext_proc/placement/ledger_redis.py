@@ -11,7 +11,9 @@ Keys (one standalone Redis, or one primary; ``{pool}`` hash-tagged)::
 
     ice:{<pool>}:seen   ZSET  member "<replica>|<seq>|<endpoint>|<blocks>", score = Redis time
                                (ms) it was passed; trimmed after ``KEEP_MS``
-    ice:{<pool>}:live   HASH  "<replica>|<endpoint>" → that replica's live total (blocks)
+    ice:{<pool>}:live   HASH  "<replica>|<endpoint>" → that replica's live total (blocks);
+                               "<replica>|" TENANT_FIELD "<tenant>" → the blocks that
+                               tenant's live requests hold there (``tenant_ledger``)
     ice:replicas        ZSET  replica → the Redis time (ms) it stops counting unless renewed:
                                now + ``ttl_s`` at each heartbeat (every ``HEARTBEAT_S``)
 
@@ -67,6 +69,7 @@ from ext_proc.placement.ledger_scripts import HEARTBEAT_SCRIPT, RESERVE_SCRIPT, 
 __all__ = [
     "DEFAULT_DEADLINE_S",
     "DEFAULT_TTL_S",
+    "TENANT_FIELD",
     "LedgerURLError",
     "RedisLedger",
     "Reserve",
@@ -82,6 +85,9 @@ BACKGROUND_DEADLINE_S = 0.5  # writes no request waits on (releases, late reserv
 SLOW_CALLS_DOWN = 3  # calls in a row past the deadline that turn the ledger local
 WARM_CONNECTIONS = 16  # open before judging with Redis: concurrent calls of a burst
 KEEP_MS = 120_000  # seen entries older than this are dropped (no view is that old)
+# A live-hash field for a tenant's total, after "<replica>|": a control character no serving
+# address starts with (ext_proc.placement.tenant_ledger).
+TENANT_FIELD = "\x1ftenant:"
 
 
 class LedgerURLError(ValueError):
@@ -126,6 +132,15 @@ def _pairs(flat: Sequence[Any]) -> dict[str, int]:
     return out
 
 
+def _split(live: dict[str, int]) -> tuple[dict[str, int], dict[str, int]]:
+    """A pool's live totals as (by endpoint, by tenant): the tenant fields apart."""
+    n = len(TENANT_FIELD)
+    tenants = {k[n:]: v for k, v in live.items() if k.startswith(TENANT_FIELD)}
+    if not tenants:
+        return live, tenants
+    return {k: v for k, v in live.items() if not k.startswith(TENANT_FIELD)}, tenants
+
+
 class Reserve:
     """What a request judged with the mirror asks of ``RedisLedger.reserve``: ``blocks`` at
     ``endpoint`` ("" anywhere) of ``pool``, this replica's live total there once reserved,
@@ -163,6 +178,7 @@ class RedisLedger:
         deadline_s: float = DEFAULT_DEADLINE_S,
         ttl_s: float = DEFAULT_TTL_S,
         own_totals: Callable[[], Mapping[str, Mapping[str, int]]] = dict,
+        own_tenants: Callable[[], Mapping[str, Mapping[str, int]]] = dict,
         view_age_ms: Callable[[str], int | None] = lambda _pool: None,
         pools: Callable[[], Iterable[str]] = tuple,
     ) -> None:
@@ -180,6 +196,7 @@ class RedisLedger:
         self.deadline_s = deadline_s
         self.ttl_s = ttl_s
         self.own_totals = own_totals
+        self.own_tenants = own_tenants  # pool → tenant → blocks, rewritten with the totals
         self.view_age_ms = view_age_ms
         self.pools = pools
         self.active = False
@@ -189,6 +206,8 @@ class RedisLedger:
         self._seq = itertools.count()
         # pool → (A by endpoint since the view it was read for, L by endpoint): others only
         self.mirror: dict[str, tuple[dict[str, int], dict[str, int]]] = {}
+        # pool → the other replicas' blocks held per tenant (their TENANT_FIELD totals)
+        self.tenant_mirror: dict[str, dict[str, int]] = {}
         self._reserve = self.client.register_script(RESERVE_SCRIPT)
         self._state = self.client.register_script(STATE_SCRIPT)
         self._heartbeat = self.client.register_script(HEARTBEAT_SCRIPT)
@@ -209,6 +228,15 @@ class RedisLedger:
         """The other replicas' live reservations in ``pool``, by endpoint."""
         got = self.mirror.get(pool) if self.active else None
         return got[1] if got is not None else {}
+
+    def tenants(self, pool: str) -> Mapping[str, int]:
+        """The other replicas' blocks held in ``pool``, by tenant."""
+        return self.tenant_mirror.get(pool, {}) if self.active else {}
+
+    def _mirrored(self, pool: str, a: Sequence[Any], l_: Sequence[Any]) -> None:
+        live, tenants = _split(_pairs(l_))
+        self.mirror[pool] = (_pairs(a), live)
+        self.tenant_mirror[pool] = tenants
 
     @property
     def fallback_factor(self) -> int:
@@ -260,7 +288,7 @@ class RedisLedger:
                 self._spawn(self._forced(r))
             return True
         ok, a, l_, self.peers = got
-        self.mirror[r.pool] = (_pairs(a), _pairs(l_))
+        self._mirrored(r.pool, a, l_)
         if not ok:
             telemetry.LEDGER_CONFLICTS.labels(pool=r.pool).inc()
         return bool(ok)
@@ -287,7 +315,7 @@ class RedisLedger:
             "sync", self._state(keys=keys, args=[self.replica, view_age_ms, KEEP_MS])
         )
         if got is not None:
-            self.mirror[pool] = (_pairs(got[1]), _pairs(got[2]))
+            self._mirrored(pool, got[1], got[2])
             self.peers = int(got[3])
 
     def released(self, pool: str, endpoint: str, total: int) -> None:
@@ -329,6 +357,7 @@ class RedisLedger:
         if self.active:
             self.active = False
             self.mirror.clear()
+            self.tenant_mirror.clear()
             self._set_backend(False)
         if not self._said_down:
             self._said_down = True
@@ -342,12 +371,13 @@ class RedisLedger:
     async def _beat(self) -> bool:
         """Renew this replica's presence and rewrite its live totals; refresh the mirror of
         every pool with a view. True when Redis answered."""
-        totals = self.own_totals()
-        pools = sorted(set(self.pools()) | set(totals))
+        totals, tenants = self.own_totals(), self.own_tenants()
+        pools = sorted(set(self.pools()) | set(totals) | set(tenants))
         keys = [REPLICAS_KEY, *(live_key(p) for p in pools)]
         argv: list[Any] = [int(self.ttl_s * 1000), self.replica]
         for p in pools:
             own = [(e, b) for e, b in totals.get(p, {}).items()]
+            own += [(TENANT_FIELD + t, b) for t, b in tenants.get(p, {}).items()]
             argv.append(len(own))
             for e, b in own:
                 argv += [e, b]

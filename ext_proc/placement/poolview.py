@@ -69,6 +69,7 @@ from ext_proc.placement.forecast_book import ForecastBook
 from ext_proc.placement.holding import Holding
 from ext_proc.placement.inflight import Endpoint, Entries, add_into, scaled
 from ext_proc.placement.ledger_shm import LedgerHandle, endpoint_key
+from ext_proc.placement.tenant_ledger import TenantLedger
 from ext_proc.policy.evaluate import KvFit
 from ext_proc.policy.kvfit import blocks_fn
 from ext_proc.policy.pressure import Pressure, pressure_of
@@ -121,6 +122,8 @@ class PoolViews(Holding):
         # requests sent upstream
         self._inflight: dict[str, dict[str, Entries]] = {}
         self.book = ForecastBook()  # admission: forecast (ext_proc.placement.forecast_book)
+        self.tenants = TenantLedger()  # blocks held per tenant (ext_proc.placement.tenant_ledger)
+        self.tenants.shared = shared
         self._last_fresh: dict[str, PoolSnapshot] = {}  # pool → the last view judged with
         self._made: dict[str, PoolSnapshot] = {}  # pool → ledger_view's last
 

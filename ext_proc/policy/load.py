@@ -26,6 +26,7 @@ from ext_proc.policy.load_identity import identity_spec
 from ext_proc.policy.load_models import kv_model_spec, media_spec, tokenizer_specs
 from ext_proc.policy.load_pool import pool_spec, positive
 from ext_proc.policy.load_queue import queue_spec
+from ext_proc.policy.load_tenant_share import tenant_shares_specs
 from ext_proc.policy.load_truncation import embedding_spec, truncation_spec
 from ext_proc.policy.settings import (
     CLIENT_PRIORITIES,
@@ -321,6 +322,7 @@ def _build(msg: policy_pb2.Policy, base_dir: Path) -> Policy:
         embedding=embedding_spec(msg.embedding, base_dir),
         passthrough_paths=passthrough,
         prefix_tracking=_prefix_tracking(msg),
+        tenant_shares=tenant_shares_specs(msg.pools),
     )
 
 

@@ -6,6 +6,7 @@ the evaluator trusts them (thresholds ascend, weights are non-negative, levels a
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import IntEnum
 from types import MappingProxyType
@@ -282,6 +283,36 @@ class RouteBinding:
     identity: IdentitySpec | None = None  # None: the profile's
 
 
+def _no_shares() -> MappingProxyType[str, float]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class TenantShares:
+    """A pool's per-tenant limits, fractions of its usable blocks
+    (``ext_proc.policy.tenant_share``: the formulas and the check)."""
+
+    cap: float = 1.0
+    caps: MappingProxyType[str, float] = field(default_factory=_no_shares)
+    guaranteed: MappingProxyType[str, float] = field(default_factory=_no_shares)
+
+    def cap_of(self, tenant: str) -> float:
+        return self.caps.get(tenant, self.cap)
+
+    def cap_blocks(self, tenant: str, usable_blocks: int) -> int:
+        """floor(cap(t) × U) (with a 1e-9 tolerance: 0.29 × 100 is 29, not 28)."""
+        return math.floor(self.cap_of(tenant) * usable_blocks + 1e-9)
+
+    def guaranteed_blocks(self, tenant: str, usable_blocks: int) -> int:
+        """floor(guaranteed(t) × U) (the same tolerance); 0 without a guarantee."""
+        return math.floor(self.guaranteed.get(tenant, 0.0) * usable_blocks + 1e-9)
+
+    @property
+    def named(self) -> frozenset[str]:
+        """The tenants the limits name (their metrics get their own label)."""
+        return frozenset(self.caps) | frozenset(self.guaranteed)
+
+
 @dataclass(frozen=True, slots=True)
 class Policy:
     """A whole policy file."""
@@ -305,6 +336,10 @@ class Policy:
     # exact paths forwarded unjudged (Envoy renders them; ICE passes them without a body)
     passthrough_paths: frozenset[str] = frozenset()
     prefix_tracking: PrefixTrackingSpec | None = None  # None: no live prefix score
+    # pool → its tenants' shares (ext_proc.policy.tenant_share); a pool absent: no limit
+    tenant_shares: MappingProxyType[str, TenantShares] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
 
     @property
     def truncation_enabled(self) -> bool:

@@ -141,6 +141,6 @@ def multiprocess_registry(metrics_dir: str) -> CollectorRegistry:
 
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry, path=metrics_dir)  # type: ignore[no-untyped-call]
-    for metric in telemetry.collector_metrics():
+    for metric in telemetry.COLLECTOR_METRICS:
         registry.register(metric)
     return registry

@@ -294,10 +294,11 @@ def _shared_ledger(
         deadline_s=opts.ledger_deadline_s,
         ttl_s=opts.ledger_ttl_s,
         own_totals=lambda: live,
+        own_tenants=pipeline.views.tenants.totals,  # carried across reloads too
         view_age_ms=age,
         pools=lambda: in_force.policy.pools,
     )
-    pipeline.views.remote = remote
+    pipeline.views.remote = pipeline.views.tenants.remote = remote
     return remote
 
 
@@ -318,8 +319,7 @@ def serve(opts: ServeOptions) -> int:
     addresses = worker_addresses(opts.address, opts.workers)
     embedding = None
     if policy.truncation_enabled:
-        # lazy: torch and sentence-transformers load only where a profile truncates
-        from ext_proc.truncate.host import EmbeddingService
+        from ext_proc.truncate.host import EmbeddingService  # lazy: torch, where one truncates
 
         logging.basicConfig(
             level=_log_level(), format="%(asctime)s %(name)s %(levelname)s %(message)s"

@@ -186,7 +186,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                 raise
             except Exception as e:
                 response = self._fault(admission.route, admission.facts, phase, e, admission.rid)
-            telemetry.observe_processing(phase or "unknown", time.perf_counter() - started)
+            telemetry.processing(phase or "unknown").observe(time.perf_counter() - started)
             if phase == "request_headers":
                 answered = time.perf_counter()  # Envoy sends the body after this answer
             yield response

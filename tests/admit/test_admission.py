@@ -71,7 +71,9 @@ class Rig:
         self.view = {"now": snapshot(gpu_blocks)}
         self.pipeline = Pipeline(parse_policy(policy), lambda _pool: self.view["now"])
         recorder = self.pipeline.recorder
-        self.recorder = CountingRecorder(recorder.views, recorder.placer, recorder.lookup)
+        self.recorder = CountingRecorder(
+            recorder.views, recorder.placer, recorder.lookup, recorder.policy
+        )
         self.recorder.counted = []
         self.pipeline.recorder = self.recorder
         self.backlog = Backlog()

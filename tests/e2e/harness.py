@@ -156,9 +156,10 @@ def write_policy(
     passthrough_paths: Iterable[str] = (),
     policy_extra: str = "",
     client_priority: str = "trust",
+    pool_extra: str = "",
 ) -> Path:
     """The e2e policy; ``profile_extra`` (YAML, 4-space indented) joins the default profile,
-    ``policy_extra`` (top-level YAML) the policy;
+    ``pool_extra`` (the same) the default pool, ``policy_extra`` (top-level YAML) the policy;
     ``passthrough_paths`` become the policy's ``passthrough_paths``. ``client_priority``: the
     profile's; ``trust`` (the tests send ``x-priority: critical`` for requests that must not
     be shed: the tests play the mesh that sets it), ``cap`` (ICE's default) where a test
@@ -175,6 +176,9 @@ def write_policy(
     )
     if profile_extra:
         text = text.replace("    fail_mode: open\n", "    fail_mode: open\n" + profile_extra, 1)
+    if pool_extra:
+        at = f"    max_age_s: {MAX_AGE_S}\n"
+        text = text.replace(at, at + pool_extra, 1)
     paths = list(passthrough_paths)
     if paths:
         text += f"passthrough_paths: {json.dumps(paths)}\n"
@@ -498,6 +502,7 @@ def running_stack(
     backend_port: int | None = None,
     host: str | None = None,
     ice_link: Callable[[str], str] | None = None,
+    pool_extra: str = "",
 ) -> Iterator[E2E]:
     """Backend, ICE (unless ``start_ice`` is false: its address stays dead) and Envoy;
     ``passthrough_paths`` go into the policy and, opened, into Envoy's config.
@@ -520,6 +525,7 @@ def running_stack(
             paths,
             policy_extra,
             client_priority=client_priority,
+            pool_extra=pool_extra,
         )
         address = f"127.0.0.1:{free_ports(workers)}"
         addresses = worker_addresses(address, workers)

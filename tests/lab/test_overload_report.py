@@ -227,7 +227,16 @@ def test_tenant_breakdown_against_hand_computed_values() -> None:
         },
     }
     assert tenant_breakdown([_shot(0, 200, 1.0, ttft=0.1)]) == {}
-    assert _run("ice", 1, SHOTS).summary()["tenants"] == tenant_breakdown(SHOTS)
+    run = _run("ice", 1, SHOTS)
+    assert run.summary()["tenants"] == tenant_breakdown(SHOTS, run.ttft_slo_s)
+
+
+def test_a_tenants_goodput_is_its_slo_tokens_over_its_own_drain() -> None:
+    got = tenant_breakdown(SHOTS, 2.0)
+    # heavy: shot 0's 100 tokens (shot 1's TTFT is late) over its last end, shot 3's 5.75 s
+    assert got["heavy"]["goodput_tok_per_s"] == round(100 / 5.75, 2) == 17.39
+    # light: shot 5's 50 tokens (TTFT = SLO) over its last end, 3.3 s
+    assert got["light"]["goodput_tok_per_s"] == round(50 / 3.3, 2) == 15.15
 
 
 @pytest.mark.parametrize(

@@ -119,6 +119,7 @@ from ext_proc.lab.overload.metrics import (
     metric_sum,
     wait_idle,
 )
+from ext_proc.lab.overload.policies import shares_policy
 from ext_proc.lab.overload.results import (
     KIND_COLS,
     ROWS,
@@ -252,6 +253,7 @@ __all__ = [
     "report",
     "request_body",
     "run_burst",
+    "shares_policy",
     "spread",
     "spreads",
     "sweep",

@@ -97,18 +97,34 @@ async def sample_peak(
     every_s: float,
     stop: asyncio.Event,
     out: list[tuple[float, float]],
+    held_max: dict[str, float] | None = None,
 ) -> None:
     """ICE's ``ice_forecast_peak_blocks`` (its largest endpoint) every ``every_s`` into
     ``out`` as (seconds since ``t0``, blocks) (admission: forecast; nothing when the gauge
-    is absent)."""
+    is absent); and into ``held_max`` the most ``ice_tenant_blocks_held`` sampled per
+    tenant (a pool with ``tenant_shares``)."""
     while not stop.is_set():
         with contextlib.suppress(aiohttp.ClientError, TimeoutError):
             page = await fetch(session, url)
             values = vl.metric_values(page, "ice_forecast_peak_blocks")
             if values:
                 out.append((round(time.monotonic() - t0, 2), max(values)))
+            if held_max is not None:
+                for tenant, blocks in tenant_blocks_held(page).items():
+                    held_max[tenant] = max(held_max.get(tenant, 0.0), blocks)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), every_s)
+
+
+def tenant_blocks_held(page: str) -> dict[str, float]:
+    """``ice_tenant_blocks_held`` by ``tenant`` on ICE's page (summed over pools)."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(page):
+        for sample in family.samples:
+            if sample.name == "ice_tenant_blocks_held":
+                tenant = sample.labels.get("tenant", "-")
+                out[tenant] = out.get(tenant, 0.0) + float(sample.value)
+    return out
 
 
 ADMISSION_REJECTIONS = "vllm:admission_rejections_total"

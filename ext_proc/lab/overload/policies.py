@@ -1,7 +1,8 @@
 """The policies an overload comparison runs ICE with, rewritten from a template: the pools
 pointed at the vLLM it started (``render_policy``), the admission mode and forecast settings
 in every profile (``admission_policy``), the admission queue on in every profile
-(``queue_policy``; ``check_queue_policy`` loads it before anything starts).
+(``queue_policy``; ``check_queue_policy`` loads it before anything starts), each tenant's
+share of every pool (``shares_policy``).
 
 Invariant: each writes a new file and returns its path; the template is never changed.
 """
@@ -25,6 +26,7 @@ __all__ = [
     "check_queue_policy",
     "queue_policy",
     "render_policy",
+    "shares_policy",
 ]
 
 # The queue mode's defaults (the bench's --queue-wait-ms / --queue-length): long enough that a
@@ -71,6 +73,16 @@ def admission_policy(
                 **(forecast or {}),
                 "read_floors": read_floors,
             }
+    out.write_text(yaml.safe_dump(policy, sort_keys=False))
+    return out
+
+
+def shares_policy(template: Path, out: Path, shares: Mapping[str, Any]) -> Path:
+    """``template`` with ``tenant_shares: shares`` in every pool (``cap``, ``caps``,
+    ``guaranteed``: docs/tenant-shares.md), written to ``out``."""
+    policy: dict[str, Any] = yaml.safe_load(template.read_text())
+    for pool in (policy.get("pools") or {}).values():
+        pool["tenant_shares"] = dict(shares)
     out.write_text(yaml.safe_dump(policy, sort_keys=False))
     return out
 

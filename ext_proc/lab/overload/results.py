@@ -106,6 +106,7 @@ ROWS: tuple[tuple[str, str], ...] = (
     ("running_max", "vLLM running max"),
     ("kv_usage_max", "vLLM KV usage max"),
     ("forecast_peak_max", "ICE forecast peak max (blocks)"),
+    ("tenant_held_max", "ICE tenant blocks held max"),
     ("unjudged", "ICE fail-open (unjudged)"),
     ("ice_body_p50_s", "ICE time per body p50 (s, ≤ bucket)"),
     ("ice_body_max_s", "ICE time per body max (s, ≤ bucket)"),
@@ -172,6 +173,7 @@ TENANT_COLS: tuple[tuple[str, str], ...] = (
     ("queued", "queued"),
     ("queued_ms_p95", "queued ms p95"),
     ("ttft_p95_s", "TTFT p95 s"),
+    ("goodput_tok_per_s", "goodput tok/s"),
 )
 
 

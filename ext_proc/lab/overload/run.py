@@ -161,6 +161,8 @@ class RunResult:
     # admission: forecast: the largest ice_forecast_peak_blocks sampled (None: not sampled)
     forecast_peak_max: float | None = None
     peaks: list[tuple[float, float]] = field(default_factory=list)  # (t_s, forecast peak)
+    # tenant_shares: the most ice_tenant_blocks_held sampled, per tenant
+    tenant_held_max: dict[str, float] = field(default_factory=dict)
 
     @property
     def arm(self) -> str:
@@ -242,11 +244,12 @@ class RunResult:
             "running_max": self.running_max,
             "kv_usage_max": round(self.kv_usage_max, 3),
             "forecast_peak_max": self.forecast_peak_max,
+            "tenant_held_max": dict(sorted(self.tenant_held_max.items())),
             "vllm_requests": self.vllm_requests,
             "unjudged": self.ext_proc.get("failure_mode_allowed", 0),
             "ice_body_p50_s": bucket_quantile(self.ice_body_buckets, 0.5),
             "ice_body_max_s": bucket_quantile(self.ice_body_buckets, 1.0),
-            "tenants": tenant_breakdown(self.shots),
+            "tenants": tenant_breakdown(self.shots, self.ttft_slo_s),
             "kinds": kind_breakdown(self.shots, self.ttft_slo_s, drain),
         }
 
@@ -287,10 +290,13 @@ async def run_burst(
             sample_metrics(probe, metrics_url, t0, sample_s, stop, base, samples)
         )
         peaks: list[tuple[float, float]] = []
+        held: dict[str, float] = {}
         watchers = [sampler]
         if ice_metrics_url:
             watchers.append(
-                asyncio.create_task(sample_peak(probe, ice_metrics_url, t0, sample_s, stop, peaks))
+                asyncio.create_task(
+                    sample_peak(probe, ice_metrics_url, t0, sample_s, stop, peaks, held)
+                )
             )
         bodies = [request_body(p, model, seed + p.index) for p in burst]
         try:
@@ -325,6 +331,7 @@ async def run_burst(
         running_max=max((s.running for s in samples), default=0),
         kv_usage_max=max((s.kv_usage for s in samples), default=0.0),
         forecast_peak_max=max((p for _, p in peaks), default=None),
+        tenant_held_max=held,
         peaks=peaks,
         ext_proc={k: stats1.get(k, 0) - stats0.get(k, 0) for k in stats1},
         shots=list(shots),

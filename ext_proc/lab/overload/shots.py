@@ -145,10 +145,13 @@ def by_status(shots: Sequence[Shot]) -> dict[str, int]:
     return {str(k): v for k, v in sorted(counts.items())}
 
 
-def tenant_breakdown(shots: Sequence[Shot]) -> dict[str, dict[str, Any]]:
+def tenant_breakdown(
+    shots: Sequence[Shot], ttft_slo_s: float | None = None
+) -> dict[str, dict[str, Any]]:
     """Per tenant (in order of first appearance; none without tenants): its requests, ok,
-    429s, how many ICE queued and the p95 of those waits (ms, over the queued ones), and the
-    p95 time to first token of its ok requests (s)."""
+    429s, how many ICE queued and the p95 of those waits (ms, over the queued ones), the
+    p95 time to first token of its ok requests (s) and, given ``ttft_slo_s``, its goodput
+    over its own drain (``goodput`` of its shots: from t0 to the end of its last request)."""
     out: dict[str, dict[str, Any]] = {}
     for name in dict.fromkeys(s.tenant for s in shots if s.tenant is not None):
         mine = [s for s in shots if s.tenant == name]
@@ -163,6 +166,8 @@ def tenant_breakdown(shots: Sequence[Shot]) -> dict[str, dict[str, Any]]:
                 [s.ttft_s for s in mine if is_ok(s) and s.ttft_s is not None], 0.95
             ),
         }
+        if ttft_slo_s is not None:
+            out[name]["goodput_tok_per_s"] = round(goodput(mine, ttft_slo_s), 2)
     return out
 
 
