@@ -74,6 +74,7 @@ from envoy_data_plane.google.protobuf import Any as PbAny
 from ext_proc.tools.envoygen import pieces
 from ext_proc.tools.envoygen.emit import as_dict
 from ext_proc.tools.envoygen.hcm_settings import access_log, too_large_reply
+from ext_proc.tools.envoygen.late_guard import late_guard_filter, late_reply_mappers
 from ext_proc.tools.envoygen.spec import MeshSpec
 
 __all__ = ["bench_bootstrap", "local_bootstrap", "read_only_name"]
@@ -144,10 +145,12 @@ def inference_routes(
 
 
 def http_filters() -> list[HttpFilter]:
-    """The ingress HCM's filters: no spoofing, ICE, the 404's body reader, the router."""
+    """The ingress HCM's filters: no spoofing, ICE, the refusal of what ICE judged too late
+    (``late_guard``), the 404's body reader, the router."""
     return [
         pieces.strip_spoofed_headers(),
         pieces.ext_proc_filter("ice"),
+        late_guard_filter(),
         pieces.buffer_filter(),
         pieces.router_filter(),
     ]
@@ -160,6 +163,7 @@ def _hcm(
     *,
     normalise: bool = True,
     local_reply: bool = False,
+    late_reply: bool = False,
     log: bool = False,
 ) -> Filter:
     hcm = HttpConnectionManager(
@@ -177,8 +181,12 @@ def _hcm(
         hcm.path_with_escaped_slashes_action = (
             HttpConnectionManagerPathWithEscapedSlashesAction.UNESCAPE_AND_FORWARD
         )
-    if local_reply:
+    if local_reply or late_reply:  # the late guard's 429, then Envoy's 413 in the API's format
+        mappers = late_reply_mappers() if late_reply else []
         hcm.local_reply_config = too_large_reply()
+        if not local_reply:
+            hcm.local_reply_config.mappers = []
+        hcm.local_reply_config.mappers[:0] = mappers
     return Filter(name=HCM, typed_config=PbAny.pack(hcm))
 
 
@@ -224,7 +232,16 @@ def _ingress(
         per_connection_buffer_limit_bytes=pieces.LISTENER_READ_BYTES,
         filter_chains=[
             FilterChain(
-                filters=[_hcm("ingress", config, http_filters(), local_reply=local_reply, log=log)]
+                filters=[
+                    _hcm(
+                        "ingress",
+                        config,
+                        http_filters(),
+                        local_reply=local_reply,
+                        late_reply=True,
+                        log=log,
+                    )
+                ]
             )
         ],
     )
