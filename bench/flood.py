@@ -101,6 +101,8 @@ ENVOY_STATS = (
     "ext_proc.streams_started",
     "cluster.ice.upstream_cx_total",
     "cluster.ice.http2.tx_flush_timeout",
+    "cluster.ice.health_check.failure",  # a failed check flags ICE (panic threshold: late guard)
+    "rbac.ice_late.denied",
 )
 # Envoy gauges sampled every 20 ms while a flood lasts (EnvoySampler): their peaks per run.
 SAMPLED_GAUGES = (

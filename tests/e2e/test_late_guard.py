@@ -14,6 +14,8 @@ still goes on unjudged (fail-open).
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -71,6 +73,7 @@ def test_a_request_whose_headers_reach_ice_too_late_is_refused_not_sent_on(
     entry = access_log_entry(e2e, CHAT + "?late")
     assert entry["details"] == "rbac_access_denied_matched_policy[ice_late]", entry
     assert entry["ext_proc_headers_status"] == "4", entry  # Envoy's timer fired
+    assert entry["ext_proc_failed_open"] == "1", entry  # the filter gave up; the guard refused
     assert envoy_stat(e2e, "http.ingress.rbac.ice_late.denied") == 2
 
 
@@ -85,5 +88,45 @@ def test_with_ice_down_requests_still_fail_open(
     assert reply.header("x-ice-decision") is None  # unjudged, as failure_mode_allow says
     assert [json.loads(r.body) for r in e2e.received()][-1]["max_tokens"] == 8
     entry = access_log_entry(e2e, CHAT + "?down")
-    assert entry["ext_proc_headers_status"] == "14", entry  # UNAVAILABLE: not late
+    assert entry["ext_proc_failed_open"] == "1", entry
+    # UNAVAILABLE (14), not late: on the headers' call, or before it (no healthy ICE)
+    assert entry["ext_proc_headers_status"] in ("14", None), entry
     assert envoy_stat(e2e, "http.ingress.rbac.ice_late.denied") == 0
+
+
+def ice_flagged(e2e: E2E) -> bool:
+    url = f"http://127.0.0.1:{e2e.admin_port}/clusters"
+    with urllib.request.urlopen(url, timeout=5) as r:
+        lines = r.read().decode().splitlines()
+    return any(
+        line.startswith("ice::") and "health_flags::" in line and "failed_active_hc" in line
+        for line in lines
+    )
+
+
+def test_a_hung_ice_is_late_until_envoy_flags_it_then_fails_open(tmp_path: Path) -> None:
+    """SIGSTOP: ICE's connections stay open and nothing answers. What Envoy sends it before
+    its health checks flag it is late (429 ``ice_late``, not unjudged); once flagged, no
+    panic mode: Envoy sends ICE no stream and fails open at once (it used to send every
+    stream to the hung ICE, which the guard would refuse for as long as the hang lasts)."""
+    with running_stack(tmp_path) as e2e:
+        group = os.getpgid(e2e.stack.procs["ice"].pid)
+        os.killpg(group, signal.SIGSTOP)
+        try:
+            reply = e2e.post(CHAT + "?hung", BODY)
+            assert reply.status == 429 and reply.header("x-ice-reason") == "ice_late", (
+                reply.status,
+                reply.ice_headers(),
+            )
+            deadline = time.monotonic() + 10
+            while not ice_flagged(e2e):
+                assert time.monotonic() < deadline, "Envoy never flagged the hung ICE"
+                time.sleep(0.2)
+            reply = e2e.post(CHAT + "?flagged", BODY)
+        finally:
+            os.killpg(group, signal.SIGCONT)
+        assert reply.status == 200 and reply.header("x-ice-decision") is None, reply.status
+        # no stream went to ICE (no healthy host: no call, no message timeout waited)
+        entry = access_log_entry(e2e, CHAT + "?flagged")
+        assert entry["ext_proc_failed_open"] == "1", entry
+        assert entry["ext_proc_headers_status"] is None, entry
