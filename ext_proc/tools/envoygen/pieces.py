@@ -21,8 +21,9 @@ and clusters from here, so that the ways ICE runs in each proxy cannot drift apa
 Invariants: pure (no I/O); every value is a typed message, rendered only by ``render.as_dict``;
 names and numbers that other code reads (filter names, header names) are module constants.
 
-Beside it: ``cluster_parts`` (the clusters' endpoints, load assignments and health checks) and
-``hcm_settings`` (the connection manager's 413 reply and access log).
+Beside it: ``cluster_parts`` (the clusters' endpoints, load assignments and health checks),
+``hcm_settings`` (the connection manager's 413 reply and access log) and ``late_guard`` (the
+RBAC filter after ext_proc that answers 429 to a request ICE judged too late).
 """
 
 from __future__ import annotations
