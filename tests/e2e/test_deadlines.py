@@ -96,7 +96,8 @@ def test_a_helper_body_behind_a_slow_link_is_answered_by_envoys_deadline(
 
 def test_serving_only_once_the_helper_can_judge(tmp_path: Path) -> None:
     """With a tokenizer the helper takes seconds to start (it loads the tokenizer after the
-    worker did); the first helper-lane body sent at the first SERVING is judged in full."""
+    worker did); the first helper-lane body sent once Envoy's health checks see ICE SERVING
+    (no panic mode: Envoy sends ICE no stream before) is judged in full."""
     extra = f"tokenizers:\n  dev-model: {{model_dir: {TOKENIZER}}}\nexact_count: always\n"
     with running_stack(tmp_path, start_ice=False, policy_extra=extra) as e2e:
         body = image_body(1_200_000)
@@ -106,6 +107,7 @@ def test_serving_only_once_the_helper_can_judge(tmp_path: Path) -> None:
             metrics_address=f"127.0.0.1:{e2e.ice_metrics_port}",
             name="ice-late",
         )  # returns at the first SERVING
+        e2e.wait_ice_healthy()
         reply = e2e.post(CHAT, body)
         tails = e2e.log_tails(30)
         assert reply.header("x-ice-decision") is not None, (reply.status, tails)

@@ -78,3 +78,17 @@ def test_the_shipped_configs_guard_right_after_ext_proc_with_no_panic_routing(na
     assert [m.get("status_code") for m in mappers[:2]] == [429, 429]
     (ice,) = [c for c in config["static_resources"]["clusters"] if c["name"] == "ice"]
     assert ice["common_lb_config"] == {"healthy_panic_threshold": {}}
+
+
+@pytest.mark.parametrize("name", ["envoy.yaml", "bench.yaml"])
+def test_the_ingress_speaks_http2_as_envoy_recommends_at_the_edge(name: str) -> None:
+    """100 streams a client connection, 64 KiB stream and 1 MiB connection windows
+    (``local.EDGE_H2_*``; docs/flood.md: fewer late requests over one shared connection)."""
+    config: dict[str, Any] = yaml.safe_load((ENVOY / name).read_text())
+    ingress = config["static_resources"]["listeners"][0]
+    hcm = ingress["filter_chains"][0]["filters"][0]["typed_config"]
+    assert hcm["http2_protocol_options"] == {
+        "max_concurrent_streams": 100,
+        "initial_stream_window_size": 65536,
+        "initial_connection_window_size": 1048576,
+    }
