@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/flood.py [--clients 32,128,256,512] [--mix] [--body-bytes 2760000]
         [--modes h1,h2] [--ask n16] [--busy-loops 2] [--runs 5]
-        [--ice-arg=--max-inflight-bytes=...] [--kill-ice] [--json FILE]
+        [--ice-arg=--max-inflight-bytes=...] [--kill-ice] [--without-late-guard] [--json FILE]
     .venv/bin/python bench/flood.py --matrix --json matrix.json   # issue 44's whole matrix
 
 ``--modes``: ``h1`` (the default) gives each client its own HTTP/1.1 connection; ``h2``
