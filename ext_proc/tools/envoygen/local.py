@@ -19,6 +19,10 @@ already for ext_proc); with one endpoint the retry would meet the same full back
 Active-passive (``local_bootstrap(spec, ice=[...], ice_standby=True)``): ICE's cluster in
 priority levels, one address each (``pieces.ice_cluster``); the checked-in file has one ICE.
 
+Both ingresses refuse what ICE judged too late (``late_guard``: an RBAC filter after
+ext_proc, its 429 in ``local_reply_config``) and speak HTTP/2 to clients as Envoy recommends
+at the edge (``EDGE_H2_*``; docs/flood.md measures both).
+
 The benchmark's config has the same HCM filters and ``ice`` cluster (the benchmark measures
 the production configuration), its routes go to ``fast_upstream`` (a static, very fast
 inference server in Envoy itself), plus the ICE-off baseline ``chat_direct``; no retries.
@@ -66,6 +70,7 @@ from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v
     HttpConnectionManager,
     HttpConnectionManagerPathWithEscapedSlashesAction,
     HttpFilter,
+    LocalReplyConfig,
 )
 from envoy_data_plane.envoy.extensions.resource_monitors.fixed_heap.v3 import FixedHeapConfig
 from envoy_data_plane.envoy.extensions.retry.host.previous_hosts.v3 import PreviousHostsPredicate
@@ -205,12 +210,13 @@ def _hcm(
         )
     if ingress:  # clients' HTTP/2 as Envoy recommends at the edge
         hcm.http2_protocol_options = edge_http2()
-    if local_reply or ingress:  # the late guard's 429, then Envoy's 413 in the API's format
-        mappers = late_reply_mappers() if ingress else []
-        hcm.local_reply_config = too_large_reply()
-        if not local_reply:
-            hcm.local_reply_config.mappers = []
-        hcm.local_reply_config.mappers[:0] = mappers
+    # the late guard's 429, then Envoy's 413 in the API's format
+    mappers = [
+        *(late_reply_mappers() if ingress else []),
+        *(too_large_reply().mappers if local_reply else []),
+    ]
+    if mappers:
+        hcm.local_reply_config = LocalReplyConfig(mappers=mappers)
     return Filter(name=HCM, typed_config=PbAny.pack(hcm))
 
 
