@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/flood.py [--clients 32,128,256,512] [--mix] [--body-bytes 2760000]
         [--modes h1,h2] [--ask n16] [--busy-loops 2] [--runs 5]
-        [--ice-arg=--max-inflight-bytes=...] [--kill-ice] [--json FILE]
+        [--ice-arg=--max-inflight-bytes=...] [--kill-ice] [--without-late-guard] [--json FILE]
     .venv/bin/python bench/flood.py --matrix --json matrix.json   # issue 44's whole matrix
 
 ``--modes``: ``h1`` (the default) gives each client its own HTTP/1.1 connection; ``h2``
@@ -29,7 +29,9 @@ connection while the flood lasts. Per run it reports:
 
 - judged in full (``x-ice-decision`` and ``x-ice-judged: body``), judged from the headers
   (``x-ice-judged: headers``), unjudged (a response without ``x-ice-decision``: Envoy let it
-  through fail-open), refused (ICE's 429s and other ICE answers), Envoy's own refusals
+  through fail-open), refused (ICE's 429s and other ICE answers), late (Envoy's 429
+  ``ice_late``: ICE did not answer in time and the late guard refused the request instead
+  of sending it on unjudged; ``ext_proc.tools.envoygen.late_guard``), Envoy's own refusals
   (overload manager: a 503 or a reset without ICE headers) and client errors;
 - ICE's peak RSS (its process tree: worker and helpers) and its RSS 10 s after the last
   response, both against its idle RSS (after start-up and a warm-up of a few long and short
@@ -37,7 +39,9 @@ connection while the flood lasts. Per run it reports:
 - the latency (p50 / p99 / max) of the short requests sent during the flood;
 - ICE's own counters: bodies dropped because Envoy had given up (``ice_bodies_dropped_total``)
   and verdicts by how they were judged (``ice_judged_total``), and Envoy's ext_proc counters
-  (message timeouts).
+  (message timeouts);
+- the peaks of Envoy's gauges on its connections to ICE, sampled every 20 ms: bytes waiting
+  for HTTP/2 flow control (``http2.pending_send_bytes``), streams and connections open.
 
 ``--kill-ice`` kills ICE (SIGKILL) while the flood is under way and checks that Envoy still
 answers every request (fail-open: the backend's 200, unjudged).
@@ -95,6 +99,18 @@ ENVOY_STATS = (
     "cluster.ice.upstream_flow_control_paused_reading_total",
     "cluster.ice.upstream_cx_tx_bytes_total",
     "ext_proc.streams_started",
+    "cluster.ice.upstream_cx_total",
+    "cluster.ice.http2.tx_flush_timeout",
+    "cluster.ice.health_check.failure",  # a failed check flags ICE (panic threshold: late guard)
+    "rbac.ice_late.denied",
+)
+# Envoy gauges sampled every 20 ms while a flood lasts (EnvoySampler): their peaks per run.
+SAMPLED_GAUGES = (
+    "cluster.ice.http2.pending_send_bytes",
+    "cluster.ice.http2.streams_active",
+    "cluster.ice.upstream_cx_active",
+    "cluster.ice.upstream_rq_active",
+    "cluster.ice.upstream_rq_pending_active",
 )
 
 
@@ -162,12 +178,15 @@ class Reply:
 
     @property
     def kind(self) -> str:
-        """judged_body, judged_headers, refused (ICE answered), unjudged, envoy, error."""
+        """judged_body, judged_headers, refused (ICE answered), late (Envoy's 429 ``ice_late``:
+        ICE did not answer in time, ``envoygen.late_guard``), unjudged, envoy, error."""
         if self.status == 0:
             return "error"
         decision = self.headers.get("x-ice-decision", "")
         if not decision:
             return "unjudged" if self.status < 400 else "envoy"
+        if self.headers.get("x-ice-reason") == "ice_late":
+            return "late"
         if decision == "reject":
             return "refused"
         if self.headers.get("x-ice-judged") == "headers":
@@ -368,6 +387,36 @@ class LagSampler:
         self._thread.join()
 
 
+class EnvoySampler:
+    """Samples Envoy's gauges on its connections to ICE (``SAMPLED_GAUGES``: bytes waiting
+    for HTTP/2 flow control, streams and connections open) every 20 ms in a thread, from its
+    admin page (served by Envoy's main thread, not the workers that read the uploads);
+    ``peaks`` holds the largest of each."""
+
+    def __init__(self, admin: int) -> None:
+        names = "|".join(g.replace(".", "\\.") for g in SAMPLED_GAUGES)
+        self.url = f"http://127.0.0.1:{admin}/stats?usedonly&filter=^({names})$"
+        self.peaks: dict[str, int] = dict.fromkeys(SAMPLED_GAUGES, 0)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for line in scrape(self.url).splitlines():
+                key, _, value = line.partition(": ")
+                if key in self.peaks and value.strip().isdigit():
+                    self.peaks[key] = max(self.peaks[key], int(value))
+            self._stop.wait(0.02)
+
+    def __enter__(self) -> EnvoySampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def scrape(url: str) -> str:
     try:
         with urllib.request.urlopen(url, timeout=5) as r:
@@ -421,6 +470,7 @@ class RunResult:
     ice_bodies_seen: float = 0.0
     message_timeouts: int = 0
     envoy_stats: dict[str, int] = field(default_factory=dict)
+    envoy_peaks: dict[str, int] = field(default_factory=dict)  # SAMPLED_GAUGES' peaks
     ice_killed: bool = False
     loop_lag_peak_s: float = 0.0
     # answered though Envoy cut the upload (a client that reads after a send error sees it)
@@ -494,7 +544,11 @@ def run_one(
     timeouts0 = envoy_stat(ports["admin"], "ext_proc.message_timeouts")
     cpu0, ecpu0 = tb.tree_cpu(pids["ice"]), tb.tree_cpu(pids["envoy"])
     started = time.perf_counter()
-    with RssSampler(pids["ice"], pids["envoy"]) as rss, LagSampler(metrics) as lag:
+    with (
+        RssSampler(pids["ice"], pids["envoy"]) as rss,
+        LagSampler(metrics) as lag,
+        EnvoySampler(ports["admin"]) as gauges,
+    ):
         if kill_ice:
             threading.Timer(0.3, lambda: os.killpg(pids["ice"], signal.SIGKILL)).start()
         with busy_loops(cell.busy_loops):
@@ -533,6 +587,7 @@ def run_one(
         ice_dropped=dropped,
         message_timeouts=envoy_stat(ports["admin"], "ext_proc.message_timeouts") - timeouts0,
         envoy_stats={k: envoy_stat(ports["admin"], k) for k in ENVOY_STATS},
+        envoy_peaks=gauges.peaks,
         ice_killed=kill_ice,
         loop_lag_peak_s=lag.peak_s,
         upload_cut_answered=sum(1 for r in longs if r.status and r.error),
@@ -567,11 +622,18 @@ def set_message_timeout(config: dict[str, Any], ms: int) -> None:
 
 
 def tune_envoy(config: dict[str, Any], args: argparse.Namespace) -> None:
-    """Experiments on the shipped bench config: the ingress listener's read size per event
+    """Experiments on the shipped bench config: without the late guard (``--without-late-guard``:
+    a request ICE answers too late goes on unjudged, as before issue 44), the ingress
+    listener's read size per event
     (``--listener-buffer-bytes``), the buffer of Envoy's connections to ICE
     (``--ice-cluster-buffer-bytes``), and the downstream HTTP/2 settings (streams one client
     connection may have open at once, its windows)."""
     ingress = config["static_resources"]["listeners"][0]
+    if args.without_late_guard:  # the configs before issue 44's late guard: fail-open when late
+        for chain in ingress["filter_chains"]:
+            for f in chain["filters"]:
+                filters = f["typed_config"]["http_filters"]
+                filters[:] = [h for h in filters if h["name"] != "envoy.filters.http.rbac"]
     if args.ice_cluster_buffer_bytes:
         for cluster in config["static_resources"]["clusters"]:
             if cluster["name"] == "ice":
@@ -602,7 +664,8 @@ def print_result(r: RunResult) -> None:
     name = f"{r.body_bytes / 1e6:.2f} MB × {name} {r.mode}{busy}"
     print(
         f"{name:>22}  body {c.get('judged_body', 0):4d}  headers {c.get('judged_headers', 0):4d}"
-        f"  refused {c.get('refused', 0):4d}  unjudged {c.get('unjudged', 0):4d}"
+        f"  refused {c.get('refused', 0):4d}  late {c.get('late', 0):4d}"
+        f"  unjudged {c.get('unjudged', 0):4d}"
         f"  envoy {c.get('envoy', 0):3d}  errors {c.get('error', 0):3d}  in {r.seconds:5.1f} s"
         f"  (answered mid-upload {r.upload_cut_answered})"
     )
@@ -617,6 +680,7 @@ def print_result(r: RunResult) -> None:
         f"{r.ice_bodies_seen:.0f} bodies   ICE loop lag peak {r.loop_lag_peak_s * 1000:.0f} ms"
     )
     print(f"{'':>22}  Envoy {r.envoy_stats}")
+    print(f"{'':>22}  Envoy peaks {r.envoy_peaks}")
     if r.short.get("p50_ms") is not None:
         s = r.short
         print(
@@ -714,8 +778,8 @@ def print_cells(results: list[RunResult]) -> None:
     for r in results:
         cells.setdefault((r.body_bytes, r.clients, r.mode, r.busy_loops, r.mix), []).append(r)
     print(
-        "\nbody MB | clients | mode | busy loops | unjudged per run | refused | from headers "
-        "| in full | Envoy/errors"
+        "\nbody MB | clients | mode | busy loops | unjudged per run | late (429) per run "
+        "| refused | from headers | in full | Envoy/errors"
     )
     for (size, n, mode, loops, mix), rs in cells.items():
 
@@ -723,8 +787,10 @@ def print_cells(results: list[RunResult]) -> None:
             return sum(r.counts.get(kind, 0) for r in rs)
 
         unjudged = ", ".join(str(r.unjudged) for r in rs)
+        late = ", ".join(str(r.counts.get("late", 0)) for r in rs)
         print(
             f"{size / 1e6:.3f} | {n}{' + short' if mix else ''} | {mode} | {loops} | {unjudged} "
+            f"| {late} "
             f"| {total('refused')} | {total('judged_headers')} | {total('judged_body')} "
             f"| {total('envoy') + total('error')}"
         )
@@ -747,6 +813,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--downstream-max-streams", type=int, help="experiment: h2 streams a client")
     ap.add_argument("--downstream-stream-window", type=int, help="experiment: h2 stream window")
     ap.add_argument("--downstream-connection-window", type=int, help="experiment: its connection's")
+    ap.add_argument(
+        "--without-late-guard", action="store_true", help="experiment: fail-open when ICE is late"
+    )
     ap.add_argument("--mix", action="store_true", help="also runs with short requests alongside")
     ap.add_argument("--body-bytes", type=int, default=2_760_000)
     ap.add_argument("--ice-arg", action="append", default=[], help="an extra `ice serve` flag")

@@ -73,9 +73,11 @@ log = logging.getLogger("ice.servicer")
 
 
 def log_dropped(rid: str, why: str) -> None:
-    """A request Envoy let through unjudged because ICE's answer was late, logged with its
-    ``x-request-id`` (also counted in ``ice_bodies_dropped_total``)."""
-    log.warning("request %s went on unjudged: %s", rid or "without x-request-id", why)
+    """A request whose verdict Envoy stopped waiting for because ICE's answer was late,
+    logged with its ``x-request-id`` (also counted in ``ice_bodies_dropped_total``). The
+    shipped Envoy configs answer it 429 ``ice_late`` (``envoygen.late_guard``); Envoy's
+    ``failure_mode_allow`` alone would send it on unjudged."""
+    log.warning("request %s got no verdict in time: %s", rid or "without x-request-id", why)
 
 
 class Helper(Protocol):

@@ -479,6 +479,18 @@ class E2E:
                 hosts.setdefault(parts[1], {})[parts[2]] = parts[3]
         return hosts
 
+    def wait_ice_healthy(self, timeout_s: float = 10.0) -> None:
+        """Until Envoy's health checks see every ICE host healthy: with no panic mode (the
+        generated clusters) Envoy sends ICE no stream before, and requests fail open."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            stats = self.envoy_host_stats("ice")
+            hosts = {a: h["health_flags"] for a, h in stats.items() if "health_flags" in h}
+            if hosts and all(flags == "healthy" for flags in hosts.values()):
+                return
+            assert time.monotonic() < deadline, f"ICE not healthy in Envoy: {hosts}"
+            time.sleep(0.1)
+
     def log_tails(self, lines: int = 15) -> str:
         return self.stack.log_tails(lines)
 

@@ -1,8 +1,12 @@
-"""A TCP relay between Envoy and ICE whose Envoy-to-ICE direction runs at a set rate.
+"""A TCP relay between Envoy and ICE whose Envoy-to-ICE direction runs at a set rate, late.
 
-It stands in for what loaded machines do to the transfer of a long body from Envoy to ICE
-(0.15–0.9 s for 6.4 MB, issue 44): Envoy writes the body at once (its message timer runs
-from then), the relay takes it at loopback speed and hands it to ICE at ``rate_bytes_s``.
+It stands in for what loaded machines do to the messages Envoy sends ICE (issue 44):
+- ``rate_bytes_s``: the transfer of a long body (0.15–0.9 s for 6.4 MB): Envoy writes the
+  body at once (its message timer runs from then), the relay takes it at loopback speed and
+  hands it to ICE at that rate;
+- ``hold_s`` (settable while it runs): every byte reaches ICE that long after Envoy wrote it,
+  as the headers messages of a flood did (ICE had not received them when Envoy's timer
+  fired): ICE is up and answers, too late.
 ICE-to-Envoy (the answers) is not slowed. One relay per ICE address; ``close`` stops it.
 """
 
@@ -20,10 +24,11 @@ CHUNK_BYTES = 64 * 1024
 class SlowLink:
     """Listens on a free loopback port and relays every connection to ``target``."""
 
-    def __init__(self, target: str, rate_bytes_s: float) -> None:
+    def __init__(self, target: str, rate_bytes_s: float, hold_s: float = 0.0) -> None:
         host, _, port = target.rpartition(":")
         self.target = (host, int(port))
         self.rate_bytes_s = rate_bytes_s
+        self.hold_s = hold_s
         self.port = free_port()
         self._loop = asyncio.new_event_loop()
         self._started = threading.Event()
@@ -57,7 +62,8 @@ class SlowLink:
         except OSError:
             envoy_w.close()
             return
-        queue: asyncio.Queue[bytes] = asyncio.Queue()  # unbounded: Envoy is never held back
+        # unbounded: Envoy is never held back; each chunk with when it arrived
+        queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
         await asyncio.gather(
             self._take(envoy_r, queue),
             self._drip(queue, ice_w),
@@ -68,13 +74,23 @@ class SlowLink:
             w.close()
 
     @staticmethod
-    async def _take(reader: asyncio.StreamReader, queue: asyncio.Queue[bytes]) -> None:
+    async def _take(
+        reader: asyncio.StreamReader, queue: asyncio.Queue[tuple[float, bytes]]
+    ) -> None:
+        loop = asyncio.get_running_loop()
         while data := await reader.read(CHUNK_BYTES):
-            queue.put_nowait(data)
-        queue.put_nowait(b"")
+            queue.put_nowait((loop.time(), data))
+        queue.put_nowait((loop.time(), b""))
 
-    async def _drip(self, queue: asyncio.Queue[bytes], writer: asyncio.StreamWriter) -> None:
-        while data := await queue.get():
+    async def _drip(
+        self, queue: asyncio.Queue[tuple[float, bytes]], writer: asyncio.StreamWriter
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            arrived, data = await queue.get()
+            if not data:
+                break
+            await asyncio.sleep(arrived + self.hold_s - loop.time())
             writer.write(data)
             await writer.drain()
             await asyncio.sleep(len(data) / self.rate_bytes_s)

@@ -109,7 +109,9 @@ def test_without_standby_one_level_and_the_same_fast_checks_with_two_misses() ->
         datetime.timedelta(seconds=1)
         >= cluster_parts.UNHEALTHY_THRESHOLD * cluster_parts.HEALTH_INTERVAL
     )
-    assert "common_lb_config" not in cluster  # panic routing stays Envoy's default
+    # no panic routing either: with every replica flagged (a hang) Envoy fails open at once,
+    # rather than sending every stream to a hung ICE for the late guard to refuse
+    assert cluster["common_lb_config"] == {"healthy_panic_threshold": {}}
 
 
 @pytest.mark.parametrize("standby", [False, True], ids=["active-active", "standby"])

@@ -9,9 +9,11 @@ the config dump (its panic threshold, Envoy's 50 % by default).
 - Every host healthy: PASS. Some flagged: WARN, with each one's reason.
 - Every host not yet checked (Envoy has just started): WARN, not a FAIL (checked every
   0.5 s by the generated clusters).
-- Every host flagged, panic threshold 0 (active-passive): FAIL; Envoy sends no stream to
-  ICE, so every request passes unjudged (fail-open).
-- Every host flagged, panic threshold above 0: Envoy's panic routing still sends every
+- Every host flagged, panic threshold 0 (every cluster ``ice envoy-config`` writes since
+  issue 44's late guard): FAIL; Envoy sends no stream to ICE, so every request passes
+  unjudged (fail-open).
+- Every host flagged, panic threshold above 0 (an older or hand-written cluster): Envoy's
+  panic routing still sends every
   stream to them. When the checks cannot reach ICE (only network failures) that is a FAIL:
   the streams fail too, and the requests pass unjudged. When ICE answers the checks (it says
   NOT_SERVING, or answered before), a WARN: requests are still judged where ICE answers,

@@ -137,6 +137,8 @@ ACCESS_LOG_FIELDS: tuple[tuple[str, str], ...] = (
     ("endpoint", f"%DYNAMIC_METADATA({VERDICT_NAMESPACE}:x-ice-endpoint)%"),
     ("ext_proc_headers_status", f"%FILTER_STATE({EXT_PROC}:FIELD:request_header_call_status)%"),
     ("ext_proc_body_status", f"%FILTER_STATE({EXT_PROC}:FIELD:request_body_last_call_status)%"),
+    # 1: the filter gave up on ICE (unreachable, or late: then the late guard refused it)
+    ("ext_proc_failed_open", f"%FILTER_STATE({EXT_PROC}:FIELD:failed_open)%"),
 )
 
 

@@ -19,6 +19,10 @@ already for ext_proc); with one endpoint the retry would meet the same full back
 Active-passive (``local_bootstrap(spec, ice=[...], ice_standby=True)``): ICE's cluster in
 priority levels, one address each (``pieces.ice_cluster``); the checked-in file has one ICE.
 
+Both ingresses refuse what ICE judged too late (``late_guard``: an RBAC filter after
+ext_proc, its 429 in ``local_reply_config``) and speak HTTP/2 to clients as Envoy recommends
+at the edge (``EDGE_H2_*``; docs/flood.md measures both).
+
 The benchmark's config has the same HCM filters and ``ice`` cluster (the benchmark measures
 the production configuration), its routes go to ``fast_upstream`` (a static, very fast
 inference server in Envoy itself), plus the ICE-off baseline ``chat_direct``; no retries.
@@ -37,6 +41,7 @@ from envoy_data_plane.envoy.config.core.v3 import (
     HeaderValue,
     HeaderValueOption,
     HeaderValueOptionHeaderAppendAction,
+    Http2ProtocolOptions,
     SocketAddress,
 )
 from envoy_data_plane.envoy.config.listener.v3 import Filter, FilterChain, Listener
@@ -65,6 +70,7 @@ from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v
     HttpConnectionManager,
     HttpConnectionManagerPathWithEscapedSlashesAction,
     HttpFilter,
+    LocalReplyConfig,
 )
 from envoy_data_plane.envoy.extensions.resource_monitors.fixed_heap.v3 import FixedHeapConfig
 from envoy_data_plane.envoy.extensions.retry.host.previous_hosts.v3 import PreviousHostsPredicate
@@ -74,6 +80,7 @@ from envoy_data_plane.google.protobuf import Any as PbAny
 from ext_proc.tools.envoygen import identity_parts, pieces
 from ext_proc.tools.envoygen.emit import as_dict
 from ext_proc.tools.envoygen.hcm_settings import access_log, too_large_reply
+from ext_proc.tools.envoygen.late_guard import late_guard_filter, late_reply_mappers
 from ext_proc.tools.envoygen.spec import MeshSpec
 
 __all__ = ["bench_bootstrap", "local_bootstrap", "read_only_name"]
@@ -83,6 +90,25 @@ HEAP = "envoy.resource_monitors.fixed_heap"
 # Envoy's heap limit for the overload manager (docs/flood.md): set it to ~80 % of
 # the container's memory limit.
 MAX_HEAP_BYTES = 1 << 30
+
+
+# Downstream HTTP/2 (a client's connection to the ingress): Envoy's own edge recommendation
+# (docs "Configuring Envoy as an edge proxy"): at most 100 streams open per client connection
+# (a client's further requests wait at the client, their ext_proc timers not started), 64 KiB
+# stream and 1 MiB connection windows. 512 streams of 400 KB over one connection on a
+# starved machine: 36 requests late in 10 runs, against 466 with Envoy's defaults (no stream
+# limit, 256 MiB windows), runs alternated (docs/flood.md).
+EDGE_H2_STREAMS = 100
+EDGE_H2_STREAM_WINDOW_BYTES = 64 * 1024
+EDGE_H2_CONNECTION_WINDOW_BYTES = 1024 * 1024
+
+
+def edge_http2() -> Http2ProtocolOptions:
+    return Http2ProtocolOptions(
+        max_concurrent_streams=EDGE_H2_STREAMS,
+        initial_stream_window_size=EDGE_H2_STREAM_WINDOW_BYTES,
+        initial_connection_window_size=EDGE_H2_CONNECTION_WINDOW_BYTES,
+    )
 
 
 def read_only_name(path: str) -> str:
@@ -150,12 +176,14 @@ def inference_routes(
 def http_filters(spec: MeshSpec) -> list[HttpFilter]:
     """The ingress HCM's filters: no spoofing (with the identity headers a trusted service
     sets), the routes' JWT verification (when any reads a JWT), ICE (with what the routes'
-    identities need), the 404's body reader, the router."""
+    identities need), the refusal of what ICE judged too late (``late_guard``), the 404's body
+    reader, the router."""
     jwt = identity_parts.jwt_filter(spec.routes)
     return [
         pieces.strip_spoofed_headers(extra=identity_parts.identity_headers(spec.routes)),
         *([jwt] if jwt is not None else []),
         identity_parts.ext_proc_filter("ice", spec.routes),
+        late_guard_filter(),
         pieces.buffer_filter(),
         pieces.router_filter(),
     ]
@@ -168,8 +196,11 @@ def _hcm(
     *,
     normalise: bool = True,
     local_reply: bool = False,
+    ingress: bool = False,
     log: bool = False,
 ) -> Filter:
+    """The connection manager; ``ingress``: the clients' one (edge HTTP/2 settings, the late
+    guard's 429), not the benchmark's upstream."""
     hcm = HttpConnectionManager(
         stat_prefix=stat_prefix,
         route_config=route_config,
@@ -185,8 +216,15 @@ def _hcm(
         hcm.path_with_escaped_slashes_action = (
             HttpConnectionManagerPathWithEscapedSlashesAction.UNESCAPE_AND_FORWARD
         )
-    if local_reply:
-        hcm.local_reply_config = too_large_reply()
+    if ingress:  # clients' HTTP/2 as Envoy recommends at the edge
+        hcm.http2_protocol_options = edge_http2()
+    # the late guard's 429, then Envoy's 413 in the API's format
+    mappers = [
+        *(late_reply_mappers() if ingress else []),
+        *(too_large_reply().mappers if local_reply else []),
+    ]
+    if mappers:
+        hcm.local_reply_config = LocalReplyConfig(mappers=mappers)
     return Filter(name=HCM, typed_config=PbAny.pack(hcm))
 
 
@@ -233,7 +271,9 @@ def _ingress(
         response_headers_to_add=pieces.verdict_response_headers(),
         virtual_hosts=[vhost],
     )
-    hcm = _hcm("ingress", config, http_filters(spec), local_reply=local_reply, log=log)
+    hcm = _hcm(
+        "ingress", config, http_filters(spec), local_reply=local_reply, ingress=True, log=log
+    )
     chain = FilterChain(filters=[hcm])
     if spec.tls is not None:  # client certificates required (identity source: mtls)
         chain.transport_socket = identity_parts.downstream_tls(spec.tls)

@@ -21,8 +21,9 @@ and clusters from here, so that the ways ICE runs in each proxy cannot drift apa
 Invariants: pure (no I/O); every value is a typed message, rendered only by ``render.as_dict``;
 names and numbers that other code reads (filter names, header names) are module constants.
 
-Beside it: ``cluster_parts`` (the clusters' endpoints, load assignments and health checks) and
-``hcm_settings`` (the connection manager's 413 reply and access log).
+Beside it: ``cluster_parts`` (the clusters' endpoints, load assignments and health checks),
+``hcm_settings`` (the connection manager's 413 reply and access log) and ``late_guard`` (the
+RBAC filter after ext_proc that answers 429 to a request ICE judged too late).
 """
 
 from __future__ import annotations
@@ -351,18 +352,21 @@ def ice_cluster(
     """ICE's gRPC cluster: HTTP/2 with up to ``ICE_STREAMS_PER_CONNECTION`` streams per
     connection (one connection per Envoy worker and ICE address carries a flood: no stream
     waits for a connection to open), a 1 s connect timeout (0.25 s ejected pending streams
-    under a flood), and gRPC health checks (a worker that stops answering is left out).
-    ``dns``: STRICT_DNS (a Kubernetes Service name) instead of STATIC addresses.
+    under a flood), gRPC health checks (a worker that stops answering is left out), and no
+    panic mode: with every ICE host flagged Envoy sends no stream to ICE and the ext_proc
+    filter fails open at once (status UNAVAILABLE). In panic mode it would keep sending
+    streams to a hung ICE, and the late guard (``late_guard``) would answer each 429 after
+    the message timeout for as long as the hang lasts. ``dns``: STRICT_DNS (a Kubernetes
+    Service name) instead of STATIC addresses.
 
     ``standby``: active-passive. Address i gets priority i: every Envoy sends every stream to
     the first healthy address in order, so one ICE judges and keeps the whole in-flight
     account. With one host per level, Envoy's default overprovisioning factor (1.4: a level
     keeps all its traffic while at least 72 % of its hosts are healthy) makes it all or
     nothing: the active has all the streams until its health check fails, then the next
-    level has them. Faster health checks (``STANDBY_*``) make that failover quick, and the
-    panic threshold is 0: with every level unhealthy Envoy sends no stream to a failing ICE
-    (panic mode would spread them over the unhealthy priority-0 hosts), the ext_proc filter
-    fails open at once instead of waiting on a dead address."""
+    level has them. Faster health checks (``STANDBY_*``) make that failover quick; with every
+    level unhealthy (no panic mode: it would spread the streams over the unhealthy priority-0
+    hosts) the ext_proc filter fails open at once instead of waiting on a dead address."""
     h2 = HttpProtocolOptions(
         explicit_http_config=HttpProtocolOptionsExplicitHttpConfig(
             http2_protocol_options=Http2ProtocolOptions(
@@ -379,9 +383,7 @@ def ice_cluster(
         },
         health_checks=[_health_check(standby=standby)],
         outlier_detection=_outlier_detection(),
-        common_lb_config=(
-            ClusterCommonLbConfig(healthy_panic_threshold=Percent(value=0.0)) if standby else None
-        ),
+        common_lb_config=ClusterCommonLbConfig(healthy_panic_threshold=Percent(value=0.0)),
         load_assignment=(_priorities if standby else _assignment)(name, addresses),
     )
 
