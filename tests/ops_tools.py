@@ -48,6 +48,7 @@ ENVOY_METRICS = frozenset(
         "envoy_http_ext_proc_streams_failed",
         "envoy_http_ext_proc_streams_started",
         "envoy_http_ext_proc_message_timeouts",
+        "envoy_http_rbac_denied",  # the late guard's refusals (envoy_rbac_http_prefix="ice_late")
         "envoy_cluster_upstream_cx_connect_fail",
     }
 )
@@ -57,7 +58,9 @@ TARGET_LABELS = frozenset({"job", "instance"})
 VLLM_LABELS = frozenset(
     {"model_name", "engine", "block_size", "num_gpu_blocks", "enable_prefix_caching"}
 )
-ENVOY_LABELS = frozenset({"envoy_http_conn_manager_prefix", "envoy_cluster_name"})
+ENVOY_LABELS = frozenset(
+    {"envoy_http_conn_manager_prefix", "envoy_cluster_name", "envoy_rbac_http_prefix"}
+)
 
 
 # --- prometheus and promtool --------------------------------------------------------------------
