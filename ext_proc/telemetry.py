@@ -38,6 +38,7 @@ __all__ = [
     "QUEUE_OUTCOMES",
     "QUEUE_WAIT_SECONDS",
     "SCRAPE_ERRORS",
+    "SLO_WAITED_LATE",
     "SNAPSHOT_AGE",
     "TOKENIZE_RISK",
     "TOKEN_COUNTS",
@@ -144,6 +145,12 @@ QUEUE_OUTCOMES = Counter(
     "names a worker sees; the rest are 'other') and outcome: admitted, timeout, full "
     "(refused at once: 429 queue_full), gone, shutdown (429 queue_shutdown as ICE stopped).",
     ["pool", "tenant", "outcome"],
+)
+SLO_WAITED_LATE = Counter(
+    "ice_slo_waited_late",
+    "Requests with a time-to-first-token target that waited in the admission queue and went "
+    "upstream after their target had passed in the wait: sure misses (docs/slo.md).",
+    ["pool"],
 )
 SCRAPE_ERRORS = Counter("ice_scrape_errors", "Failed scrapes of backend /metrics pages.", ["pool"])
 KV_USAGE = Gauge(

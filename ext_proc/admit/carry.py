@@ -47,6 +47,7 @@ def carried_views(policy: Policy, carry: Replaced | None, ledger: LedgerHandle |
     views = PoolViews(endpoints, carry.views.shared, until_seen, carry.views.live)
     views.remote = carry.views.remote  # the replicas' shared ledger (--ledger) too
     views.book = carry.views.book  # and the forecast's trajectories, which release into it
+    views.slo = carry.views.slo  # and the running requests' TPOT targets (admission: slo)
     return views
 
 

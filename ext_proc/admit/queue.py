@@ -20,7 +20,8 @@ Order (``tick``, every ``poll_ms`` while anything waits, and at the earliest dea
    verdict says (outcome ``passed``), over the room, as it would have without the queue.
    While one waits, a lower band's request that would go upstream waits behind it
    (``behind_critical``): smaller ones arriving later do not take the room it waits for.
-3. Within a band, tenants take turns, FIFO within a tenant: the tenant with the fewest
+3. Within a band, tenants take turns, FIFO within a tenant (under ``admission: slo``,
+   earliest TTFT deadline first: ``ext_proc.admit.slo_queue``): the tenant with the fewest
    requests in flight goes first (``started`` / ``ended``: a request of a queue-enabled
    profile that went upstream, queued or not, until its stream ends), and among equals the
    one served longest ago (round robin). Counting what is in flight, not only what was
@@ -65,6 +66,7 @@ from typing import TYPE_CHECKING
 from ext_proc import telemetry
 from ext_proc.admit.counting import exact_to_wait
 from ext_proc.admit.queue_answers import H_QUEUED_MS, behind_critical, refusal, with_queued_ms
+from ext_proc.admit.slo_queue import count_late, due_s, enqueue, timeout_reason
 from ext_proc.admit.stream import Stream
 from ext_proc.admit.verdict import BodyVerdict, RequestFacts
 from ext_proc.admit.waiters import (
@@ -193,11 +195,11 @@ class AdmissionQueue:
             label,
             band_name,
             now,
-            now + spec.max_queue_wait_ms / 1000,
+            min(now + spec.max_queue_wait_ms / 1000, due_s(route, facts)),
             asyncio.get_running_loop().create_future(),
             commit,
         )
-        band.tenants.setdefault(tenant, deque()).append(waiter)
+        enqueue(band.tenants.setdefault(tenant, deque()), waiter)  # by deadline (slo_queue)
         pool.length += 1
         pool.nbytes += nbytes
         telemetry.QUEUE_DEPTH.labels(pool=route.pool, priority=waiter.band).inc()
@@ -291,6 +293,9 @@ class AdmissionQueue:
 
     def _timed_out(self, w: Waiter, now: float) -> BodyVerdict:
         waited = now - w.enqueued_s
+        missed = timeout_reason(w, now)
+        if missed is not None:  # its TTFT target, not the queue's limit, ran out
+            return refusal(w.pipeline, w.route, w.facts, w.first, *missed)
         return refusal(
             w.pipeline,
             w.route,
@@ -305,6 +310,7 @@ class AdmissionQueue:
         if w.future.done():  # cancelled in the meantime
             return
         verdict = with_queued_ms(verdict, now - w.enqueued_s)
+        count_late(w, verdict, now)
         w.commit(verdict)  # held (released by its stream) before the next is judged
         w.future.set_result(verdict)
         self._count(w, outcome, now)

@@ -34,6 +34,7 @@ from ext_proc.placement.forecast import Trajectory, slot_tokens
 from ext_proc.placement.forecast_book import ForecastBook
 from ext_proc.placement.inflight import Endpoint, Entries, Hold
 from ext_proc.placement.ledger_shm import LedgerHandle, endpoint_key
+from ext_proc.placement.slo_book import SloBook
 from ext_proc.policy.evaluate import KvFit, Shape
 from ext_proc.policy.model import Profile
 from ext_proc.signals.snapshot import PoolSnapshot
@@ -52,6 +53,7 @@ class Holding:
     until_seen: frozenset[str]
     live: dict[str, dict[str, int]]
     book: ForecastBook
+    slo: SloBook
     _inflight: dict[str, dict[str, Entries]]
 
     def endpoints(self, profile: Profile, snapshot: PoolSnapshot | None) -> tuple[Endpoint, ...]:
@@ -67,7 +69,7 @@ class Holding:
         trajectory = Trajectory(
             at, fit.need(shape, 0), shape.sequences, output, floor, None, tokens, kind=profile.name
         )
-        if profile.admission == "forecast":  # held at its predicted total (ForecastBook)
+        if profile.forecasts:  # held at its predicted total (ForecastBook)
             trajectory.runs_s = self.book.planned_start(pool.pool, shape, output, at)
             if trajectory.runs_s is not None:
                 telemetry.FORECAST_WAITS.labels(pool=pool.pool).inc()
@@ -163,6 +165,7 @@ class Holding:
         if hold.released:
             return
         hold.released = True
+        self.slo.released(hold)
         t = hold.trajectory
         if t is not None:
             self.book.remove(hold.pool, hold.endpoint, t)
