@@ -66,7 +66,7 @@ from typing import TYPE_CHECKING
 from ext_proc import telemetry
 from ext_proc.admit.counting import exact_to_wait
 from ext_proc.admit.queue_answers import H_QUEUED_MS, behind_critical, refusal, with_queued_ms
-from ext_proc.admit.slo_queue import count_late, due_s, enqueue, timeout_reason
+from ext_proc.admit.slo_queue import count_late, due_s, enqueue, timeout_reason, wait_bound_s
 from ext_proc.admit.stream import Stream
 from ext_proc.admit.verdict import BodyVerdict, RequestFacts
 from ext_proc.admit.waiters import (
@@ -185,6 +185,7 @@ class AdmissionQueue:
         if tenant not in band.tenants and len(band.tenants) >= spec.max_tenants:
             tenant = OTHER_TENANT
         now = self._clock()
+        due = due_s(facts, now)
         waiter = Waiter(
             pipeline,
             route,
@@ -195,9 +196,10 @@ class AdmissionQueue:
             label,
             band_name,
             now,
-            min(now + spec.max_queue_wait_ms / 1000, due_s(route, facts)),
+            wait_bound_s(route, due, now + spec.max_queue_wait_ms / 1000),
             asyncio.get_running_loop().create_future(),
             commit,
+            due,
         )
         enqueue(band.tenants.setdefault(tenant, deque()), waiter)  # by deadline (slo_queue)
         pool.length += 1

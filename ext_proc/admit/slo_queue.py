@@ -3,8 +3,9 @@ request's deadline, its place in its tenant's queue, and the count of requests t
 past their target (docs/slo.md, "Decisions").
 
 - **Deadline** of a request with a TTFT target ``T`` on a profile with ``admission: slo``:
-  ``due = arrived + T`` (``RequestFacts.arrived_s``, when ICE read its headers); none
-  (``inf``) otherwise.
+  ``due = enqueued + T − (time.monotonic() − arrived)`` on the queue's clock at enqueueing
+  (``arrived``: ``RequestFacts.arrived_s``, when ICE read its headers; ``Waiter.ttft_due_s``);
+  none (``inf``) otherwise.
 - **Order.** Within its tenant's queue (priority bands and tenant turns are the queue's
   own), a request goes before the first waiter whose deadline is later than its own: earliest
   deadline first, FIFO among equal deadlines and among requests without one (``inf``). A
@@ -14,17 +15,19 @@ past their target (docs/slo.md, "Decisions").
   ``slo_unreachable`` rather than waiting on (``timeout_reason``); a head judged again before
   then gets the same from the ladder (``ext_proc.policy.slo_admit``) as soon as its
   predicted TTFT no longer fits what is left of its target.
-- **Late.** A request that waited and went upstream with its TTFT target already spent in the
-  wait (``now − arrived > T``, on any admission mode) cannot have made its target: it is
-  counted in ``ice_slo_waited_late_total{pool}``. Under ``admission: slo`` only a
+- **Late.** A request that waited and went upstream with its TTFT target already spent
+  (``now > arrived + T``, on any admission mode) cannot have made its target: it is counted
+  in ``ice_slo_waited_late_total{pool}``. Under ``admission: slo`` only a
   ``critical`` request (which the rule never refuses) can be.
 
-Pure but for the metric: no clock (``now`` comes in).
+No clock but ``due_s``'s ``time.monotonic()`` (the clock ``arrived_s`` is on); ``now`` is
+the queue's.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -35,25 +38,36 @@ from ext_proc.admit.waiters import Waiter
 if TYPE_CHECKING:
     from ext_proc.admit.routing import Route
 
-__all__ = ["count_late", "due_s", "enqueue", "timeout_reason"]
+__all__ = ["count_late", "due_s", "enqueue", "timeout_reason", "wait_bound_s"]
 
 
-def due_s(route: Route, facts: RequestFacts) -> float:
-    """``arrived + T`` under ``admission: slo`` with a TTFT target, else ``inf``."""
+def due_s(facts: RequestFacts, now: float) -> float:
+    """The request's TTFT deadline on the queue's clock (``now``: that clock now; ``inf``:
+    no target): ``now + T − (time.monotonic() − arrived)``."""
     target = facts.slo.ttft_ms
-    if route.profile.admission != "slo" or target is None:
+    if target is None:
         return math.inf
-    return facts.arrived_s + target / 1000
+    return now + target / 1000 - (time.monotonic() - facts.arrived_s)
+
+
+def _by_deadline(w: Waiter) -> float:
+    """The deadline the queue orders and bounds ``w`` by: under ``admission: slo`` only."""
+    return w.ttft_due_s if w.route.profile.admission == "slo" else math.inf
+
+
+def wait_bound_s(route: Route, due: float, limit: float) -> float:
+    """A waiter's own deadline in the queue: ``min(limit, due)`` under ``admission: slo``."""
+    return min(limit, due) if route.profile.admission == "slo" else limit
 
 
 def enqueue(q: deque[Waiter], waiter: Waiter) -> None:
     """Put ``waiter`` before the first waiter of ``q`` whose deadline is later than its own."""
-    due = due_s(waiter.route, waiter.facts)
+    due = _by_deadline(waiter)
     if due == math.inf:
         q.append(waiter)
         return
     for i, w in enumerate(q):
-        if due_s(w.route, w.facts) > due:
+        if _by_deadline(w) > due:
             q.insert(i, waiter)
             return
     q.append(waiter)
@@ -61,21 +75,16 @@ def enqueue(q: deque[Waiter], waiter: Waiter) -> None:
 
 def timeout_reason(w: Waiter, now: float) -> tuple[str, str] | None:
     """(reason, message) of a waiter whose target, not the queue's limit, ran out."""
-    due = due_s(w.route, w.facts)
-    if now < due:
+    if now < _by_deadline(w):
         return None
-    target = w.facts.slo.ttft_ms
     return (
         "slo_unreachable",
         f"The request waited {(now - w.enqueued_s) * 1000:.0f} ms for room on the backend; "
-        f"its time-to-first-token target ({target:.0f} ms) has passed.",
+        f"its time-to-first-token target ({w.facts.slo.ttft_ms:.0f} ms) has passed.",
     )
 
 
 def count_late(w: Waiter, verdict: BodyVerdict, now: float) -> None:
-    """Count a waiter that goes upstream with its TTFT target spent in the wait."""
-    target = w.facts.slo.ttft_ms
-    if target is None or not verdict.goes_upstream:
-        return
-    if now - w.facts.arrived_s > target / 1000:
+    """Count a waiter that goes upstream with its TTFT target spent (any admission mode)."""
+    if verdict.goes_upstream and now > w.ttft_due_s:
         telemetry.SLO_WAITED_LATE.labels(pool=w.route.pool).inc()
