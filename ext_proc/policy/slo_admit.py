@@ -36,15 +36,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ext_proc.policy.decision import Decision, Reject, Wait
+from ext_proc.policy.kvfit import Shape
 from ext_proc.policy.model import Priority, Profile
 from ext_proc.policy.output import backend_output
 from ext_proc.policy.pressure import Pressure
-
-if TYPE_CHECKING:
-    from ext_proc.policy.evaluate import Case
+from ext_proc.schemas.base import RequestFeatures
 
 __all__ = ["SloCase", "judge_by_slo", "slo_decision", "slo_retry_after_s"]
 
@@ -130,6 +129,24 @@ def slo_decision(
     if priority == "sheddable":
         return Reject(pressure, 429, "slo_tpot", message, None, drain_retry_s)
     return Wait(pressure, "slo_tpot", message, drain_retry_s)
+
+
+class Case(Protocol):
+    """What the rule reads of the ladder's case (``ext_proc.policy.evaluate.Case``)."""
+
+    @property
+    def slo(self) -> SloCase | None: ...
+    @property
+    def priority(self) -> Priority: ...
+    @property
+    def profile(self) -> Profile: ...
+    @property
+    def pressure(self) -> Pressure | None: ...
+    @property
+    def features(self) -> RequestFeatures: ...
+    @property
+    def shape(self) -> Shape: ...
+    def retry_after(self, need_tokens: int) -> int: ...
 
 
 def judge_by_slo(case: Case) -> Decision | None:
