@@ -405,9 +405,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument(
         "--admission",
-        choices=("policy", "reserve", "forecast"),
+        choices=("policy", "reserve", "forecast", "slo"),
         default="policy",
-        help="ICE's admission in every profile (policy: as --policy says)",
+        help="ICE's admission in every profile (policy: as --policy says; slo: with the "
+        "bench's --ttft-slo-s as each profile's slo.ttft_ms where it has no target)",
     )
     ap.add_argument("--spacing-ms", type=float, default=SPACING_MS, help="between starts")
     ap.add_argument("--mix", default=MIX, help="priority weights, e.g. standard=3,sheddable=2")
@@ -553,6 +554,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     )
                     if v is not None
                 },
+                ttft_ms=args.ttft_slo_s * 1000,
             )
         try:
             done = sweep(
