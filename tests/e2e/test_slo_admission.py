@@ -9,37 +9,11 @@ import json
 import time
 from pathlib import Path
 
+from ext_proc.lab.slo_page import speed_page as page
+
 from .harness import CHAT, E2E, RETRY_AFTER_S, running_stack
 
 BODY = {"model": "dev-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
-
-
-def page(step: int, waiting: int) -> bytes:
-    """vLLM's page after ``step`` prefills of 50 computed tokens in 0.5 s each: r = 100
-    tokens a second, c̄ = 50 tokens; ``waiting`` requests queued (each ahead by 0.5 s)."""
-    labels = 'engine="0",model_name="dev-model"'
-    lines = [
-        "# TYPE vllm:kv_cache_usage_perc gauge",
-        f"vllm:kv_cache_usage_perc{{{labels}}} 0.0",
-        "# TYPE vllm:num_requests_running gauge",
-        f"vllm:num_requests_running{{{labels}}} 1",
-        "# TYPE vllm:num_requests_waiting gauge",
-        f"vllm:num_requests_waiting{{{labels}}} {waiting}",
-        "# TYPE vllm:cache_config_info gauge",
-        f'vllm:cache_config_info{{{labels},block_size="16",num_gpu_blocks="65536",'
-        'enable_prefix_caching="True"} 1.0',
-    ]
-    for name, total in (
-        ("vllm:request_prefill_time_seconds", 0.5 * step),
-        ("vllm:request_prefill_kv_computed_tokens", 50.0 * step),
-    ):
-        lines += [
-            f"# TYPE {name} histogram",
-            f'{name}_bucket{{{labels},le="+Inf"}} {step}',
-            f"{name}_sum{{{labels}}} {total}",
-            f"{name}_count{{{labels}}} {step}",
-        ]
-    return ("\n".join(lines) + "\n").encode()
 
 
 def until_judged_by_speed(e2e: E2E, timeout_s: float = 15.0) -> None:
