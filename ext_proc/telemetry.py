@@ -385,11 +385,13 @@ TOKENIZE_RISK = Gauge(
     multiprocess_mode="mostrecent",
 )
 
-# Latency predictions per backend (docs/slo.md): shown and measured, read by no decision yet.
+# Latency predictions per backend (docs/slo.md): shown and measured; admission: slo judges each
+# request by its own (ext_proc.policy.slo_admit).
 SLO_PREDICTED_TTFT = Gauge(
     "ice_slo_predicted_ttft_seconds",
     "Predicted time to first token of a mean request sent to the backend now: (waiting x "
-    "mean computed prompt + the request's own) / prefill speed (docs/slo.md).",
+    "mean computed prompt + the request's own) / prefill speed + the rest of a first token's "
+    "time (docs/slo.md).",
     ["pool", "backend"],
     multiprocess_mode="mostrecent",
 )

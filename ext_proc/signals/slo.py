@@ -3,7 +3,8 @@
 Job: ``speed(window)`` reads a backend's scrapes over the pool's window (oldest first) once,
 when the collector derives the backend's rates, into a ``Speed``; ``predicted_ttft_s`` and
 ``predicted_tpot_s`` then answer for one request in O(1). Nothing here decides: the figures
-are shown (``ice signals``, the ``ice_slo_*`` gauges) and measured (``ttft_error_ratio``).
+are shown (``ice signals``, the ``ice_slo_*`` gauges), measured (``ttft_error_ratio``) and
+read by ``admission: slo`` (``ext_proc.placement.slo_book``, ``ext_proc.policy.slo_admit``).
 docs/slo.md states every formula with its inputs, units and defaults.
 
 An interval is a pair of consecutive scrapes ``a → b``; a difference ``Δx = x_b − x_a`` of a
