@@ -13,8 +13,9 @@ from __future__ import annotations
 __all__ = ["speed_page"]
 
 
-def speed_page(step: int, waiting: int, model: str = "dev-model") -> bytes:
-    """The page (module docstring)."""
+def speed_page(step: int, waiting: int, model: str = "dev-model", tokens: float = 50.0) -> bytes:
+    """The page (module docstring); ``tokens``: computed tokens per prefill of 0.5 s (the
+    default 50: r = 100 tokens a second)."""
     labels = f'engine="0",model_name="{model}"'
     lines = [
         "# TYPE vllm:kv_cache_usage_perc gauge",
@@ -29,7 +30,7 @@ def speed_page(step: int, waiting: int, model: str = "dev-model") -> bytes:
     ]
     for name, total in (
         ("vllm:request_prefill_time_seconds", 0.5 * step),
-        ("vllm:request_prefill_kv_computed_tokens", 50.0 * step),
+        ("vllm:request_prefill_kv_computed_tokens", tokens * step),
     ):
         lines += [
             f"# TYPE {name} histogram",
