@@ -19,7 +19,7 @@ from ext_proc.policy.load import parse_policy
 from ext_proc.policy.model import SloTarget
 from ext_proc.signals.model import Derived, Speed
 from ext_proc.signals.snapshot import PoolSnapshot
-from tests.builders import QUEUE_IDLE, QUEUE_POLICY, QueueRig
+from tests.builders import QUEUE_BODY, QUEUE_IDLE, QUEUE_POLICY, QueueRig
 from tests.builders import waiter_headers as headers
 from tests.builders import waiter_outcome as outcome
 
@@ -158,3 +158,36 @@ def test_without_admission_slo_the_queue_stays_fifo_and_counts_a_late_admission(
         assert _late() == before + 1
 
     asyncio.run(run())
+
+
+PICK_POLICY = """
+pools:
+  default:
+    metrics_urls: ["http://a:1/metrics", "http://b:2/metrics"]
+    endpoint_pick: ice
+profiles:
+  default:
+    admission: %s
+"""
+
+
+def test_endpoint_pick_ice_places_by_predicted_headroom() -> None:
+    from ext_proc.schemas import OPENAI_CHAT
+
+    # a:1: 50 free blocks of 100, no queue: TTFT 57 / 100 = 0.57 s
+    # b:2: 100 free, 9 waiting: (9 × 50 + 57) / 100 = 5.07 s
+    a = replace(FAST, url="http://a:1/metrics", num_gpu_blocks=101, kv_cache_usage=0.5)
+    b = replace(FAST, url="http://b:2/metrics", num_gpu_blocks=101, num_requests_waiting=9)
+    view = PoolSnapshot("default", (a, b), time.monotonic() - 1.0)
+    for admission, target, where in (
+        ("forecast", 2000, "b:2"),  # the most room
+        ("slo", None, "b:2"),  # no target: as forecast
+        ("slo", 2000, "a:1"),  # only a:1 is within the 2 s
+        ("slo", 10_000, "a:1"),  # both within: the most headroom (9.43 s), not the most room
+    ):
+        pipeline = Pipeline(parse_policy(PICK_POLICY % admission), lambda _: view)
+        route = pipeline.router.resolve([])
+        facts = RequestFacts(adapter=OPENAI_CHAT, slo=SloTarget(ttft_ms=target))
+        verdict = pipeline.on_body(route, facts, QUEUE_BODY.encode())
+        assert verdict is not None and verdict.placement is not None
+        assert verdict.placement.endpoint == where, (admission, target)
