@@ -415,9 +415,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument(
         "--admission",
-        choices=("policy", "reserve", "forecast"),
+        choices=("policy", "reserve", "forecast", "slo"),
         default="policy",
-        help="ICE's admission in every profile (policy: as --policy says)",
+        help="ICE's admission in every profile (policy: as --policy says; slo: with the "
+        "bench's --ttft-slo-s as each profile's slo.ttft_ms where it has no target)",
     )
     ap.add_argument(
         "--tenant-shares",
@@ -571,6 +572,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     )
                     if v is not None
                 },
+                ttft_ms=args.ttft_slo_s * 1000,
             )
         if args.tenant_shares:
             workdir.mkdir(parents=True, exist_ok=True)

@@ -115,6 +115,12 @@ QUEUE_OUTCOMES = Counter(
     "(refused at once: 429 queue_full), gone, shutdown (429 queue_shutdown as ICE stopped).",
     ["pool", "tenant", "outcome"],
 )
+SLO_WAITED_LATE = Counter(
+    "ice_slo_waited_late",
+    "Requests with a time-to-first-token target that waited in the admission queue and went "
+    "upstream after their target had passed in the wait: sure misses (docs/slo.md).",
+    ["pool"],
+)
 SCRAPE_ERRORS = Counter("ice_scrape_errors", "Failed scrapes of backend /metrics pages.", ["pool"])
 TENANT_BLOCKS_HELD = Gauge(
     "ice_tenant_blocks_held",
@@ -369,11 +375,13 @@ TOKENIZE_RISK = Gauge(
     multiprocess_mode="mostrecent",
 )
 
-# Latency predictions per backend (docs/slo.md): shown and measured, read by no decision yet.
+# Latency predictions per backend (docs/slo.md): shown and measured; admission: slo judges each
+# request by its own (ext_proc.policy.slo_admit).
 SLO_PREDICTED_TTFT = Gauge(
     "ice_slo_predicted_ttft_seconds",
     "Predicted time to first token of a mean request sent to the backend now: (waiting x "
-    "mean computed prompt + the request's own) / prefill speed (docs/slo.md).",
+    "mean computed prompt + the request's own) / prefill speed + the rest of a first token's "
+    "time (docs/slo.md).",
     ["pool", "backend"],
     multiprocess_mode="mostrecent",
 )

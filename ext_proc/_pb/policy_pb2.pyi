@@ -722,7 +722,9 @@ class Profile(_message.Message):
     "reserve" (default: its prompt and its whole output limit, from admission to the end of
     its stream) or "forecast" (its prompt and the output it is predicted to generate,
     growing at the endpoint's decode rate; a request is admitted when the forecast peak of
-    its endpoint's blocks, itself included, fits the usable blocks less a margin).
+    its endpoint's blocks, itself included, fits the usable blocks less a margin) or "slo"
+    (as forecast, and a request with a latency target passes only when its predicted TTFT
+    and TPOT are within it: docs/slo.md).
     """
     default_output_tokens: _builtins.int
     """Output tokens per sequence the backend runs for a request that sends no output limit.
@@ -765,14 +767,13 @@ class Profile(_message.Message):
 
     @_builtins.property
     def forecast(self) -> Global___Forecast:
-        """The forecast's settings (used with admission: forecast)."""
+        """The forecast's settings (used with admission: forecast and slo)."""
 
     @_builtins.property
     def slo(self) -> Global___Slo:
         """Latency targets of the profile's requests (docs/slo.md). Either may be unset. A request's
         x-llm-d-slo-ttft-ms / x-llm-d-slo-tpot-ms headers may only tighten them. Shown in the
-        verdict headers (x-ice-slo-ttft-ms, x-ice-slo-tpot-ms); no admission decision reads
-        them yet.
+        verdict headers (x-ice-slo-ttft-ms, x-ice-slo-tpot-ms); judged by under admission: slo.
         """
 
     @_builtins.property

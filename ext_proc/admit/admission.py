@@ -210,6 +210,8 @@ class Admission:
         else:
             stream.hold = pipeline.recorder.record(route, verdict, self.facts)
             share_hold(pipeline, route, stream.hold)
+        if verdict.features is not None:  # its TPOT target and its prompt (admission: slo)
+            pipeline.views.slo.admitted(stream.hold, self.facts.slo, verdict.features.input_tokens)
         self.queue.count_started(route, self.facts, stream, verdict)
 
     def _offer(self, verdict: BodyVerdict) -> Waiter | BodyVerdict:

@@ -30,6 +30,7 @@ a body is its API's 400 or a ``JudgeFault`` naming the stage (the shell's ``_fau
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import replace
 
@@ -59,6 +60,7 @@ from ext_proc.placement.endpoints import prefix_key
 from ext_proc.placement.ledger_shm import LedgerHandle
 from ext_proc.placement.placer import Placement, Placer, asleep_answer
 from ext_proc.placement.poolview import PoolViews
+from ext_proc.placement.slo_book import slo_case
 from ext_proc.policy.coarse import COARSE_LADDER, H_JUDGED, coarse_features, coarse_ladder
 from ext_proc.policy.decision import (
     Decision,
@@ -363,11 +365,20 @@ class Pipeline:
         mode = self._pick.get(route.pool, "none")
         # no live view: the last one's blocks, less what ICE itself holds (PoolViews.ledger_view)
         seen = views.judged_view(route.profile, route.pool, snapshot)
+        # admission: slo (ext_proc.policy.slo_admit), on a live view only (fail-open)
+        live = seen if seen is snapshot and route.profile.admission == "slo" else None
+        slo_on = live is not None
+        waited = time.monotonic() - facts.arrived_s
+        budget = facts.slo.ttft_ms / 1000 - waited if slo_on and facts.slo.ttft_ms else None
         kv, placement = self.placer.place(
-            mode, route.profile, seen, features, facts.endpoint, prefix, facts.subset
+            mode, route.profile, seen, features, facts.endpoint, prefix, facts.subset, budget
         )
         if seen is not snapshot and kv is not None:
             placement = replace(placement, ledger_only=True)
+        slo = None
+        if live is not None:
+            where, at = views.addresses(live), placement.endpoint
+            slo = slo_case(views.slo, live, where, at, facts.slo, waited, features.input_tokens)
         decision = evaluate(
             features,
             views.pressure(route.profile, snapshot),
@@ -379,6 +390,7 @@ class Pipeline:
             cache_efficiency=views.efficiency(snapshot) if route.profile.truncation else None,
             critical_waits=waits and route.profile.critical_waits,
             can_wait=can_wait,
+            slo=slo,
         )
         # the tenant's share of the pool (ext_proc.admit.tenant_shares)
         decision = share_check(

@@ -20,7 +20,8 @@ Order (``tick``, every ``poll_ms`` while anything waits, and at the earliest dea
    verdict says (outcome ``passed``), over the room, as it would have without the queue.
    While one waits, a lower band's request that would go upstream waits behind it
    (``behind_critical``): smaller ones arriving later do not take the room it waits for.
-3. Within a band, tenants take turns, FIFO within a tenant: the tenant with the fewest
+3. Within a band, tenants take turns, FIFO within a tenant (under ``admission: slo``,
+   earliest TTFT deadline first: ``ext_proc.admit.slo_queue``): the tenant with the fewest
    requests in flight goes first (``started`` / ``ended``: a request of a queue-enabled
    profile that went upstream, queued or not, until its stream ends), and among equals the
    one served longest ago (round robin). Counting what is in flight, not only what was
@@ -67,6 +68,7 @@ from ext_proc import telemetry
 from ext_proc.admit.counting import exact_to_wait
 from ext_proc.admit.identity import request_tenant
 from ext_proc.admit.queue_answers import H_QUEUED_MS, behind_critical, refusal, with_queued_ms
+from ext_proc.admit.slo_queue import count_late, due_s, enqueue, timeout_reason, wait_bound_s
 from ext_proc.admit.stream import Stream
 from ext_proc.admit.verdict import BodyVerdict, RequestFacts
 from ext_proc.admit.waiters import (
@@ -101,6 +103,15 @@ __all__ = [
 log = logging.getLogger("ice.queue")
 
 DEFAULT_MAX_QUEUE_BYTES = 64 * 1024 * 1024
+
+
+def _metric_label(pool: PoolQueues, tenant: str, max_tenants: int) -> str:
+    """The queue metrics' tenant label: the first ``max_tenants`` tenants seen by name, every
+    later one ``OTHER_TENANT`` (bounded cardinality)."""
+    if tenant in pool.labels or len(pool.labels) < max_tenants:
+        pool.labels.add(tenant)
+        return tenant
+    return OTHER_TENANT
 
 
 class AdmissionQueue:
@@ -166,10 +177,7 @@ class AdmissionQueue:
         assert spec is not None
         pool = self._pools.setdefault(route.pool, PoolQueues())
         tenant = request_tenant(route, facts)
-        label = tenant if tenant in pool.labels or len(pool.labels) < spec.max_tenants else ""
-        if label:
-            pool.labels.add(label)
-        label = label or OTHER_TENANT
+        label = _metric_label(pool, tenant, spec.max_tenants)
         first = exact_to_wait(pipeline.counters, pipeline.policy.exact_count_inline_bytes, first)
         nbytes = body_bytes(first)
         band_name = band_of(route, facts, first)
@@ -186,6 +194,7 @@ class AdmissionQueue:
         if tenant not in band.tenants and len(band.tenants) >= spec.max_tenants:
             tenant = OTHER_TENANT
         now = self._clock()
+        due = due_s(facts, now)
         waiter = Waiter(
             pipeline,
             route,
@@ -196,11 +205,12 @@ class AdmissionQueue:
             label,
             band_name,
             now,
-            now + spec.max_queue_wait_ms / 1000,
+            wait_bound_s(route, due, now + spec.max_queue_wait_ms / 1000),
             asyncio.get_running_loop().create_future(),
             commit,
+            due,
         )
-        band.tenants.setdefault(tenant, deque()).append(waiter)
+        enqueue(band.tenants.setdefault(tenant, deque()), waiter)  # by deadline (slo_queue)
         pipeline.views.tenants.wait_started(route.pool, waiter.share_tenant)
         pool.length += 1
         pool.nbytes += nbytes
@@ -297,6 +307,9 @@ class AdmissionQueue:
 
     def _timed_out(self, w: Waiter, now: float) -> BodyVerdict:
         waited = now - w.enqueued_s
+        missed = timeout_reason(w, now)
+        if missed is not None:  # its TTFT target, not the queue's limit, ran out
+            return refusal(w.pipeline, w.route, w.facts, w.first, *missed)
         why = w.reason or (w.first.decision.reason if w.first.decision is not None else "")
         if why in TENANT_SHARE_REASONS:  # its own reason: its tenant's share held it back
             return refusal(
@@ -322,6 +335,7 @@ class AdmissionQueue:
         if w.future.done():  # cancelled in the meantime
             return
         verdict = with_queued_ms(verdict, now - w.enqueued_s)
+        count_late(w, verdict, now)
         w.commit(verdict)  # held (released by its stream) before the next is judged
         w.future.set_result(verdict)
         self._count(w, outcome, now)

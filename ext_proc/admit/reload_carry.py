@@ -51,6 +51,7 @@ def carried_views(policy: Policy, carry: Replaced | None, ledger: LedgerHandle |
         views.remote = carry.views.remote  # the replicas' shared ledger (--ledger) too
         views.book = carry.views.book  # and the forecast's trajectories, which release into it
         views.tenants = carry.views.tenants  # and the tenants' blocks held
+        views.slo = carry.views.slo  # and the running requests' TPOT targets (admission: slo)
     views.tenants.named = named
     return views
 

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -72,6 +73,9 @@ class RequestFacts:
     # the latency targets used: the profile's, tightened by the client's llm-d SLO headers
     # (``ext_proc.admit.headers.judged_slo``; docs/slo.md)
     slo: SloTarget = field(default_factory=SloTarget)
+    # time.monotonic() when its headers were read: the wait admission: slo counts against
+    # the request's TTFT target (ext_proc.policy.slo_admit)
+    arrived_s: float = field(default_factory=time.monotonic)
 
 
 @dataclass(frozen=True, slots=True)

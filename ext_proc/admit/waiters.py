@@ -10,6 +10,7 @@ bands mean live in ``ext_proc.admit.queue`` (its docstring).
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -75,6 +76,8 @@ class Waiter:
     # commits its verdict once it is judged again (``Admission.commit``), before the next
     # waiter is judged
     commit: Callable[[BodyVerdict], None] = field(repr=False)
+    # its TTFT target's deadline on the queue's clock (inf: none; ext_proc.admit.slo_queue)
+    ttft_due_s: float = math.inf
     reason: str = ""  # why it waits, as last judged ("": as ``first``)
 
     @property

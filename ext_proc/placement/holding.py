@@ -37,6 +37,7 @@ from ext_proc.placement.forecast import Trajectory, slot_tokens
 from ext_proc.placement.forecast_book import ForecastBook
 from ext_proc.placement.inflight import Endpoint, Entries, Hold
 from ext_proc.placement.ledger_shm import LedgerHandle, endpoint_key
+from ext_proc.placement.slo_book import SloBook
 from ext_proc.placement.tenant_ledger import TenantLedger
 from ext_proc.policy.evaluate import KvFit, Shape
 from ext_proc.policy.settings import Profile
@@ -57,6 +58,7 @@ class Holding:
     live: dict[str, dict[str, int]]
     book: ForecastBook
     tenants: TenantLedger
+    slo: SloBook
     _inflight: dict[str, dict[str, Entries]]
 
     def endpoints(self, profile: Profile, snapshot: PoolSnapshot | None) -> tuple[Endpoint, ...]:
@@ -67,7 +69,7 @@ class Holding:
     ) -> int:
         """The blocks a request of ``shape`` with ``output`` tokens per sequence is held at:
         its whole need under ``reserve``, its predicted total under ``forecast``."""
-        if profile.admission == "forecast":  # held at its predicted total (ForecastBook)
+        if profile.forecasts:  # held at its predicted total (ForecastBook; slo too)
             floor = min(shape.floor, output) if profile.forecast.read_floors else 0
             look = self.book.outlook(profile, pool.pool, pool.backends[0], fit.block_size)
             return fit.need(shape, look.total(0, output, floor))
@@ -82,7 +84,7 @@ class Holding:
         trajectory = Trajectory(
             at, fit.need(shape, 0), shape.sequences, output, floor, None, tokens, kind=profile.name
         )
-        if profile.admission == "forecast":
+        if profile.forecasts:  # held at its predicted total (ForecastBook)
             trajectory.runs_s = self.book.planned_start(pool.pool, shape, output, at)
             if trajectory.runs_s is not None:
                 telemetry.FORECAST_WAITS.labels(pool=pool.pool).inc()
@@ -182,6 +184,7 @@ class Holding:
         if hold.released:
             return
         hold.released = True
+        self.slo.released(hold)
         t = hold.trajectory
         if t is not None:
             self.book.remove(hold.pool, hold.endpoint, t)

@@ -12,7 +12,9 @@ Per the pool's ``endpoint_pick``:
   ledger): prefix affinity, then the most room after admission, then the shortest queue,
   then a rendezvous hash of the prefix (new prefixes spread). When it fits nowhere it is
   judged against the endpoint with the most free blocks (the ladder then downgrades or sheds
-  there), and still sent there if it passes.
+  there), and still sent there if it passes. Under ``admission: slo`` with a TTFT target
+  (``ttft_budget_s``: target − waited), the endpoints within budget come first: affinity,
+  then the most predicted headroom (``ext_proc.placement.slo_book.by_headroom``).
 - ``header``: another picker named the endpoint (``x-gateway-destination-endpoint``); it is
   judged against that endpoint; an endpoint the view does not know is judged as the pool's
   worst, and ``x-ice-endpoint`` says ``unknown``.
@@ -36,6 +38,7 @@ from dataclasses import dataclass, replace
 
 from ext_proc.placement.endpoints import DESTINATION_HEADER, Affinity, Candidate, pick
 from ext_proc.placement.poolview import PoolViews
+from ext_proc.placement.slo_book import by_headroom, ttfts
 from ext_proc.policy.decision import Reject
 from ext_proc.policy.evaluate import KvFit, Shape, safe_output_tokens
 from ext_proc.policy.output_limit import backend_output
@@ -114,6 +117,7 @@ class Placer:
         named: str | None = None,
         prefix: str | None = None,
         subset: frozenset[str] | None = None,
+        ttft_budget_s: float | None = None,
     ) -> tuple[KvFit | None, Placement]:
         """The KV room to judge the request against, and the placement it stands for."""
         views = self.views
@@ -143,7 +147,12 @@ class Placer:
             Candidate(e.endpoint, fit.free_blocks, fit.charge(shape, wanted), e.waiting)
             for e, fit in candidates
         ]
-        chosen = pick(scored, affinity.get(prefix), prefix)
+        chosen = None
+        if ttft_budget_s is not None:  # admission: slo: by predicted headroom
+            predicted = ttfts(views.slo, snapshot, views.addresses(snapshot), features.input_tokens)
+            chosen = by_headroom(scored, predicted, ttft_budget_s, affinity.get(prefix))
+        if chosen is None:
+            chosen = pick(scored, affinity.get(prefix), prefix)
         if chosen is None:  # fits nowhere: judged (and sent) where the most room is
             chosen = max(scored, key=lambda c: (c.free_blocks, c.endpoint))
         fit = next(f for e, f in candidates if e.endpoint == chosen.endpoint)

@@ -69,6 +69,7 @@ from ext_proc.placement.forecast_book import ForecastBook
 from ext_proc.placement.holding import Holding
 from ext_proc.placement.inflight import Endpoint, Entries, add_into, scaled
 from ext_proc.placement.ledger_shm import LedgerHandle, endpoint_key
+from ext_proc.placement.slo_book import SloBook
 from ext_proc.placement.tenant_ledger import TenantLedger
 from ext_proc.policy.evaluate import KvFit
 from ext_proc.policy.kvfit import blocks_fn
@@ -124,6 +125,7 @@ class PoolViews(Holding):
         self.book = ForecastBook()  # admission: forecast (ext_proc.placement.forecast_book)
         self.tenants = TenantLedger()  # blocks held per tenant (ext_proc.placement.tenant_ledger)
         self.tenants.shared = shared
+        self.slo = SloBook()  # admission: slo (ext_proc.placement.slo_book)
         self._last_fresh: dict[str, PoolSnapshot] = {}  # pool → the last view judged with
         self._made: dict[str, PoolSnapshot] = {}  # pool → ledger_view's last
 
@@ -131,7 +133,7 @@ class PoolViews(Holding):
         """The pool's pressure under the profile's model."""
         if snapshot is None:
             return None
-        planned = profile.admission == "forecast" and profile.forecast.start_within_s > 0
+        planned = profile.forecasts and profile.forecast.start_within_s > 0
         key = (snapshot.pool, profile.pressure, planned)
         cached = self._pressure.get(key)
         if cached is not None and cached[0] is snapshot:
@@ -259,7 +261,7 @@ class PoolViews(Holding):
         views = self.endpoints(profile, snapshot)
         if not views or snapshot is None:
             return None
-        if profile.admission == "forecast":
+        if profile.forecasts:
             fits = self._forecasts(profile, snapshot, views)
             named = [fit for v, fit in fits if v.endpoint == endpoint]
             return named[0] if named else min((fit for _, fit in fits), key=_free)
@@ -290,7 +292,7 @@ class PoolViews(Holding):
             return []
         awake = [v for v in views if not v.asleep]
         fresh = [v for v in awake if not v.stale] or awake
-        if profile.admission == "forecast":
+        if profile.forecasts:
             return self._forecasts(profile, snapshot, tuple(fresh))
         ledger = self.ledger(snapshot)
         anywhere = ledger.get("", 0)

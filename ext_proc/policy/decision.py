@@ -135,8 +135,10 @@ class Wait:
 
     The ladder's answer for a request refused only for memory, now: ``reason``
     ``memory_pressure`` (its priority is shed at the pool's level) or ``kv_exhausted`` (its
-    blocks do not fit), or ``behind_critical`` (a critical request of its pool waits for the
-    room it would take; ``ext_proc.admit.queue_answers.behind_critical``). Where the profile
+    blocks do not fit), ``slo_tpot`` (``admission: slo``: its predicted time per output token
+    does not fit, ``ext_proc.policy.slo_admit``), or ``behind_critical`` (a critical request
+    of its pool waits for the room it would take;
+    ``ext_proc.admit.queue_answers.behind_critical``). Where the profile
     has no queue (or is in ``mode: shadow``), ``evaluate`` turns it into its ``refusal``, the
     429 it would be without a queue: one mapping, so no ``Reject`` is ever built to mean
     "wait"."""

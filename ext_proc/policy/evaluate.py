@@ -24,6 +24,9 @@ The ladder, first match wins:
 2. ``reject_beyond_kv_capacity`` → 400 ``kv_capacity_exceeded`` when the whole request (every
    sequence, with one output token each; none for embeddings) needs more KV blocks than the
    endpoint it is placed on has when idle: it can never fit there.
+2a. ``judge_by_slo`` (``admission: slo``): 429 ``slo_unreachable`` when the predicted TTFT
+   misses the request's target, ``Wait`` ``slo_tpot`` when its predicted TPOT does not fit
+   (``ext_proc.policy.slo_admit``).
 3. ``shed_by_priority`` → ``Wait`` (429 ``memory_pressure`` without a queue) when the
    pool's level is at or above the profile's shedding level for the request's priority
    (``critical`` is never shed). Retry-After comes from the pool's drain rate
@@ -78,6 +81,7 @@ from ext_proc.policy.output_limit import backend_output
 from ext_proc.policy.pressure import Pressure
 from ext_proc.policy.scores import DrainInputs, retry_after_s
 from ext_proc.policy.settings import Priority, Profile
+from ext_proc.policy.slo_admit import SloCase, judge_by_slo
 from ext_proc.schemas.base import RequestFeatures
 
 __all__ = [
@@ -112,6 +116,7 @@ class Case:
     cache_efficiency: float | None = None
     shape: Shape = _NO_SHAPE
     critical_waits: bool = False  # a critical request that does not fit waits in the queue
+    slo: SloCase | None = None  # admission: slo (ext_proc.policy.slo_admit)
 
     def retry_after(self, need_tokens: int) -> int:
         """Retry-After for this request from the pool's drain rate (see policy/scores.py)."""
@@ -376,6 +381,7 @@ LADDER_AFTER_TRUNCATION: tuple[Rule, ...] = (
     reject_request_limits,
     reject_oversized_input,
     reject_beyond_kv_capacity,
+    judge_by_slo,
     shed_by_priority,
     shed_on_kv_shortfall,
     cap_output_tokens,
@@ -386,6 +392,7 @@ LADDER: tuple[Rule, ...] = (
     truncate_history,
     reject_oversized_input,
     reject_beyond_kv_capacity,
+    judge_by_slo,
     shed_by_priority,
     shed_on_kv_shortfall,
     cap_output_tokens,
@@ -403,12 +410,22 @@ def evaluate(
     cache_efficiency: float | None = None,
     critical_waits: bool = False,
     can_wait: bool = True,
+    slo: SloCase | None = None,
 ) -> Decision:
     """Judge one request; the first rule of the ladder that decides wins, else ``Pass``.
     ``can_wait``: the caller can queue a ``Wait`` (``waits_where_it_can``)."""
     shape = Shape.of(features, profile)
     case = Case(
-        features, pressure, profile, priority, kv, drain, cache_efficiency, shape, critical_waits
+        features,
+        pressure,
+        profile,
+        priority,
+        kv,
+        drain,
+        cache_efficiency,
+        shape,
+        critical_waits,
+        slo,
     )
     for rule in ladder:
         decision = rule(case)

@@ -34,8 +34,8 @@ def _bounded(msg: Any, name: str, default: float, lo: float, hi: float, where: s
 def admission_settings(msg: policy_pb2.Profile, where: str) -> AdmissionSettings:
     """The profile's admission mode, forecast settings and no-limit output default."""
     mode = msg.admission or "reserve"
-    if mode not in ("reserve", "forecast"):
-        raise PolicyError(f"{where}.admission: must be reserve or forecast, got {mode!r}")
+    if mode not in ("reserve", "forecast", "slo"):
+        raise PolicyError(f"{where}.admission: must be reserve, forecast or slo, got {mode!r}")
     d, f = ForecastSpec(), msg.forecast
     spec = ForecastSpec(
         quantile=_bounded(f, "quantile", d.quantile, 0.1, 1.0, where),
@@ -53,9 +53,10 @@ def admission_settings(msg: policy_pb2.Profile, where: str) -> AdmissionSettings
         default = int(msg.default_output_tokens)
         if default < 1:
             raise PolicyError(f"{where}.default_output_tokens: must be ≥ 1, got {default}")
-    return AdmissionSettings(
-        "forecast" if mode == "forecast" else "reserve", spec, default, slo_target(msg, where)
+    admission: Admission = (
+        "slo" if mode == "slo" else "forecast" if mode == "forecast" else "reserve"
     )
+    return AdmissionSettings(admission, spec, default, slo_target(msg, where))
 
 
 # a target above an hour is a typo (seconds written as milliseconds × 1000), not a target

@@ -107,7 +107,7 @@ class PrefixTrackingSpec:
     max_tenants: int = 16
 
 
-Admission = Literal["reserve", "forecast"]
+Admission = Literal["reserve", "forecast", "slo"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,15 +202,21 @@ class Profile:
     # ext_proc.admit.overload_answer); 0: off, ICE never asks for the response headers
     backend_overload_status: int = 503
     # how a passed request's blocks are held (ext_proc.placement.forecast): its whole limit
-    # for its whole life ("reserve") or its forecast trajectory ("forecast")
+    # for its whole life ("reserve") or its forecast trajectory ("forecast"); "slo": as
+    # forecast, and a request with a latency target is judged by it (ext_proc.policy.slo_admit)
     admission: Admission = "reserve"
     forecast: ForecastSpec = field(default_factory=ForecastSpec)
     # output per sequence the backend runs without a client limit (None: the API's default,
     # ext_proc.policy.output_limit)
     default_output_tokens: int | None = None
-    # latency targets (docs/slo.md): shown and measured, read by no decision yet
+    # latency targets (docs/slo.md): shown; judged by under admission: slo
     slo: SloTarget = field(default_factory=SloTarget)
     identity: IdentitySpec = field(default_factory=IdentitySpec)  # who is asking
+
+    @property
+    def forecasts(self) -> bool:
+        """Passed requests are held at their forecast trajectory (``forecast``, ``slo``)."""
+        return self.admission != "reserve"
 
     @property
     def critical_waits(self) -> bool:

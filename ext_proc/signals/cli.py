@@ -234,6 +234,7 @@ def _slo(newest: EngineScrape, derived: Derived | None) -> dict[str, Any]:
     return {
         "prefill_tokens_per_s": sp.prefill_tokens_per_s,
         "computed_prompt_tokens": mean,
+        "ttft_overhead_s": sp.ttft_overhead_s,
         "predicted_ttft_s": b.predicted_ttft_s(prompt) if prompt is not None else None,
         "step_base_s": sp.step_base_s,
         "step_per_running_s": sp.step_per_running_s,
@@ -257,9 +258,14 @@ def _slo_table(f: dict[str, Any]) -> list[tuple[str, str]]:
     if f["ttft_error_ratio"] is not None:
         error = f"{f['ttft_error_ratio']:.1%} mean abs ({f['ttft_error_points']} intervals)"
     ttft, tpot = f["predicted_ttft_s"], f["predicted_tpot_s"]
+    rest = f.get("ttft_overhead_s")
     return [
         ("slo: prefill speed", _num(f["prefill_tokens_per_s"], "tok/s")),
         ("slo: mean computed prompt", _num(f["computed_prompt_tokens"], "tokens")),
+        (
+            "slo: rest of TTFT (not queued or prefilling)",
+            _num(None if rest is None else rest * 1e3, "ms"),
+        ),
         ("slo: predicted TTFT (mean request)", _num(None if ttft is None else ttft * 1e3, "ms")),
         ("slo: decode step", line),
         ("slo: predicted TPOT (running + 1)", _num(None if tpot is None else tpot * 1e3, "ms")),

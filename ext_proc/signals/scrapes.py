@@ -116,6 +116,8 @@ class Speed:
     step_base_s: float | None = None
     step_per_running_s: float | None = None
     step_points: int = 0  # scrape intervals the line was fitted on
+    # the rest of a first token's time: mean TTFT − mean queue time − mean prefill time (s)
+    ttft_overhead_s: float | None = None
     # the TTFT prediction's own error over the window: mean |predicted − observed| ÷ observed
     # of each interval's prediction (made from the intervals before it) against the mean TTFT
     # the backend reported over it; and how many intervals it averages

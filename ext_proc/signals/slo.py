@@ -3,7 +3,8 @@
 Job: ``speed(window)`` reads a backend's scrapes over the pool's window (oldest first) once,
 when the collector derives the backend's rates, into a ``Speed``; ``predicted_ttft_s`` and
 ``predicted_tpot_s`` then answer for one request in O(1). Nothing here decides: the figures
-are shown (``ice signals``, the ``ice_slo_*`` gauges) and measured (``ttft_error_ratio``).
+are shown (``ice signals``, the ``ice_slo_*`` gauges), measured (``ttft_error_ratio``) and
+read by ``admission: slo`` (``ext_proc.placement.slo_book``, ``ext_proc.policy.slo_admit``).
 docs/slo.md states every formula with its inputs, units and defaults.
 
 An interval is a pair of consecutive scrapes ``a → b``; a difference ``Δx = x_b − x_a`` of a
@@ -18,8 +19,12 @@ says nothing). Formulas:
   ``h`` the window's prefix-cache hit ratio (0 unknown).
 - Mean computed prompt ``c̄ = ΣΔ computed_tokens_sum ÷ ΣΔ computed_tokens_count`` (fallback:
   ``ΣΔ prompt_tokens × (1 − h) ÷ ΣΔ ttft_count``).
+- The rest of a first token's time, ``o = max(0, ΣΔttft_sum ÷ ΣΔttft_count −
+  ΣΔqueue_sum ÷ ΣΔqueue_count − ΣΔprefill_sum ÷ ΣΔprefill_count)`` seconds (vLLM with its
+  prefill histograms only; None otherwise, taken as 0): what a request spends neither queued
+  nor in prefill (the API server's rendering and tokenizing, the wait for the running step).
 - Predicted TTFT of a request of ``p`` prompt tokens:
-  ``(waiting × c̄ + ahead_tokens + p × (1 − h)) ÷ r`` seconds, ``waiting`` vLLM's
+  ``(waiting × c̄ + ahead_tokens + p × (1 − h)) ÷ r + o`` seconds, ``waiting`` vLLM's
   ``num_requests_waiting`` now and ``ahead_tokens`` prompt tokens ICE sent there that have
   not started (0 when not known).
 - Decode step line: each interval with ``Δitl_count > 0`` and both running gauges gives a
@@ -28,7 +33,7 @@ says nothing). Formulas:
   ``x``, or ``β < 0``: ``β = 0``, ``α = ȳ``. Predicted TPOT with ``n`` sequences running:
   ``max(0, α + β n)``.
 - Own error: walking the intervals in order, the prediction at ``a`` for a mean request
-  (``p × (1 − h) = c̄``), with ``r`` and ``c̄`` from the intervals before it only, against the
+  (``p × (1 − h) = c̄``), with ``r``, ``c̄`` and ``o`` from the intervals before it only, against the
   mean TTFT the backend reported over ``a → b`` (``Δttft_sum ÷ Δttft_count``):
   ``ttft_error_ratio`` = mean of ``|pred − obs| ÷ obs`` over the intervals that have both.
 """
@@ -71,6 +76,8 @@ _COMPUTED_N = _count(lambda s: s.prefill_computed_tokens)
 _TTFT_S = _sum(lambda s: s.ttft_s)
 _TTFT_N = _count(lambda s: s.ttft_s)
 _QUEUE_S = _sum(lambda s: s.queue_time_s)
+_QUEUE_N = _count(lambda s: s.queue_time_s)
+_PREFILL_N = _count(lambda s: s.prefill_time_s)
 _ITL_S = _sum(lambda s: s.itl_s)
 _ITL_N = _count(lambda s: s.itl_s)
 
@@ -82,6 +89,33 @@ def _prefill(a: EngineScrape, b: EngineScrape, hit: float) -> tuple[float, float
     tokens = _delta(a, b, lambda s: s.prompt_tokens) * (1.0 - hit)
     seconds = _delta(a, b, _TTFT_S) - _delta(a, b, _QUEUE_S)
     return tokens, max(0.0, seconds), _delta(a, b, _TTFT_N)
+
+
+class _Overhead:
+    """The window's sums for ``o``: TTFT, queue and prefill seconds and their counts."""
+
+    __slots__ = ("sums",)
+
+    def __init__(self) -> None:
+        self.sums = [0.0] * 6
+
+    def add(self, a: EngineScrape, b: EngineScrape) -> None:
+        """One interval's, when it says all six (vLLM with its prefill histograms)."""
+        fields = (_TTFT_S, _TTFT_N, _QUEUE_S, _QUEUE_N, _PREFILL_S, _PREFILL_N)
+        try:
+            got = [_delta(a, b, f) for f in fields]
+        except _NoDelta:
+            return
+        self.sums = [x + y for x, y in zip(self.sums, got, strict=True)]
+
+    @property
+    def seconds(self) -> float | None:
+        """``o = max(0, mean TTFT − mean queue time − mean prefill time)``; None: a mean is
+        missing."""
+        ttft, ttft_n, queue, queue_n, prefill, prefill_n = self.sums
+        if min(ttft_n, queue_n, prefill_n) <= 0:
+            return None
+        return max(0.0, ttft / ttft_n - queue / queue_n - prefill / prefill_n)
 
 
 def _line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
@@ -105,22 +139,25 @@ def speed(window: Sequence[EngineScrape], hit_ratio: float | None) -> Speed:
     tokens = seconds = requests = 0.0
     errors: list[float] = []
     points: list[tuple[float, float]] = []
+    overhead = _Overhead()
     for a, b in itertools.pairwise(window):
         # the prediction at a, from what the intervals before it said
         rate = tokens / seconds if seconds > 0 and tokens > 0 else None
         mean = tokens / requests if requests > 0 else None
+        fixed = overhead.seconds or 0.0
         try:
             t, s, n = _prefill(a, b, hit)
             tokens, seconds, requests = tokens + t, seconds + s, requests + n
         except _NoDelta:
             pass
+        overhead.add(a, b)
         try:
             count = _delta(a, b, _TTFT_N)
             observed = _delta(a, b, _TTFT_S) / count if count > 0 else 0.0
         except _NoDelta:
             observed = 0.0
         if rate is not None and mean is not None and observed > 0.0:
-            predicted = ((a.num_requests_waiting or 0.0) + 1.0) * mean / rate
+            predicted = ((a.num_requests_waiting or 0.0) + 1.0) * mean / rate + fixed
             errors.append(abs(predicted - observed) / observed)
         if a.num_requests_running is None or b.num_requests_running is None:
             continue
@@ -138,6 +175,7 @@ def speed(window: Sequence[EngineScrape], hit_ratio: float | None) -> Speed:
         step_base_s=alpha,
         step_per_running_s=beta,
         step_points=len(points),
+        ttft_overhead_s=overhead.seconds,
         ttft_error_ratio=sum(errors) / len(errors) if errors else None,
         ttft_error_points=len(errors),
     )
@@ -151,13 +189,15 @@ def predicted_ttft_s(
     ahead_tokens: float = 0.0,
 ) -> float | None:
     """Seconds until a request of ``prompt_tokens`` gets its first token on this backend:
-    ``(waiting × c̄ + ahead_tokens + prompt_tokens × (1 − h)) ÷ r`` (None: no speed known)."""
+    ``(waiting × c̄ + ahead_tokens + prompt_tokens × (1 − h)) ÷ r + o`` (None: no speed
+    known; ``o`` 0 when unknown)."""
     rate = sp.prefill_tokens_per_s
     if rate is None or rate <= 0.0:
         return None
     hit = min(1.0, max(0.0, hit_ratio or 0.0))
     queued = (waiting or 0.0) * (sp.computed_prompt_tokens or 0.0)
-    return (queued + max(0.0, ahead_tokens) + max(0.0, prompt_tokens) * (1.0 - hit)) / rate
+    work = queued + max(0.0, ahead_tokens) + max(0.0, prompt_tokens) * (1.0 - hit)
+    return work / rate + (sp.ttft_overhead_s or 0.0)
 
 
 def predicted_tpot_s(sp: Speed, running: float) -> float | None:

@@ -59,3 +59,15 @@ def test_the_admission_rewrite_sets_every_profile(tmp_path: Path) -> None:
     assert all(
         p.admission == "forecast" and not p.forecast.read_floors for p in policy.profiles.values()
     )
+
+
+def test_the_slo_arm_gives_every_profile_the_benchs_ttft_target(tmp_path: Path) -> None:
+    out = admission_policy(POLICY, tmp_path / "p.yaml", "slo", ttft_ms=2000.0)
+    doc = yaml.safe_load(out.read_text())
+    doc.pop("tokenizers", None)
+    (tmp_path / "q.yaml").write_text(yaml.safe_dump(doc))
+    policy = load_policy(tmp_path / "q.yaml")
+    assert policy.profiles
+    for p in policy.profiles.values():
+        assert p.admission == "slo" and p.forecasts and p.forecast.read_floors
+        assert p.slo.ttft_ms == 2000.0

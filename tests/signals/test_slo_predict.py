@@ -3,6 +3,7 @@ computed by hand. Nothing here changes a verdict: the figures are shown and meas
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -177,3 +178,38 @@ def test_the_collector_exports_the_predictions() -> None:
     )
     err = REGISTRY.get_sample_value("ice_slo_ttft_prediction_error_ratio", labels)
     assert err == pytest.approx((0.05 / 0.7) / 2)
+
+
+def test_the_rest_of_a_first_tokens_time_is_added_by_hand() -> None:
+    # vLLM with its queue histogram: per interval 2 requests, 1000 computed tokens in 0.5 s
+    # of prefill, 1.6 s of TTFT and 0.4 s queued:
+    #   o = 3.2/4 − 0.8/4 − 1.0/4 = 0.8 − 0.2 − 0.25 = 0.35 s (the API server, the step)
+    #   r = 2000 tok/s, c̄ = 500; 1 waiting, no hit: (500 + 800)/2000 + 0.35 = 1.0 s
+    #   the error: at scrape 1, from interval 0 only (o = 0.35 too): (1 + 1)·500/2000 + 0.35
+    #   = 0.85 against 1.6/2 = 0.8 → 0.05/0.8 = 0.0625
+    window = [
+        EngineScrape(
+            source="b",
+            kind="vllm",
+            at_s=float(i),
+            num_requests_running=2,
+            num_requests_waiting=1,
+            prefill_time_s=_h(0.5 * i, 2 * i),
+            prefill_computed_tokens=_h(1000.0 * i, 2 * i),
+            ttft_s=_h(1.6 * i, 2 * i),
+            queue_time_s=_h(0.4 * i, 2 * i),
+        )
+        for i in range(3)
+    ]
+    sp = speed(window, None)
+    assert sp.ttft_overhead_s == pytest.approx(0.35)
+    assert predicted_ttft_s(sp, 1, 800, None) == pytest.approx(1.0)
+    assert sp.ttft_error_ratio == pytest.approx(0.0625)
+    assert sp.ttft_error_points == 1
+    # a window without vLLM's queue histogram says nothing of it (o unknown: 0)
+    bare = [replace(s, queue_time_s=None) for s in window]
+    assert speed(bare, None).ttft_overhead_s is None
+    assert predicted_ttft_s(speed(bare, None), 1, 800, None) == pytest.approx(0.65)
+    # a mean below 0 (the three histograms count different requests) is 0
+    fast = [replace(s, ttft_s=_h(0.1 * i, 2 * i)) for i, s in enumerate(window)]
+    assert speed(fast, None).ttft_overhead_s == 0.0

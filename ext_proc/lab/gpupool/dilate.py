@@ -70,7 +70,7 @@ def gpu_policy(
         defaults = {"retry_after_s": 2, "retry_after_min_s": 1, "retry_after_max_s": 60}
         for key in _PROFILE_SECONDS:
             profile[key] = math.ceil(float(profile.get(key, defaults[key])) * k)
-        if admission == "forecast":
+        if admission in ("forecast", "slo"):
             forecast = dict(profile.get("forecast") or {})
             forecast["read_floors"] = read_floors
             for key, default in zip(_FORECAST_TIMES, (0.0, 10.0), strict=True):

@@ -59,15 +59,20 @@ def admission_policy(
     admission: str,
     read_floors: bool = True,
     forecast: Mapping[str, float] | None = None,
+    ttft_ms: float | None = None,
 ) -> Path:
-    """``template`` with ``admission`` (reserve or forecast) in every profile and, for the
-    forecast, ``read_floors`` (off for client-like limits: their ``min_tokens`` is the
-    bench's way to make vLLM generate the drawn length, not something a client says);
-    written to ``out``. The tokenizers' relative paths are ``render_policy``'s to fix."""
+    """``template`` with ``admission`` (reserve, forecast or slo) in every profile and, for
+    the forecast (and slo, which holds blocks as it does), ``read_floors`` (off for
+    client-like limits: their ``min_tokens`` is the bench's way to make vLLM generate the
+    drawn length, not something a client says); for slo, ``slo: {ttft_ms}`` (the bench's
+    TTFT target) unless the profile has a target; written to ``out``. The tokenizers'
+    relative paths are ``render_policy``'s to fix."""
     policy: dict[str, Any] = yaml.safe_load(template.read_text())
     for profile in (policy.get("profiles") or {}).values():
         profile["admission"] = admission
-        if admission == "forecast":
+        if admission == "slo" and ttft_ms is not None and not profile.get("slo"):
+            profile["slo"] = {"ttft_ms": ttft_ms}
+        if admission in ("forecast", "slo"):
             profile["forecast"] = {
                 **(profile.get("forecast") or {}),
                 **(forecast or {}),
