@@ -9,6 +9,9 @@ production config needs per request, and nothing else: no parsing, no policy, no
 Prints req/s of the direct route and of the ext_proc route (two alternating runs each), the
 ratio and the server's CPU per request. Whatever ICE does, it cannot be faster than this
 with the same gRPC stack (grpc.aio, or grpcio's thread-pool server with ``--server sync``).
+The server also answers gRPC health (SERVING), as ICE does: the shipped configs health-check
+the ``ice`` cluster and route nothing to an unhealthy host (requests fail open), so without it
+the floor would measure Envoy failing open. Envoy's fail-open count is printed after the runs.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from typing import Any
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
 
 HEADERS_REPLY = pb.ProcessingResponse(request_headers=pb.HeadersResponse())
 
@@ -61,6 +66,9 @@ def serve(kind: str, address: str) -> None:
         async def run() -> None:
             server = grpc.aio.server()
             pb_grpc.add_ExternalProcessorServicer_to_server(_Aio(), server)
+            checks = HealthServicer()
+            await checks.set("", health_pb2.HealthCheckResponse.SERVING)
+            health_pb2_grpc.add_HealthServicer_to_server(checks, server)
             server.add_insecure_port(address)
             await server.start()
             print("ready", flush=True)
@@ -70,6 +78,9 @@ def serve(kind: str, address: str) -> None:
         return
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
     pb_grpc.add_ExternalProcessorServicer_to_server(_Sync(), server)
+    sync_checks = health.HealthServicer()
+    sync_checks.set("", health_pb2.HealthCheckResponse.SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(sync_checks, server)
     server.add_insecure_port(address)
     server.start()
     print("ready", flush=True)
@@ -123,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 best[direct] = max(best[direct], result.rps)
             print(f"ratio ext_proc/direct {best[False] / best[True]:.3f} (best runs)")
+            failed_open = tb.envoy_stats(admin).get("failure_mode_allowed", 0)
+            print(f"Envoy failed open {failed_open} times (0: every request reached the floor)")
         finally:
             child.kill()
             child.wait()
