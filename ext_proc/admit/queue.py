@@ -73,7 +73,6 @@ from ext_proc.admit.stream import Stream
 from ext_proc.admit.verdict import BodyVerdict, RequestFacts
 from ext_proc.admit.waiters import (
     BANDS,
-    MAX_TENANT_CHARS,
     OTHER_TENANT,
     Band,
     PoolQueues,
@@ -81,7 +80,6 @@ from ext_proc.admit.waiters import (
     band_of,
     body_bytes,
     queueable,
-    tenant_key,
 )
 from ext_proc.policy.settings import QueueSpec
 from ext_proc.policy.tenant_share import TENANT_SHARE_REASONS
@@ -92,12 +90,10 @@ if TYPE_CHECKING:
 __all__ = [
     "BANDS",
     "H_QUEUED_MS",
-    "MAX_TENANT_CHARS",
     "OTHER_TENANT",
     "AdmissionQueue",
     "Waiter",
     "queueable",
-    "tenant_key",
 ]
 
 log = logging.getLogger("ice.queue")

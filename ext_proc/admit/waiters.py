@@ -1,7 +1,7 @@
 """What waits in the admission queue (``ext_proc.admit.queue``): a queued request
 (``Waiter``), a pool's queues (``PoolQueues``: its priority ``Band``s, each tenant → FIFO),
-which verdicts queue (``queueable``), a request's tenant (``tenant_key``) and its band
-(``band_of``).
+which verdicts queue (``queueable``) and a request's band (``band_of``); its tenant is
+``ext_proc.admit.identity.request_tenant``'s.
 
 Invariants: plain data and pure functions. The queue's order, its clock, and what tenants and
 bands mean live in ``ext_proc.admit.queue`` (its docstring).
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ext_proc.admit.identity import MAX_TENANT_CHARS, tenant_key
+from ext_proc.admit.identity import request_tenant
 from ext_proc.admit.stream import Stream
 from ext_proc.admit.verdict import BodyVerdict, RequestFacts
 from ext_proc.policy.decision import Wait
@@ -27,7 +27,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BANDS",
-    "MAX_TENANT_CHARS",
     "OTHER_TENANT",
     "Band",
     "PoolQueues",
@@ -35,7 +34,6 @@ __all__ = [
     "band_of",
     "body_bytes",
     "queueable",
-    "tenant_key",
 ]
 
 OTHER_TENANT = "other"
@@ -83,7 +81,7 @@ class Waiter:
     @property
     def share_tenant(self) -> str:
         """The tenant its tenant share counts (``ext_proc.admit.tenant_shares``)."""
-        return tenant_key(self.facts.queue_tenant, self.route.name)
+        return request_tenant(self.route, self.facts)
 
     @property
     def spec(self) -> QueueSpec:

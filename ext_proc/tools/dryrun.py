@@ -14,9 +14,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from ext_proc.admit.identity import request_tenant
 from ext_proc.admit.outcome import Continue, Respond
 from ext_proc.admit.pipeline import Pipeline, RequestFacts
-from ext_proc.admit.queue import queueable, tenant_key
+from ext_proc.admit.queue import queueable
 from ext_proc.admit.truncation import finish_truncation
 from ext_proc.policy.decision import Wait
 from ext_proc.policy.load import load_policy
@@ -120,7 +121,7 @@ def dry_run(
             report["queue"] = {
                 "would_queue": queueable(r, verdict),
                 "max_queue_wait_ms": spec.max_queue_wait_ms,
-                "tenant": tenant_key(facts.queue_tenant, r.name),
+                "tenant": request_tenant(r, facts),
             }
         shown = verdict.decision
         if isinstance(shown, Wait):  # its answer if it cannot wait ("queue" says it would)

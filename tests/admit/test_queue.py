@@ -10,15 +10,9 @@ import time
 
 import pytest
 
+from ext_proc.admit.identity import MAX_TENANT_CHARS, tenant_key
 from ext_proc.admit.pipeline import Pipeline
-from ext_proc.admit.queue import (
-    H_QUEUED_MS,
-    MAX_TENANT_CHARS,
-    OTHER_TENANT,
-    Waiter,
-    queueable,
-    tenant_key,
-)
+from ext_proc.admit.queue import H_QUEUED_MS, OTHER_TENANT, Waiter, queueable
 from ext_proc.admit.verdict import BodyVerdict
 from ext_proc.policy.load import parse_policy
 from ext_proc.signals.snapshot import PoolSnapshot
