@@ -139,6 +139,12 @@ def per_call_us(fn: Callable[[], object], n: int) -> float:
     return 1e6 * (time.perf_counter() - t0) / n
 
 
+def _record(record: Callable[..., Any], pipeline: Pipeline, verdict: Any) -> None:
+    hold = record(pipeline.router.resolve(ROUTE_METADATA), verdict)
+    if hold is not None:
+        pipeline.views.release(hold)
+
+
 def stage_table(servicer: ExtProcServicer, messages: list[pb.ProcessingRequest], n: int) -> None:
     """µs per request for each stage, timed without a profiler."""
     pipeline = servicer.pipeline
@@ -171,8 +177,7 @@ def stage_table(servicer: ExtProcServicer, messages: list[pb.ProcessingRequest],
     ]
     on_body = pipeline.on_body
     parse = pb.ProcessingRequest.FromString
-    # Counting decisions moved out of on_body in some versions; time it where it exists.
-    record: Callable[..., object] = getattr(pipeline, "record", lambda *_: None)
+    record = pipeline.recorder.record  # a pass holds its blocks: released right after
     stages: list[tuple[str, Callable[[], object]]] = [
         ("router.resolve (route metadata)", lambda: pipeline.router.resolve(ROUTE_METADATA)),
         ("parse 2 ProcessingRequests (gRPC)", lambda: [parse(w) for w in wire]),
@@ -186,7 +191,7 @@ def stage_table(servicer: ExtProcServicer, messages: list[pb.ProcessingRequest],
         ),
         ("  evaluate", lambda: evaluate(features, pressure, route.profile, facts.priority)),
         ("render.render_body_outcome", lambda: render.render_body_outcome(verdict.outcome)),
-        ("pipeline.record (telemetry)", lambda: record(route, verdict)),
+        ("recorder.record + release (commit)", lambda: _record(record, pipeline, verdict)),
         ("serialise 2 replies (gRPC)", lambda: [r.SerializeToString() for r in replies]),
     ]
     print(f"stage timings, µs per request ({n} calls each, no profiler):")
