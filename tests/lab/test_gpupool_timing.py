@@ -6,7 +6,17 @@ import dataclasses
 
 import pytest
 
-from ext_proc.lab.gpupool import H100_SXM, Chunk, GpuSpec, ModelCost, load_config, step_time
+from ext_proc.lab.gpupool import (
+    CPU_TINY,
+    H100_SXM,
+    Chunk,
+    FittedStep,
+    GpuSpec,
+    ModelCost,
+    fitted_step_time,
+    load_config,
+    step_time,
+)
 
 # d = 4, h = 2, g = 1, e = 2, f = 8, V = 10, L = 1, bf16:
 # layer = 4·2·2 + 2·4·1·2 + 2·2·4 + 3·4·8 + 2·4 = 16 + 16 + 16 + 96 + 8 = 152; head = 40.
@@ -111,3 +121,27 @@ def test_h100_one_sequence() -> None:
     t = step_time(ModelCost.from_config(load_config("llama-3.1-8b")), H100_SXM, [Chunk(1, 1024)], 1)
     assert t.seconds == pytest.approx(1e-3 + (15_009_841_152 + 131_072 * 1025) / (3.35e12 * 0.78))
     assert t.seconds == pytest.approx(6.796e-3, abs=1e-6)
+
+
+def test_fitted_step_hand_computed() -> None:
+    # 2 ms + 10 µs × (3 + 1) tokens + 100 µs × 2 sequences + 1 µs × ((2 + 3) + (5 + 1)) cached
+    # = 2 + 0.04 + 0.2 + 0.011 = 2.251 ms.
+    fit = FittedStep("toy", base_s=2e-3, token_s=10e-6, seq_s=100e-6, kv_token_s=1e-6)
+    assert fitted_step_time(fit, [Chunk(3, 2), Chunk(1, 5)]) == pytest.approx(2.251e-3)
+    assert fitted_step_time(fit, []) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("chunks", "ms"),
+    [
+        # one decode on 1,000 cached: 2.977 + 0.04415 + 0.1644 + 1,001 × 3.845e-6 = 3.1894 ms
+        ([Chunk(1, 1000)], 3.1894),
+        # a 1,024-token prefill: 2.977 + 45.2096 + 0.1644 + 0.0039 = 48.3549 ms
+        ([Chunk(1024, 0)], 48.3549),
+        # four decodes on 2,000 cached in all: 2.977 + 0.1766 + 0.6576 + 0.0077 = 3.8189 ms
+        ([Chunk(1, 500)] * 4, 3.8189),
+    ],
+    ids=["one decode", "long prefill", "four decodes"],
+)
+def test_cpu_tiny_constants(chunks: list[Chunk], ms: float) -> None:
+    assert fitted_step_time(CPU_TINY, chunks) * 1000 == pytest.approx(ms, abs=1e-3)

@@ -16,8 +16,11 @@ What vLLM's EngineCore calls and what it gets (FACTS.md, "running its scheduler 
   (a decode, or the chunk that finishes a prefill, resumed requests' recompute included), ``[]``
   for a prefill chunk that does not; after sleeping k × ``timing.step_time`` of the step
   (minus the host time since the previous step, up to k × the modelled step overhead, which
-  stands for that host time). Every ``STATS_EVERY`` steps a line on stderr gives the steps, the
-  modelled seconds × k, and the wall time the steps took (their host time included; idle gaps
+  stands for that host time). With a fitted step time (``spec["step"]``, ``timing.FittedStep``:
+  the faithfulness pool) it sleeps k × ``timing.fitted_step_time`` in full: that fit measured
+  the forward pass and the sampling only, and the host's share runs here for real. Every
+  ``STATS_EVERY`` steps a line on stderr gives the steps, the modelled seconds × k, and the wall
+  time the steps took (their host time included; idle gaps
   between steps counted up to one dilated step): where the wall exceeds the dilated model, the
   host, not the model, set the pace, and k should be larger.
 - the token: ``FILLER_TOKEN_ID``, or the request's EOS when it would be sampled by a model
@@ -49,7 +52,14 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec  # type: ignore[import-
 from vllm.v1.outputs import ModelRunnerOutput  # type: ignore[import-not-found]
 
 from ext_proc.lab.gpupool.pool import SPEC_ENV
-from ext_proc.lab.gpupool.timing import Chunk, GpuSpec, ModelCost, step_time
+from ext_proc.lab.gpupool.timing import (
+    Chunk,
+    FittedStep,
+    GpuSpec,
+    ModelCost,
+    fitted_step_time,
+    step_time,
+)
 
 __all__ = ["EOS_BIAS_MIN", "FILLER_TOKEN_ID", "FakeGPUExecutor"]
 
@@ -87,6 +97,11 @@ class FakeGPUExecutor(Executor):  # type: ignore[misc]
         self._num_blocks = int(spec["num_blocks"])
         self._block_size = int(spec["block_size"])
         self._dilation = float(spec["dilation"])
+        fitted = spec.get("step")
+        self._fitted = None if fitted is None else FittedStep(**fitted)
+        # Host time per step that the modelled time already stands for (the roofline's
+        # overhead); a fitted step measured the forward pass alone: none.
+        self._absorb_s = 0.0 if self._fitted is not None else self._gpu.overhead_s
         self._reqs: dict[str, _Req] = {}
         self._last_return = time.monotonic()
         self._since = self._last_return
@@ -153,10 +168,13 @@ class FakeGPUExecutor(Executor):  # type: ignore[misc]
         start = time.monotonic()
         out = self._step(scheduler_output)
         n_sampled = sum(1 for tokens in out[0].sampled_token_ids if tokens)
-        seconds = step_time(self._cost, self._gpu, out[1], n_sampled).seconds
+        if self._fitted is not None:
+            seconds = fitted_step_time(self._fitted, out[1])
+        else:
+            seconds = step_time(self._cost, self._gpu, out[1], n_sampled).seconds
         self.steps += 1
         self.modelled_s += seconds
-        host_s = min(start - self._last_return, self._gpu.overhead_s * self._dilation)
+        host_s = min(start - self._last_return, self._absorb_s * self._dilation)
         remaining = seconds * self._dilation - host_s - (time.monotonic() - start)
         if remaining > 0:
             time.sleep(remaining)
