@@ -13,6 +13,7 @@ from ext_proc.lab.gpupool import (
     FittedStep,
     GpuSpec,
     ModelCost,
+    Pacer,
     fitted_step_time,
     load_config,
     step_time,
@@ -145,3 +146,34 @@ def test_fitted_step_hand_computed() -> None:
 )
 def test_cpu_tiny_constants(chunks: list[Chunk], ms: float) -> None:
     assert fitted_step_time(CPU_TINY, chunks) * 1000 == pytest.approx(ms, abs=1e-3)
+
+
+def test_pacer_repays_host_time_while_busy() -> None:
+    # k = 10, absorb 10 ms, debt up to 200 ms. Step 1 starts at 100.0 after an idle gap of
+    # 0.5 s: due = 100 − 0.010 + 10 × 0.007 = 100.060. Step 2 starts late, at 100.080 (the
+    # sleep woke 20 ms late); busy, so due = 100.060 + 0.070 = 100.130, not 100.150: the
+    # overrun is repaid. Step 3 at 100.131: 100.200.
+    p = Pacer(10, absorb_s=0.010, max_debt_s=0.200, paced=True)
+    assert p.due(100.0, 99.5, 0.007, continuous=False) == pytest.approx(100.060)
+    assert p.due(100.080, 100.079, 0.007, continuous=True) == pytest.approx(100.130)
+    assert p.due(100.131, 100.131, 0.007, continuous=True) == pytest.approx(100.200)
+    assert p.resets == 0
+
+
+def test_pacer_idle_gap_and_falling_behind() -> None:
+    p = Pacer(10, absorb_s=0.010, max_debt_s=0.200, paced=True)
+    p.due(100.0, 99.5, 0.007, continuous=False)  # due 100.060
+    # idle gap (no request ran through it): host time since the last return counts up to
+    # 10 ms: 100.500 − 0.003 + 0.070 = 100.567
+    assert p.due(100.500, 100.497, 0.007, continuous=False) == pytest.approx(100.567)
+    # busy but 300 ms behind the due time (> 200 ms): reset, counted
+    assert p.due(100.867, 100.866, 0.007, continuous=True) == pytest.approx(100.936)
+    assert p.resets == 1
+
+
+def test_pacer_unpaced_sleeps_in_full() -> None:
+    # a fitted step: the host's time runs before it, nothing absorbed or repaid
+    p = Pacer(1, absorb_s=0.0, max_debt_s=0.0, paced=False)
+    p.due(5.0, 4.0, 0.003, continuous=False)
+    assert p.due(5.010, 5.004, 0.003, continuous=True) == pytest.approx(5.013)
+    assert p.resets == 0

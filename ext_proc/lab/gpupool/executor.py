@@ -14,15 +14,20 @@ What vLLM's EngineCore calls and what it gets (FACTS.md, "running its scheduler 
 - ``execute_model(scheduler_output)``: a ``ModelRunnerOutput`` with one token for every
   request whose computed + scheduled tokens reach its prompt + the tokens it has generated
   (a decode, or the chunk that finishes a prefill, resumed requests' recompute included), ``[]``
-  for a prefill chunk that does not; after sleeping k × ``timing.step_time`` of the step
-  (minus the host time since the previous step, up to k × the modelled step overhead, which
-  stands for that host time). With a fitted step time (``spec["step"]``, ``timing.FittedStep``:
-  the faithfulness pool) it sleeps k × ``timing.fitted_step_time`` in full: that fit measured
-  the forward pass and the sampling only, and the host's share runs here for real. Every
-  ``STATS_EVERY`` steps a line on stderr gives the steps, the modelled seconds × k, and the wall
-  time the steps took (their host time included; idle gaps
-  between steps counted up to one dilated step): where the wall exceeds the dilated model, the
-  host, not the model, set the pace, and k should be larger.
+  for a prefill chunk that does not; after sleeping until the step is due at k × its
+  ``timing.step_time`` (``timing.Pacer``: while requests run through the gaps, each step is
+  due k × its modelled time after the previous one was due, so host time and late wake-ups
+  are repaid from the next sleeps and the pool keeps the model's pace whatever the load of
+  the shared cores, up to ``MAX_DEBT_STEPS`` × k × the modelled overhead behind; after an
+  idle gap, the host time since the previous step counts up to k × the modelled overhead,
+  which stands for it). With a fitted step time (``spec["step"]``, ``timing.FittedStep``:
+  the faithfulness pool) it sleeps k × ``timing.fitted_step_time`` in full, unpaced: that fit
+  measured the forward pass and the sampling only, and the host's share runs here for real,
+  before it, as on the real engine. Every ``STATS_EVERY`` steps a line on stderr gives the
+  steps, the modelled seconds × k, the wall time the steps took (their host time included;
+  idle gaps between steps counted up to one dilated step) and the pacer's resets: where the
+  wall exceeds the dilated model, or resets grow, the host, not the model, set the pace, and
+  k should be larger.
 - the token: ``FILLER_TOKEN_ID``, or the request's EOS when it would be sampled by a model
   driven the way the bench drives it: not ``ignore_eos``, a ``logit_bias`` on EOS of at least
   ``EOS_BIAS_MIN``, and at least ``min_tokens`` generated (vLLM masks EOS below min_tokens).
@@ -57,6 +62,7 @@ from ext_proc.lab.gpupool.timing import (
     FittedStep,
     GpuSpec,
     ModelCost,
+    Pacer,
     fitted_step_time,
     step_time,
 )
@@ -66,6 +72,7 @@ __all__ = ["EOS_BIAS_MIN", "FILLER_TOKEN_ID", "FakeGPUExecutor"]
 FILLER_TOKEN_ID = 100
 STATS_EVERY = 500  # steps between the stats line on stderr (vLLM's log)
 EOS_BIAS_MIN = 10.0
+MAX_DEBT_STEPS = 20  # how far (× k × the modelled overhead) the pool may fall behind its pace
 
 
 class _Req:
@@ -101,7 +108,14 @@ class FakeGPUExecutor(Executor):  # type: ignore[misc]
         self._fitted = None if fitted is None else FittedStep(**fitted)
         # Host time per step that the modelled time already stands for (the roofline's
         # overhead); a fitted step measured the forward pass alone: none.
-        self._absorb_s = 0.0 if self._fitted is not None else self._gpu.overhead_s
+        absorb_s = 0.0 if self._fitted is not None else self._gpu.overhead_s
+        self._pacer = Pacer(
+            self._dilation,
+            absorb_s=absorb_s * self._dilation,
+            max_debt_s=MAX_DEBT_STEPS * absorb_s * self._dilation,
+            paced=self._fitted is None,
+        )
+        self._prev_ids: frozenset[str] = frozenset()
         self._reqs: dict[str, _Req] = {}
         self._last_return = time.monotonic()
         self._since = self._last_return
@@ -174,8 +188,10 @@ class FakeGPUExecutor(Executor):  # type: ignore[misc]
             seconds = step_time(self._cost, self._gpu, out[1], n_sampled).seconds
         self.steps += 1
         self.modelled_s += seconds
-        host_s = min(start - self._last_return, self._absorb_s * self._dilation)
-        remaining = seconds * self._dilation - host_s - (time.monotonic() - start)
+        ids = frozenset(scheduler_output.num_scheduled_tokens)
+        due = self._pacer.due(start, self._last_return, seconds, bool(ids & self._prev_ids))
+        self._prev_ids = ids
+        remaining = due - time.monotonic()
         if remaining > 0:
             time.sleep(remaining)
         now = time.monotonic()
@@ -185,7 +201,7 @@ class FakeGPUExecutor(Executor):  # type: ignore[misc]
             print(
                 f"gpupool: {self.steps} steps, modelled {self.modelled_s:.3f} s × k "
                 f"{self._dilation:g} = {self.modelled_s * self._dilation:.1f} s, "
-                f"busy wall {self.busy_wall_s:.1f} s",
+                f"busy wall {self.busy_wall_s:.1f} s, pace resets {self._pacer.resets}",
                 file=sys.stderr,
                 flush=True,
             )

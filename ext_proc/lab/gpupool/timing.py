@@ -37,8 +37,9 @@ real engine (``CPU_TINY``: vLLM's CPU build with the tiny model, for the faithfu
 
 with S = the scheduled sequences (chunks). It stands for the forward pass and the sampling
 only (vLLM's ``iteration elapsed time``), not the scheduler's own host time, which the fake
-pool pays for real. Invariant: pure (stdlib only, no I/O, no clock); the same inputs give
-the same seconds.
+pool pays for real. ``Pacer`` turns modelled seconds into the wall time each step is due at under dilation k
+(its docstring). Invariant: pure (stdlib only, no I/O, no clock); the same inputs give the
+same seconds.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ __all__ = [
     "FittedStep",
     "GpuSpec",
     "ModelCost",
+    "Pacer",
     "StepTime",
     "fitted_step_time",
     "step_time",
@@ -250,3 +252,48 @@ def fitted_step_time(fit: FittedStep, chunks: Sequence[Chunk]) -> float:
         return 0.0
     kv_tokens = sum(c.context_tokens + c.new_tokens for c in chunks)
     return fit.base_s + fit.token_s * tokens + fit.seq_s * len(chunks) + fit.kv_token_s * kv_tokens
+
+
+class Pacer:
+    """When each step is due on the wall clock, so that the pool runs at k × the model.
+
+    ``due(start, last_return, seconds, continuous)`` for a step that began at ``start`` (wall
+    seconds) after the previous one returned at ``last_return``, modelled at ``seconds``:
+
+    - continuous (a request scheduled now was scheduled in the previous step too, so the
+      pool had work through the gap: on a GPU the step follows the last one at once), and
+      the previous step's due time is at most ``max_debt_s`` behind ``start``:
+      due = the previous due + k × seconds. The host time between steps and any overrun of
+      the last step (the sleep woke late, the shared cores were busy) are repaid from this
+      step's sleep, so over a busy stretch Σ wall = k × Σ modelled: the pace is the model's,
+      not the host's load, and does not drift with it.
+    - otherwise (the pool was idle, or fell more than ``max_debt_s`` behind: counted in
+      ``resets``): due = start − min(start − last_return, absorb_s) + k × seconds, the
+      host time since the last step counted up to ``absorb_s`` (k × the modelled overhead).
+
+    ``paced=False`` (a fitted step, which measured the forward pass alone; the host's share
+    runs for real and adds to it, as on the real engine): always the second form.
+    Pure: the caller reads the clock and sleeps until the answer.
+    """
+
+    __slots__ = ("_due", "absorb_s", "k", "max_debt_s", "paced", "resets")
+
+    def __init__(self, k: float, *, absorb_s: float, max_debt_s: float, paced: bool) -> None:
+        self.k = k
+        self.absorb_s = absorb_s
+        self.max_debt_s = max_debt_s
+        self.paced = paced
+        self.resets = 0
+        self._due: float | None = None
+
+    def due(self, start: float, last_return: float, seconds: float, continuous: bool) -> float:
+        """The wall time this step should end at (class docstring)."""
+        prev = self._due
+        if self.paced and continuous and prev is not None and start - prev <= self.max_debt_s:
+            due = prev + self.k * seconds
+        else:
+            if self.paced and continuous and prev is not None:
+                self.resets += 1
+            due = start - min(start - last_return, self.absorb_s) + self.k * seconds
+        self._due = due
+        return due
