@@ -37,9 +37,11 @@ real engine (``CPU_TINY``: vLLM's CPU build with the tiny model, for the faithfu
 
 with S = the scheduled sequences (chunks). It stands for the forward pass and the sampling
 only (vLLM's ``iteration elapsed time``), not the scheduler's own host time, which the fake
-pool pays for real. ``Pacer`` turns modelled seconds into the wall time each step is due at under dilation k
-(its docstring). Invariant: pure (stdlib only, no I/O, no clock); the same inputs give the
-same seconds.
+pool pays for real.
+
+``Pacer`` turns modelled seconds into the wall time each step is due at under dilation k (its
+docstring). Invariant: pure (stdlib only, no I/O, no clock); the same inputs give the same
+seconds.
 """
 
 from __future__ import annotations
