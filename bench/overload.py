@@ -78,12 +78,13 @@ tenant is ``x-tenant`` in the ``queue`` arm (its ``tenant_header``), the route's
 ``ice_tenant_blocks_held``, sampled every ``--sample-ms``: the tenants the shares name, the
 others as ``other``); ``'{"cap": 1.0, "caps": {"heavy": 1.0}}'`` counts without limiting.
 
-``--fake-pool``: every group's vLLM is the fake pool instead of the tiny model
+``--fake-pool [sleep|burn]``: every group's vLLM is the fake pool instead of the tiny model
 (``ext_proc.lab.gpupool.cpu_tiny``, docs/gpu-pool.md "Faithfulness"): vLLM's own API server,
 scheduler and KV cache at the tiny model's geometry (24 blocks of 128, ``max_model_len``
 2,048, 2,048 batched tokens, 128 sequences), with the forward pass replaced by a sleep of the
-step time fitted to this CPU vLLM (k = 1). The same plan, policy and arms: to check that the
-fake pool reproduces the real one.
+step time fitted to this CPU vLLM (k = 1): slept (``sleep``, the default), or computed on one
+core (``burn``: the real forward pass takes a core from Envoy, ICE and the client; a sleep does
+not). The same plan, policy and arms: to check that the fake pool reproduces the real one.
 
 ``--ice-workers N``: each ICE runs ``--workers N`` (Envoy balances over them).
 ``--tenant-alone light``: per round, each arm also runs a control: only light's requests of
@@ -173,6 +174,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import sys
 import tempfile
@@ -234,9 +236,9 @@ from ext_proc.lab.overload.setup import Setup  # noqa: E402
 
 
 @contextlib.contextmanager
-def fake_pool_setup(workdir: Path, **kwargs: Any) -> Iterator[Setup]:
+def fake_pool_setup(workdir: Path, *, burn: bool = False, **kwargs: Any) -> Iterator[Setup]:
     """``overload_setup`` with the fake pool at the tiny model's geometry (``--fake-pool``)."""
-    serve = serve_config(cpu_tiny(), workdir / "fake-pool")
+    serve = serve_config(cpu_tiny(burn=burn), workdir / "fake-pool")
     with overload_setup(workdir, serve=serve, **kwargs) as setup:
         yield setup
 
@@ -467,7 +469,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument(
         "--fake-pool",
-        action="store_true",
+        nargs="?",
+        const="sleep",
+        default=None,
+        choices=("sleep", "burn"),
         help="serve the fake pool at the tiny model's geometry and fitted step time instead "
         "of the tiny model (docs/gpu-pool.md, Faithfulness)",
     )
@@ -613,7 +618,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 controls=controls,
                 vllm_args=args.vllm_arg,
                 queue=queue,
-                start=fake_pool_setup if args.fake_pool else overload_setup,
+                start=(
+                    functools.partial(fake_pool_setup, burn=args.fake_pool == "burn")
+                    if args.fake_pool
+                    else overload_setup
+                ),
                 policy=policy,
                 vllm_nice=args.vllm_nice,
                 ice_workers=args.ice_workers,

@@ -23,7 +23,10 @@ What vLLM's EngineCore calls and what it gets (FACTS.md, "running its scheduler 
   which stands for it). With a fitted step time (``spec["step"]``, ``timing.FittedStep``:
   the faithfulness pool) it sleeps k × ``timing.fitted_step_time`` in full, unpaced: that fit
   measured the forward pass and the sampling only, and the host's share runs here for real,
-  before it, as on the real engine. Every ``STATS_EVERY`` steps a line on stderr gives the
+  before it, as on the real engine; with ``spec["burn"]`` it computes (small matrix products
+  on one thread pinned to the first allowed core, as vLLM's CPU worker binds its one OpenMP
+  thread) until the step is due instead of sleeping, so the fake pool loads the CPU as the
+  real CPU forward pass does. Every ``STATS_EVERY`` steps a line on stderr gives the
   steps, the modelled seconds × k, the wall time the steps took (their host time included;
   idle gaps between steps counted up to one dilated step) and the pacer's resets: where the
   wall exceeds the dilated model, or resets grow, the host, not the model, set the pace, and
@@ -43,6 +46,7 @@ vLLM's engine then uses (``EngineCore._initialize_kv_caches``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -116,6 +120,13 @@ class FakeGPUExecutor(Executor):  # type: ignore[misc]
             paced=self._fitted is None,
         )
         self._prev_ids: frozenset[str] = frozenset()
+        # burn: the step's time computed on one core (core 0, as vLLM's CPU worker binds its
+        # one OpenMP thread), not slept: the CPU testbed's forward loads the machine too
+        self._burn: tuple[Any, Any] | None = None
+        if spec.get("burn"):
+            torch.set_num_threads(1)
+            self._burn = (torch.rand(128, 128), torch.rand(128, 128))
+            torch.mm(*self._burn)  # the first product sets torch up (~50 ms); later ones ~80 µs
         self._reqs: dict[str, _Req] = {}
         self._last_return = time.monotonic()
         self._since = self._last_return
@@ -191,9 +202,12 @@ class FakeGPUExecutor(Executor):  # type: ignore[misc]
         ids = frozenset(scheduler_output.num_scheduled_tokens)
         due = self._pacer.due(start, self._last_return, seconds, bool(ids & self._prev_ids))
         self._prev_ids = ids
-        remaining = due - time.monotonic()
-        if remaining > 0:
-            time.sleep(remaining)
+        if self._burn is not None:
+            self._burn_until(due)
+        else:
+            remaining = due - time.monotonic()
+            if remaining > 0:
+                time.sleep(remaining)
         now = time.monotonic()
         self.busy_wall_s += now - start + min(start - self._last_return, seconds * self._dilation)
         self._last_return = now
@@ -210,6 +224,19 @@ class FakeGPUExecutor(Executor):  # type: ignore[misc]
             done.set_result(out[0])
             return done
         return out[0]
+
+    def _burn_until(self, due: float) -> None:
+        assert self._burn is not None
+        if time.monotonic() >= due:
+            return
+        affinity = os.sched_getaffinity(0)
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, {min(affinity)})
+        a, b = self._burn
+        while time.monotonic() < due:
+            torch.mm(a, b)
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, affinity)
 
     def _step(self, so: Any) -> tuple[Any, list[Chunk]]:
         for req_id in so.finished_req_ids:

@@ -24,7 +24,8 @@ the KV spec, the block count and the step times are the real model's.
 ``cpu_tiny`` is the pool of the faithfulness check (docs/gpu-pool.md): the CPU tiny model's
 geometry (``configs/cpu-tiny.json``), 24 blocks of 128, ``max_model_len`` 2,048, vLLM's CPU
 defaults of 2,048 batched tokens and 128 sequences, and the step time fitted to the real CPU
-vLLM (``timing.CPU_TINY``) instead of the GPU roofline.
+vLLM (``timing.CPU_TINY``) instead of the GPU roofline; ``burn``: the executor computes each
+step's time on one core instead of sleeping it, as the real CPU forward pass loads the machine.
 
 ``executor_spec`` is the JSON the executor reads from ``ICE_GPUPOOL_SPEC``; ``serve_config``
 the ``vllm_local.ServeConfig`` that starts it. Invariant: importing needs ICE's venv or the
@@ -103,6 +104,7 @@ class PoolSpec:
     extra_args: tuple[str, ...] = field(default=())
     num_blocks_override: int | None = None  # this many blocks, not the memory arithmetic
     step: FittedStep | None = None  # a fitted step time instead of ``gpu``'s roofline
+    burn: bool = False  # compute the step time on one core instead of sleeping it (executor)
 
     @property
     def config(self) -> dict[str, Any]:
@@ -154,10 +156,11 @@ class PoolSpec:
             "block_size": self.block_size,
             "dilation": self.dilation,
             "step": None if self.step is None else dataclasses.asdict(self.step),
+            "burn": self.burn,
         }
 
 
-def cpu_tiny(dilation: float = 1.0) -> PoolSpec:
+def cpu_tiny(dilation: float = 1.0, *, burn: bool = False) -> PoolSpec:
     """The fake pool at the CPU tiny model's geometry and fitted step time (module docstring)."""
     return PoolSpec(
         model="cpu-tiny",
@@ -168,6 +171,7 @@ def cpu_tiny(dilation: float = 1.0) -> PoolSpec:
         max_num_seqs=128,
         dilation=dilation,
         step=CPU_TINY,
+        burn=burn,
     )
 
 
