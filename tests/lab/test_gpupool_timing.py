@@ -129,18 +129,22 @@ def test_fitted_step_hand_computed() -> None:
     # = 2 + 0.04 + 0.2 + 0.011 = 2.251 ms.
     fit = FittedStep("toy", base_s=2e-3, token_s=10e-6, seq_s=100e-6, kv_token_s=1e-6)
     assert fitted_step_time(fit, [Chunk(3, 2), Chunk(1, 5)]) == pytest.approx(2.251e-3)
+    host = dataclasses.replace(fit, host_s=0.5e-3)  # + 0.5 ms of host time a step
+    assert fitted_step_time(host, [Chunk(3, 2), Chunk(1, 5)]) == pytest.approx(2.751e-3)
     assert fitted_step_time(fit, []) == 0.0
 
 
 @pytest.mark.parametrize(
     ("chunks", "ms"),
     [
-        # one decode on 1,000 cached: 2.977 + 0.04415 + 0.1644 + 1,001 × 3.845e-6 = 3.1894 ms
-        ([Chunk(1, 1000)], 3.1894),
-        # a 1,024-token prefill: 2.977 + 45.2096 + 0.1644 + 0.0039 = 48.3549 ms
-        ([Chunk(1024, 0)], 48.3549),
-        # four decodes on 2,000 cached in all: 2.977 + 0.1766 + 0.6576 + 0.0077 = 3.8189 ms
-        ([Chunk(1, 500)] * 4, 3.8189),
+        # one decode on 1,000 cached: 0.8 + 2.977 + 0.04415 + 0.1644 + 1,001 × 3.845e-6
+        # = 3.9894 ms
+        ([Chunk(1, 1000)], 3.9894),
+        # a 1,024-token prefill: 0.8 + 2.977 + 45.2096 + 0.1644 + 0.0039 = 49.1549 ms
+        ([Chunk(1024, 0)], 49.1549),
+        # four decodes on 2,000 cached in all: 0.8 + 2.977 + 0.1766 + 0.6576 + 0.0077
+        # = 4.6189 ms
+        ([Chunk(1, 500)] * 4, 4.6189),
     ],
     ids=["one decode", "long prefill", "four decodes"],
 )

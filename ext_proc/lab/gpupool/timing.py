@@ -33,11 +33,12 @@ calibration and its error.
 ``FittedStep`` is the other kind of step time: a straight line fitted to measured steps of a
 real engine (``CPU_TINY``: vLLM's CPU build with the tiny model, for the faithfulness check),
 
-    t_step = base_s + token_s × T + seq_s × S + kv_token_s × Σ (context_tokens + new_tokens)
+    t_step = host_s + base_s + token_s × T + seq_s × S + kv_token_s × Σ (context + new tokens)
 
-with S = the scheduled sequences (chunks). It stands for the forward pass and the sampling
-only (vLLM's ``iteration elapsed time``), not the scheduler's own host time, which the fake
-pool pays for real.
+with S = the scheduled sequences (chunks). The last four terms stand for the forward pass and
+the sampling (vLLM's ``iteration elapsed time``), not the scheduler's own host time, which the
+fake pool pays for real; ``host_s`` for the host time per step that the real engine pays and
+the fake one does not (the round trip to vLLM's worker process: the fake runs in-process).
 
 ``Pacer`` turns modelled seconds into the wall time each step is due at under dilation k (its
 docstring). Invariant: pure (stdlib only, no I/O, no clock); the same inputs give the same
@@ -226,6 +227,7 @@ class FittedStep:
     token_s: float
     seq_s: float
     kv_token_s: float
+    host_s: float = 0.0
 
 
 # vLLM 0.32's CPU build serving the tiny model (2 layers, hidden 256; ext_proc/lab/vllm_local)
@@ -238,12 +240,17 @@ class FittedStep:
 # (12 µs with all 3,072 tokens cached: context does not matter at this size). Mean absolute
 # error 1.8 ms a step (the steps jitter with the shared cores: decodes of one sequence took
 # 2.4 ms median, 3.0 mean); Σ modelled / Σ measured = 1.00 on the steps fitted.
+# host_s 0.8 ms: the real engine's steps while saturated took 1.0–2.0 ms (median 1.6) of wall
+# time a step beyond vLLM's elapsed (per second of its log: (1 s − Σ elapsed) / steps, in the
+# seconds with KV usage over 80 %; calibration and comparison runs); the fake pool's took
+# 0.6–1.0 ms beyond its sleep (its stats lines): the difference, the worker round trip.
 CPU_TINY = FittedStep(
     name="cpu-tiny",
     base_s=2.977e-3,
     token_s=44.15e-6,
     seq_s=164.4e-6,
     kv_token_s=3.845e-9,
+    host_s=0.8e-3,
 )
 
 
@@ -253,7 +260,13 @@ def fitted_step_time(fit: FittedStep, chunks: Sequence[Chunk]) -> float:
     if tokens == 0:
         return 0.0
     kv_tokens = sum(c.context_tokens + c.new_tokens for c in chunks)
-    return fit.base_s + fit.token_s * tokens + fit.seq_s * len(chunks) + fit.kv_token_s * kv_tokens
+    return (
+        fit.host_s
+        + fit.base_s
+        + fit.token_s * tokens
+        + fit.seq_s * len(chunks)
+        + fit.kv_token_s * kv_tokens
+    )
 
 
 class Pacer:
