@@ -78,6 +78,14 @@ tenant is ``x-tenant`` in the ``queue`` arm (its ``tenant_header``), the route's
 ``ice_tenant_blocks_held``, sampled every ``--sample-ms``: the tenants the shares name, the
 others as ``other``); ``'{"cap": 1.0, "caps": {"heavy": 1.0}}'`` counts without limiting.
 
+``--fake-pool [sleep|burn]``: every group's vLLM is the fake pool instead of the tiny model
+(``ext_proc.lab.gpupool.cpu_tiny``, docs/gpu-pool.md "Faithfulness"): vLLM's own API server,
+scheduler and KV cache at the tiny model's geometry (24 blocks of 128, ``max_model_len``
+2,048, 2,048 batched tokens, 128 sequences), with the forward pass replaced by a sleep of the
+step time fitted to this CPU vLLM (k = 1): slept (``sleep``, the default), or computed on one
+core (``burn``: the real forward pass takes a core from Envoy, ICE and the client; a sleep does
+not). The same plan, policy and arms: to check that the fake pool reproduces the real one.
+
 ``--ice-workers N``: each ICE runs ``--workers N`` (Envoy balances over them).
 ``--tenant-alone light``: per round, each arm also runs a control: only light's requests of
 the plan, at their planned times (the rows ``<arm> light alone``), to read what the other
@@ -166,10 +174,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -177,6 +186,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # run as a script: import ext_proc from the checkout
     sys.path.insert(0, str(REPO))
 
+from ext_proc.lab.gpupool import cpu_tiny, serve_config  # noqa: E402
 from ext_proc.lab.overload import (  # noqa: E402
     DEFAULT_MODES,
     LIMITS,
@@ -222,6 +232,15 @@ from ext_proc.lab.overload import (  # noqa: E402
     totals,
     valve_in_args,
 )
+from ext_proc.lab.overload.setup import Setup  # noqa: E402
+
+
+@contextlib.contextmanager
+def fake_pool_setup(workdir: Path, *, burn: bool = False, **kwargs: Any) -> Iterator[Setup]:
+    """``overload_setup`` with the fake pool at the tiny model's geometry (``--fake-pool``)."""
+    serve = serve_config(cpu_tiny(burn=burn), workdir / "fake-pool")
+    with overload_setup(workdir, serve=serve, **kwargs) as setup:
+        yield setup
 
 
 def parse_modes(spec: str) -> list[str]:
@@ -448,6 +467,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="direct",
         help="sweep: the fronts of each valve setting (default direct; e.g. direct,ice)",
     )
+    ap.add_argument(
+        "--fake-pool",
+        nargs="?",
+        const="sleep",
+        default=None,
+        choices=("sleep", "burn"),
+        help="serve the fake pool at the tiny model's geometry and fitted step time instead "
+        "of the tiny model (docs/gpu-pool.md, Faithfulness)",
+    )
     ap.add_argument("--ice-workers", type=int, default=1, help="ICE --workers (each ICE)")
     ap.add_argument(
         "--queue-wait-ms", type=int, default=QUEUE_WAIT_MS, help="queue mode: max_queue_wait_ms"
@@ -526,6 +554,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "modes": [a.name for a in arms],
         "rounds": args.rounds,
         "ice_workers": args.ice_workers,
+        "fake_pool": args.fake_pool,
         "ttft_slo_s": args.ttft_slo_s,
         "tenants": args.tenants,
         "tenant_alone": args.tenant_alone,
@@ -589,7 +618,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 controls=controls,
                 vllm_args=args.vllm_arg,
                 queue=queue,
-                start=overload_setup,
+                start=(
+                    functools.partial(fake_pool_setup, burn=args.fake_pool == "burn")
+                    if args.fake_pool
+                    else overload_setup
+                ),
                 policy=policy,
                 vllm_nice=args.vllm_nice,
                 ice_workers=args.ice_workers,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -12,9 +13,11 @@ from ext_proc.kv.cli import main as ice_plan
 from ext_proc.lab import vllm_local as vl
 from ext_proc.lab.gpupool import (
     CONFIG_DIR,
+    CPU_TINY,
     EXECUTOR,
     SPEC_ENV,
     PoolSpec,
+    cpu_tiny,
     load_config,
     serve_config,
     write_served_model,
@@ -91,3 +94,22 @@ def test_serve_config_refuses_a_context_that_does_not_fit(tmp_path: Path) -> Non
     # 512 blocks of 16: 511 usable → 8,176 tokens at most (vLLM's own message says so too).
     with pytest.raises(ValueError, match="at most 8176"):
         serve_config(PoolSpec(kv_memory_bytes=2**30, max_model_len=8192), tmp_path)
+
+
+def test_cpu_tiny_pool_matches_the_real_cpu_pool() -> None:
+    spec = cpu_tiny()
+    real = vl.ServeConfig()
+    assert (spec.num_blocks, spec.block_size) == (real.num_gpu_blocks, real.block_size) == (24, 128)
+    assert spec.max_model_len == real.max_model_len == 2048
+    # the tiny model's own config: 2 × 2 layers × 2 KV heads × 64 × 2 B = 1,024 B a token
+    assert spec.cost.kv_bytes_per_token == vl.ModelGeometry().kv_bytes_per_token == 1024
+    assert spec.executor_spec()["step"] == dataclasses.asdict(CPU_TINY)
+    assert PoolSpec().executor_spec()["step"] is None
+
+
+def test_cpu_tiny_argv(tmp_path: Path) -> None:
+    argv, _ = vl.serve_command(serve_config(cpu_tiny(), tmp_path))
+    joined = " ".join(argv)
+    assert "--block-size 128" in joined and "--num-gpu-blocks-override 24" in joined
+    # vLLM 0.32's CPU defaults for `vllm serve` (engine/arg_utils.py), what the real pool runs
+    assert "--max-num-batched-tokens 2048" in joined and "--max-num-seqs 128" in joined

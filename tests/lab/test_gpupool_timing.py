@@ -6,7 +6,18 @@ import dataclasses
 
 import pytest
 
-from ext_proc.lab.gpupool import H100_SXM, Chunk, GpuSpec, ModelCost, load_config, step_time
+from ext_proc.lab.gpupool import (
+    CPU_TINY,
+    H100_SXM,
+    Chunk,
+    FittedStep,
+    GpuSpec,
+    ModelCost,
+    Pacer,
+    fitted_step_time,
+    load_config,
+    step_time,
+)
 
 # d = 4, h = 2, g = 1, e = 2, f = 8, V = 10, L = 1, bf16:
 # layer = 4·2·2 + 2·4·1·2 + 2·2·4 + 3·4·8 + 2·4 = 16 + 16 + 16 + 96 + 8 = 152; head = 40.
@@ -111,3 +122,62 @@ def test_h100_one_sequence() -> None:
     t = step_time(ModelCost.from_config(load_config("llama-3.1-8b")), H100_SXM, [Chunk(1, 1024)], 1)
     assert t.seconds == pytest.approx(1e-3 + (15_009_841_152 + 131_072 * 1025) / (3.35e12 * 0.78))
     assert t.seconds == pytest.approx(6.796e-3, abs=1e-6)
+
+
+def test_fitted_step_hand_computed() -> None:
+    # 2 ms + 10 µs × (3 + 1) tokens + 100 µs × 2 sequences + 1 µs × ((2 + 3) + (5 + 1)) cached
+    # = 2 + 0.04 + 0.2 + 0.011 = 2.251 ms.
+    fit = FittedStep("toy", base_s=2e-3, token_s=10e-6, seq_s=100e-6, kv_token_s=1e-6)
+    assert fitted_step_time(fit, [Chunk(3, 2), Chunk(1, 5)]) == pytest.approx(2.251e-3)
+    host = dataclasses.replace(fit, host_s=0.5e-3)  # + 0.5 ms of host time a step
+    assert fitted_step_time(host, [Chunk(3, 2), Chunk(1, 5)]) == pytest.approx(2.751e-3)
+    assert fitted_step_time(fit, []) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("chunks", "ms"),
+    [
+        # one decode on 1,000 cached: 0.8 + 2.977 + 0.04415 + 0.1644 + 1,001 × 3.845e-6
+        # = 3.9894 ms
+        ([Chunk(1, 1000)], 3.9894),
+        # a 1,024-token prefill: 0.8 + 2.977 + 45.2096 + 0.1644 + 0.0039 = 49.1549 ms
+        ([Chunk(1024, 0)], 49.1549),
+        # four decodes on 2,000 cached in all: 0.8 + 2.977 + 0.1766 + 0.6576 + 0.0077
+        # = 4.6189 ms
+        ([Chunk(1, 500)] * 4, 4.6189),
+    ],
+    ids=["one decode", "long prefill", "four decodes"],
+)
+def test_cpu_tiny_constants(chunks: list[Chunk], ms: float) -> None:
+    assert fitted_step_time(CPU_TINY, chunks) * 1000 == pytest.approx(ms, abs=1e-3)
+
+
+def test_pacer_repays_host_time_while_busy() -> None:
+    # k = 10, absorb 10 ms, debt up to 200 ms. Step 1 starts at 100.0 after an idle gap of
+    # 0.5 s: due = 100 − 0.010 + 10 × 0.007 = 100.060. Step 2 starts late, at 100.080 (the
+    # sleep woke 20 ms late); busy, so due = 100.060 + 0.070 = 100.130, not 100.150: the
+    # overrun is repaid. Step 3 at 100.131: 100.200.
+    p = Pacer(10, absorb_s=0.010, max_debt_s=0.200, paced=True)
+    assert p.due(100.0, 99.5, 0.007, continuous=False) == pytest.approx(100.060)
+    assert p.due(100.080, 100.079, 0.007, continuous=True) == pytest.approx(100.130)
+    assert p.due(100.131, 100.131, 0.007, continuous=True) == pytest.approx(100.200)
+    assert p.resets == 0
+
+
+def test_pacer_idle_gap_and_falling_behind() -> None:
+    p = Pacer(10, absorb_s=0.010, max_debt_s=0.200, paced=True)
+    p.due(100.0, 99.5, 0.007, continuous=False)  # due 100.060
+    # idle gap (no request ran through it): host time since the last return counts up to
+    # 10 ms: 100.500 − 0.003 + 0.070 = 100.567
+    assert p.due(100.500, 100.497, 0.007, continuous=False) == pytest.approx(100.567)
+    # busy but 300 ms behind the due time (> 200 ms): reset, counted
+    assert p.due(100.867, 100.866, 0.007, continuous=True) == pytest.approx(100.936)
+    assert p.resets == 1
+
+
+def test_pacer_unpaced_sleeps_in_full() -> None:
+    # a fitted step: the host's time runs before it, nothing absorbed or repaid
+    p = Pacer(1, absorb_s=0.0, max_debt_s=0.0, paced=False)
+    p.due(5.0, 4.0, 0.003, continuous=False)
+    assert p.due(5.010, 5.004, 0.003, continuous=True) == pytest.approx(5.013)
+    assert p.resets == 0

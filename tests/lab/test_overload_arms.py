@@ -6,7 +6,9 @@ output)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -569,3 +571,43 @@ def test_bad_valve_and_workload_arguments_are_refused_before_anything_starts(
         bench.main(argv)
     assert exc.value.code == 2
     assert bench.swept == []
+
+
+@pytest.mark.parametrize(
+    ("flag", "burn"), [(["--fake-pool"], False), (["--fake-pool", "burn"], True)]
+)
+def test_the_fake_pool_serves_every_group(
+    bench: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, flag: list[str], burn: bool
+) -> None:
+    assert bench.main(["--modes", "direct", *flag]) == 0
+    (call,) = bench.swept
+    start = call["start"]
+    assert start.func is bench.fake_pool_setup and start.keywords == {"burn": burn}
+    seen: dict[str, Any] = {}
+
+    @contextlib.contextmanager
+    def setup(workdir: Path, **kw: Any) -> Iterator[str]:
+        seen.update(kw, workdir=workdir)
+        yield "setup"
+
+    monkeypatch.setattr(bench, "overload_setup", setup)
+    tiny = tmp_path / "tiny"  # the tiny model's tokenizer side only: nothing is built
+    tiny.mkdir()
+    (tiny / "config.json").write_text(
+        json.dumps({"vocab_size": 4096, "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 3})
+    )
+    (tiny / vl.MODEL_STAMP).write_text("{}")
+    monkeypatch.setattr(bench, "serve_config", functools.partial(bench.serve_config, tiny_dir=tiny))
+    with start(tmp_path, queue=False) as got:
+        assert got == "setup"
+    cfg = seen["serve"]
+    assert (cfg.num_gpu_blocks, cfg.block_size, cfg.max_model_len) == (24, 128, 2048)
+    assert "ext_proc.lab.gpupool.executor.FakeGPUExecutor" in cfg.extra_args
+    spec = json.loads(Path(dict(cfg.env)["ICE_GPUPOOL_SPEC"]).read_text())
+    assert spec["burn"] is burn and spec["step"]["name"] == "cpu-tiny"
+    assert seen["queue"] is False and seen["workdir"] == tmp_path
+
+
+def test_without_the_flag_the_tiny_model_serves(bench: Any) -> None:
+    assert bench.main(["--modes", "direct"]) == 0
+    assert bench.swept[0]["start"] is bench.overload_setup

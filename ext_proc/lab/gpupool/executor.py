@@ -14,12 +14,23 @@ What vLLM's EngineCore calls and what it gets (FACTS.md, "running its scheduler 
 - ``execute_model(scheduler_output)``: a ``ModelRunnerOutput`` with one token for every
   request whose computed + scheduled tokens reach its prompt + the tokens it has generated
   (a decode, or the chunk that finishes a prefill, resumed requests' recompute included), ``[]``
-  for a prefill chunk that does not; after sleeping k × ``timing.step_time`` of the step
-  (minus the host time since the previous step, up to k × the modelled step overhead, which
-  stands for that host time). Every ``STATS_EVERY`` steps a line on stderr gives the steps, the
-  modelled seconds × k, and the wall time the steps took (their host time included; idle gaps
-  between steps counted up to one dilated step): where the wall exceeds the dilated model, the
-  host, not the model, set the pace, and k should be larger.
+  for a prefill chunk that does not; after sleeping until the step is due at k × its
+  ``timing.step_time`` (``timing.Pacer``: while requests run through the gaps, each step is
+  due k × its modelled time after the previous one was due, so host time and late wake-ups
+  are repaid from the next sleeps and the pool keeps the model's pace whatever the load of
+  the shared cores, up to ``MAX_DEBT_STEPS`` × k × the modelled overhead behind; after an
+  idle gap, the host time since the previous step counts up to k × the modelled overhead,
+  which stands for it). With a fitted step time (``spec["step"]``, ``timing.FittedStep``:
+  the faithfulness pool) it sleeps k × ``timing.fitted_step_time`` in full, unpaced: that fit
+  measured the forward pass and the sampling only, and the host's share runs here for real,
+  before it, as on the real engine; with ``spec["burn"]`` it computes (small matrix products
+  on one thread pinned to the first allowed core, as vLLM's CPU worker binds its one OpenMP
+  thread) until the step is due instead of sleeping, so the fake pool loads the CPU as the
+  real CPU forward pass does. Every ``STATS_EVERY`` steps a line on stderr gives the
+  steps, the modelled seconds × k, the wall time the steps took (their host time included;
+  idle gaps between steps counted up to one dilated step) and the pacer's resets: where the
+  wall exceeds the dilated model, or resets grow, the host, not the model, set the pace, and
+  k should be larger.
 - the token: ``FILLER_TOKEN_ID``, or the request's EOS when it would be sampled by a model
   driven the way the bench drives it: not ``ignore_eos``, a ``logit_bias`` on EOS of at least
   ``EOS_BIAS_MIN``, and at least ``min_tokens`` generated (vLLM masks EOS below min_tokens).
@@ -35,6 +46,7 @@ vLLM's engine then uses (``EngineCore._initialize_kv_caches``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -49,13 +61,22 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec  # type: ignore[import-
 from vllm.v1.outputs import ModelRunnerOutput  # type: ignore[import-not-found]
 
 from ext_proc.lab.gpupool.pool import SPEC_ENV
-from ext_proc.lab.gpupool.timing import Chunk, GpuSpec, ModelCost, step_time
+from ext_proc.lab.gpupool.timing import (
+    Chunk,
+    FittedStep,
+    GpuSpec,
+    ModelCost,
+    Pacer,
+    fitted_step_time,
+    step_time,
+)
 
 __all__ = ["EOS_BIAS_MIN", "FILLER_TOKEN_ID", "FakeGPUExecutor"]
 
 FILLER_TOKEN_ID = 100
 STATS_EVERY = 500  # steps between the stats line on stderr (vLLM's log)
 EOS_BIAS_MIN = 10.0
+MAX_DEBT_STEPS = 20  # how far (× k × the modelled overhead) the pool may fall behind its pace
 
 
 class _Req:
@@ -87,6 +108,25 @@ class FakeGPUExecutor(Executor):  # type: ignore[misc]
         self._num_blocks = int(spec["num_blocks"])
         self._block_size = int(spec["block_size"])
         self._dilation = float(spec["dilation"])
+        fitted = spec.get("step")
+        self._fitted = None if fitted is None else FittedStep(**fitted)
+        # Host time per step that the modelled time already stands for (the roofline's
+        # overhead); a fitted step measured the forward pass alone: none.
+        absorb_s = 0.0 if self._fitted is not None else self._gpu.overhead_s
+        self._pacer = Pacer(
+            self._dilation,
+            absorb_s=absorb_s * self._dilation,
+            max_debt_s=MAX_DEBT_STEPS * absorb_s * self._dilation,
+            paced=self._fitted is None,
+        )
+        self._prev_ids: frozenset[str] = frozenset()
+        # burn: the step's time computed on one core (core 0, as vLLM's CPU worker binds its
+        # one OpenMP thread), not slept: the CPU testbed's forward loads the machine too
+        self._burn: tuple[Any, Any] | None = None
+        if spec.get("burn"):
+            torch.set_num_threads(1)
+            self._burn = (torch.rand(128, 128), torch.rand(128, 128))
+            torch.mm(*self._burn)  # the first product sets torch up (~50 ms); later ones ~80 µs
         self._reqs: dict[str, _Req] = {}
         self._last_return = time.monotonic()
         self._since = self._last_return
@@ -153,13 +193,21 @@ class FakeGPUExecutor(Executor):  # type: ignore[misc]
         start = time.monotonic()
         out = self._step(scheduler_output)
         n_sampled = sum(1 for tokens in out[0].sampled_token_ids if tokens)
-        seconds = step_time(self._cost, self._gpu, out[1], n_sampled).seconds
+        if self._fitted is not None:
+            seconds = fitted_step_time(self._fitted, out[1])
+        else:
+            seconds = step_time(self._cost, self._gpu, out[1], n_sampled).seconds
         self.steps += 1
         self.modelled_s += seconds
-        host_s = min(start - self._last_return, self._gpu.overhead_s * self._dilation)
-        remaining = seconds * self._dilation - host_s - (time.monotonic() - start)
-        if remaining > 0:
-            time.sleep(remaining)
+        ids = frozenset(scheduler_output.num_scheduled_tokens)
+        due = self._pacer.due(start, self._last_return, seconds, bool(ids & self._prev_ids))
+        self._prev_ids = ids
+        if self._burn is not None:
+            self._burn_until(due)
+        else:
+            remaining = due - time.monotonic()
+            if remaining > 0:
+                time.sleep(remaining)
         now = time.monotonic()
         self.busy_wall_s += now - start + min(start - self._last_return, seconds * self._dilation)
         self._last_return = now
@@ -167,7 +215,7 @@ class FakeGPUExecutor(Executor):  # type: ignore[misc]
             print(
                 f"gpupool: {self.steps} steps, modelled {self.modelled_s:.3f} s × k "
                 f"{self._dilation:g} = {self.modelled_s * self._dilation:.1f} s, "
-                f"busy wall {self.busy_wall_s:.1f} s",
+                f"busy wall {self.busy_wall_s:.1f} s, pace resets {self._pacer.resets}",
                 file=sys.stderr,
                 flush=True,
             )
@@ -176,6 +224,19 @@ class FakeGPUExecutor(Executor):  # type: ignore[misc]
             done.set_result(out[0])
             return done
         return out[0]
+
+    def _burn_until(self, due: float) -> None:
+        assert self._burn is not None
+        if time.monotonic() >= due:
+            return
+        affinity = os.sched_getaffinity(0)
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, {min(affinity)})
+        a, b = self._burn
+        while time.monotonic() < due:
+            torch.mm(a, b)
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, affinity)
 
     def _step(self, so: Any) -> tuple[Any, list[Chunk]]:
         for req_id in so.finished_req_ids:

@@ -8,6 +8,7 @@ is ICE's own arithmetic (``ext_proc.kv``, what ``ice plan`` prints), per rank:
                 − weights / tp − activation_bytes          (or ``kv_memory_bytes`` as given)
     num_blocks = available // (block_size × kv_bytes_per_token)
 
+or, with ``num_blocks_override``, exactly that many blocks (the CPU tiny model's 24: ``cpu_tiny``),
 with weights = params × dtype bytes (``timing.ModelCost``) and ``activation_bytes`` = 4 GiB for
 the activation peak, CUDA graphs and non-torch memory (an assumption: vLLM's start-up logs on
 an H100 show a few GiB for them). The block count goes to ``--num-gpu-blocks-override`` and to
@@ -19,6 +20,12 @@ context length, rope) with the tiny offline model's tokenizer and its vocabulary
 EOS and pad ids, and no weights: the fake executor never loads any. Prompts are therefore
 tokenized by the tiny tokenizer (≈ 1 token per filler word, as in the CPU benches), while
 the KV spec, the block count and the step times are the real model's.
+
+``cpu_tiny`` is the pool of the faithfulness check (docs/gpu-pool.md): the CPU tiny model's
+geometry (``configs/cpu-tiny.json``), 24 blocks of 128, ``max_model_len`` 2,048, vLLM's CPU
+defaults of 2,048 batched tokens and 128 sequences, and the step time fitted to the real CPU
+vLLM (``timing.CPU_TINY``) instead of the GPU roofline; ``burn``: the executor computes each
+step's time on one core instead of sleeping it, as the real CPU forward pass loads the machine.
 
 ``executor_spec`` is the JSON the executor reads from ``ICE_GPUPOOL_SPEC``; ``serve_config``
 the ``vllm_local.ServeConfig`` that starts it. Invariant: importing needs ICE's venv or the
@@ -43,7 +50,7 @@ from ext_proc.kv import (
     shape_from_config,
 )
 from ext_proc.lab import vllm_local as vl
-from ext_proc.lab.gpupool.timing import H100_SXM, GpuSpec, ModelCost
+from ext_proc.lab.gpupool.timing import CPU_TINY, H100_SXM, FittedStep, GpuSpec, ModelCost
 
 __all__ = [
     "ACTIVATION_BYTES",
@@ -52,13 +59,18 @@ __all__ = [
     "MODELS",
     "SPEC_ENV",
     "PoolSpec",
+    "cpu_tiny",
     "load_config",
     "serve_config",
     "write_served_model",
 ]
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
-MODELS = {"llama-3.1-8b": 1, "llama-3.1-70b": 4}  # name → default tensor-parallel size
+MODELS = {
+    "llama-3.1-8b": 1,
+    "llama-3.1-70b": 4,
+    "cpu-tiny": 1,
+}  # name → default tensor-parallel size
 ACTIVATION_BYTES = 4 * 2**30
 SPEC_ENV = "ICE_GPUPOOL_SPEC"
 EXECUTOR = "ext_proc.lab.gpupool.executor.FakeGPUExecutor"
@@ -90,6 +102,9 @@ class PoolSpec:
     max_num_seqs: int = 1024  # the same
     dilation: float = 1.0
     extra_args: tuple[str, ...] = field(default=())
+    num_blocks_override: int | None = None  # this many blocks, not the memory arithmetic
+    step: FittedStep | None = None  # a fitted step time instead of ``gpu``'s roofline
+    burn: bool = False  # compute the step time on one core instead of sleeping it (executor)
 
     @property
     def config(self) -> dict[str, Any]:
@@ -101,6 +116,9 @@ class PoolSpec:
 
     def available_bytes(self) -> int:
         """KV bytes per rank (module docstring)."""
+        if self.num_blocks_override is not None:
+            block_bytes = self.block_size * self.cost.kv_bytes_per_token
+            return available_kv_bytes(kv_memory=self.num_blocks_override * block_bytes)
         if self.kv_memory_bytes is not None:
             return available_kv_bytes(kv_memory=self.kv_memory_bytes)
         cost = self.cost
@@ -137,7 +155,24 @@ class PoolSpec:
             "num_blocks": self.num_blocks,
             "block_size": self.block_size,
             "dilation": self.dilation,
+            "step": None if self.step is None else dataclasses.asdict(self.step),
+            "burn": self.burn,
         }
+
+
+def cpu_tiny(dilation: float = 1.0, *, burn: bool = False) -> PoolSpec:
+    """The fake pool at the CPU tiny model's geometry and fitted step time (module docstring)."""
+    return PoolSpec(
+        model="cpu-tiny",
+        block_size=128,
+        num_blocks_override=24,
+        max_model_len=2048,
+        max_num_batched_tokens=2048,
+        max_num_seqs=128,
+        dilation=dilation,
+        step=CPU_TINY,
+        burn=burn,
+    )
 
 
 def write_served_model(
