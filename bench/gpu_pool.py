@@ -13,8 +13,9 @@ rate (the timing model's estimate for the plan's mean sizes), one plan per ``--s
 ``--limits exact`` (max_tokens = the drawn length, ignore_eos) or ``client`` (1024 or none,
 the drawn length reached by min_tokens + an EOS bias).
 
-Arms (``--arms``, comma-separated): ``direct`` (straight to vLLM), ``reserve`` and
-``forecast`` (through Envoy + ICE with that admission, ``dilate.gpu_policy``), ``queue``
+Arms (``--arms``, comma-separated): ``direct`` (straight to vLLM), ``reserve``, ``forecast``
+and ``slo`` (through Envoy + ICE with that admission, ``dilate.gpu_policy``; slo's TTFT target
+is ``--ttft-slo-s`` × k), ``queue``
 (ICE reserve with its admission queue on), ``valve:reqs=N`` / ``valve:tokens=T`` (vLLM's own
 admission valve; the best setting per workload is an oracle: it was chosen after the fact).
 Each arm group (the vLLM it needs, the ICE policy) gets its own stack, one after another; the
@@ -52,7 +53,7 @@ from ext_proc.lab.overload.arms import Valve
 from ext_proc.lab.overload.burst import Planned
 from ext_proc.lab.overload.setup import QUEUE_WAIT_MS
 
-ARMS = ("direct", "reserve", "forecast", "queue")
+ARMS = ("direct", "reserve", "forecast", "slo", "queue")
 
 
 def _groups(arms: Sequence[str]) -> list[tuple[str, Valve | None, list[str]]]:
@@ -61,8 +62,9 @@ def _groups(arms: Sequence[str]) -> list[tuple[str, Valve | None, list[str]]]:
     first = [m for m in ("direct", "reserve", "queue") if m in arms]
     if first:
         out.append(("reserve", None, first))
-    if "forecast" in arms:
-        out.append(("forecast", None, ["forecast"]))
+    for admission in ("forecast", "slo"):
+        if admission in arms:
+            out.append((admission, None, [admission]))
     for arm in arms:
         if arm.startswith("valve:"):
             out.append(("reserve", Valve.parse(arm.removeprefix("valve:")), [arm]))
@@ -72,7 +74,7 @@ def _groups(arms: Sequence[str]) -> list[tuple[str, Valve | None, list[str]]]:
 
 
 def _mode(arm: str) -> str:
-    return {"reserve": "ice", "forecast": "ice", "queue": "queue"}.get(arm, "direct")
+    return {"reserve": "ice", "forecast": "ice", "slo": "ice", "queue": "queue"}.get(arm, "direct")
 
 
 def _tpot_s(result: RunResult) -> list[float]:
@@ -224,6 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             k=k,
             admission=admission,
             read_floors=args.limits == "exact",
+            ttft_slo_s=args.ttft_slo_s,
         )
         with overload_setup(
             workdir,
