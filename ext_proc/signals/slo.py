@@ -41,11 +41,21 @@ says nothing). Formulas:
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Sequence
 
 from ext_proc.signals.scrapes import EngineScrape, Histogram, Speed
 
-__all__ = ["predicted_tpot_s", "predicted_ttft_s", "speed"]
+__all__ = [
+    "MAX_BATCHED_TOKENS",
+    "predicted_tpot_s",
+    "predicted_ttft_s",
+    "predicted_ttft_step_s",
+    "speed",
+]
+
+# vLLM's max_num_batched_tokens when ICE is not told (``vllm serve``'s default on an H100)
+MAX_BATCHED_TOKENS = 8192
 
 _Get = Callable[[EngineScrape], Histogram | None]
 
@@ -80,6 +90,8 @@ _QUEUE_N = _count(lambda s: s.queue_time_s)
 _PREFILL_N = _count(lambda s: s.prefill_time_s)
 _ITL_S = _sum(lambda s: s.itl_s)
 _ITL_N = _count(lambda s: s.itl_s)
+_ITER_T = _sum(lambda s: s.iteration_tokens)
+_ITER_N = _count(lambda s: s.iteration_tokens)
 
 
 def _prefill(a: EngineScrape, b: EngineScrape, hit: float) -> tuple[float, float, float]:
@@ -139,6 +151,7 @@ def speed(window: Sequence[EngineScrape], hit_ratio: float | None) -> Speed:
     tokens = seconds = requests = 0.0
     errors: list[float] = []
     points: list[tuple[float, float]] = []
+    token_points: list[tuple[float, float]] = []
     overhead = _Overhead()
     for a, b in itertools.pairwise(window):
         # the prediction at a, from what the intervals before it said
@@ -159,16 +172,23 @@ def speed(window: Sequence[EngineScrape], hit_ratio: float | None) -> Speed:
         if rate is not None and mean is not None and observed > 0.0:
             predicted = ((a.num_requests_waiting or 0.0) + 1.0) * mean / rate + fixed
             errors.append(abs(predicted - observed) / observed)
-        if a.num_requests_running is None or b.num_requests_running is None:
-            continue
         try:
             steps = _delta(a, b, _ITL_N)
             step_s = _delta(a, b, _ITL_S) / steps if steps > 0 else None
         except _NoDelta:
             step_s = None
-        if step_s is not None:
+        if step_s is None:
+            continue
+        try:
+            engine_steps = _delta(a, b, _ITER_N)
+            if engine_steps > 0:
+                token_points.append((_delta(a, b, _ITER_T) / engine_steps, step_s))
+        except _NoDelta:
+            pass
+        if a.num_requests_running is not None and b.num_requests_running is not None:
             points.append(((a.num_requests_running + b.num_requests_running) / 2.0, step_s))
     alpha, beta = _line(points) if points else (None, None)
+    step_fixed, per_token = _line(token_points) if token_points else (None, None)
     return Speed(
         prefill_tokens_per_s=tokens / seconds if seconds > 0 and tokens > 0 else None,
         computed_prompt_tokens=tokens / requests if requests > 0 else None,
@@ -178,6 +198,9 @@ def speed(window: Sequence[EngineScrape], hit_ratio: float | None) -> Speed:
         ttft_overhead_s=overhead.seconds,
         ttft_error_ratio=sum(errors) / len(errors) if errors else None,
         ttft_error_points=len(errors),
+        token_step_fixed_s=step_fixed,
+        token_step_per_token_s=per_token if per_token else None,
+        token_step_points=len(token_points),
     )
 
 
@@ -198,6 +221,36 @@ def predicted_ttft_s(
     queued = (waiting or 0.0) * (sp.computed_prompt_tokens or 0.0)
     work = queued + max(0.0, ahead_tokens) + max(0.0, prompt_tokens) * (1.0 - hit)
     return work / rate + (sp.ttft_overhead_s or 0.0)
+
+
+def predicted_ttft_step_s(
+    sp: Speed,
+    waiting: float | None,
+    running: float | None,
+    prompt_tokens: float,
+    hit_ratio: float | None,
+    ahead_tokens: float = 0.0,
+    max_batched_tokens: int = MAX_BATCHED_TOKENS,
+) -> float | None:
+    """Seconds until a request of ``prompt_tokens`` gets its first token, by the engine's
+    step line (docs/slo.md, "Predicted time to first token"):
+
+        W = waiting × c̄ + ahead_tokens + p × (1 − h)      prefill tokens up to its own
+        d = running,   k = max(1, ceil(W ÷ max(1, B − d)))          steps of B tokens
+        TTFT = o + (a + b d) ÷ 2 + k a + b (W + k d)
+
+    (``a``, ``b``: ``token_step_fixed_s``, ``token_step_per_token_s``); without that line,
+    ``predicted_ttft_s`` (the speed per request)."""
+    a, b = sp.token_step_fixed_s, sp.token_step_per_token_s
+    if a is None or b is None or b <= 0.0:
+        return predicted_ttft_s(sp, waiting, prompt_tokens, hit_ratio, ahead_tokens)
+    hit = min(1.0, max(0.0, hit_ratio or 0.0))
+    queued = (waiting or 0.0) * (sp.computed_prompt_tokens or 0.0)
+    work = queued + max(0.0, ahead_tokens) + max(0.0, prompt_tokens) * (1.0 - hit)
+    d = max(0.0, running or 0.0)
+    steps = max(1, math.ceil(work / max(1.0, max_batched_tokens - d)))
+    running_step = (a + b * d) / 2.0
+    return (sp.ttft_overhead_s or 0.0) + running_step + steps * a + b * (work + steps * d)
 
 
 def predicted_tpot_s(sp: Speed, running: float) -> float | None:
