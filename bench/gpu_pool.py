@@ -15,7 +15,8 @@ the drawn length reached by min_tokens + an EOS bias).
 
 Arms (``--arms``, comma-separated): ``direct`` (straight to vLLM), ``reserve``, ``forecast``
 and ``slo`` (through Envoy + ICE with that admission, ``dilate.gpu_policy``; slo's TTFT target
-is ``--ttft-slo-s`` × k), ``queue``
+is ``--ttft-slo-s`` × k), ``slo-queue`` (slo with its admission queue on: a request waits by
+deadline, at most until its target has passed), ``queue``
 (ICE reserve with its admission queue on), ``valve:reqs=N`` / ``valve:tokens=T`` (vLLM's own
 admission valve; the best setting per workload is an oracle: it was chosen after the fact).
 Each arm group (the vLLM it needs, the ICE policy) gets its own stack, one after another; the
@@ -53,7 +54,7 @@ from ext_proc.lab.overload.arms import Valve
 from ext_proc.lab.overload.burst import Planned
 from ext_proc.lab.overload.setup import QUEUE_WAIT_MS
 
-ARMS = ("direct", "reserve", "forecast", "slo", "queue")
+ARMS = ("direct", "reserve", "forecast", "slo", "slo-queue", "queue")
 
 
 def _groups(arms: Sequence[str]) -> list[tuple[str, Valve | None, list[str]]]:
@@ -65,6 +66,8 @@ def _groups(arms: Sequence[str]) -> list[tuple[str, Valve | None, list[str]]]:
     for admission in ("forecast", "slo"):
         if admission in arms:
             out.append((admission, None, [admission]))
+    if "slo-queue" in arms:
+        out.append(("slo", None, ["slo-queue"]))
     for arm in arms:
         if arm.startswith("valve:"):
             out.append(("reserve", Valve.parse(arm.removeprefix("valve:")), [arm]))
@@ -74,7 +77,13 @@ def _groups(arms: Sequence[str]) -> list[tuple[str, Valve | None, list[str]]]:
 
 
 def _mode(arm: str) -> str:
-    return {"reserve": "ice", "forecast": "ice", "slo": "ice", "queue": "queue"}.get(arm, "direct")
+    return {
+        "reserve": "ice",
+        "forecast": "ice",
+        "slo": "ice",
+        "queue": "queue",
+        "slo-queue": "queue",
+    }.get(arm, "direct")
 
 
 def _tpot_s(result: RunResult) -> list[float]:
@@ -218,7 +227,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     t0 = time.monotonic()
     for admission, valve, arms in groups:
-        workdir = args.workdir.resolve() / f"{admission}-{valve.name if valve else 'novalve'}"
+        queued = "-queue" if "slo-queue" in arms else ""
+        workdir = (
+            args.workdir.resolve() / f"{admission}-{valve.name if valve else 'novalve'}{queued}"
+        )
         workdir.mkdir(parents=True, exist_ok=True)
         policy = gpu_policy(
             workdir / "policy-gpu.yaml",
@@ -233,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             policy=policy,
             serve=serve_config(spec, workdir / "vllm"),
             valve=valve,
-            queue="queue" in arms,
+            queue="queue" in arms or "slo-queue" in arms,
             queue_wait_ms=round(args.queue_wait_ms * k),
         ) as setup:
             for seed in seeds:

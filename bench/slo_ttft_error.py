@@ -69,6 +69,8 @@ class Record:
     waiting: float | None = None
     running: float | None = None
     kv_usage: float | None = None
+    completions_per_s: float | None = None
+    num_blocks: int | None = None
     hit: float = 0.0
     ahead_tokens: float = 0.0
     ahead_requests: int = 0
@@ -89,7 +91,17 @@ def predict(r: Record, formula: str, max_batched_tokens: int) -> float | None:
     ahead = r.ahead_tokens * (1.0 - r.hit)
     if formula == "per_request":
         return predicted_ttft_s(sp, r.waiting, p, r.hit, ahead)
-    return predicted_ttft_step_s(sp, r.waiting, r.running, p, r.hit, ahead, max_batched_tokens)
+    return predicted_ttft_step_s(
+        sp,
+        r.waiting,
+        r.running,
+        p,
+        r.hit,
+        ahead,
+        max_batched_tokens,
+        ahead_requests=r.ahead_requests,
+        completions_per_s=r.completions_per_s,
+    )
 
 
 def report(records: list[Record], slo_s: float, max_batched_tokens: int) -> dict[str, Any]:
@@ -165,6 +177,8 @@ async def _send(
             b.kv_cache_usage,
         )
         r.hit = min(1.0, max(0.0, b.hit_ratio or 0.0))
+        r.completions_per_s = b.derived.completions_per_s if b.derived is not None else None
+        r.num_blocks = b.num_gpu_blocks
         r.ahead_tokens, r.ahead_requests = float(sum(mine)), len(mine)
         r.scrape_age_s = round(now - taken, 4)
         r.speed = asdict(b.speed) if b.speed is not None else None

@@ -18,9 +18,10 @@ and their tokens and sequences are shared out, ``÷ n`` of the pool's endpoints.
 
     ahead_e   = Σ p × (1 − h) of ICE's requests sent to e since the scrape   (+ "" ÷ n)
     sent_e    = how many of them                                          (+ "" ÷ n)
-    TTFT_e    = o + (a + b d) ÷ 2 + k a + b (W + k d),                    (signals.slo)
-                W = waiting_e × c̄ + ahead_e + p × (1 − h), d = running_e, k its steps
-                (without the engine's step line: (W ÷ r) + o, the speed per request)
+    TTFT_e    = o + q + (a + b d) ÷ 2 + k a + b (W + k d),                (signals.slo)
+                W = waiting_e × c̄ + ahead_e + p × (1 − h), d = running_e, k its steps,
+                q = (waiting_e + sent_e + 1) ÷ λ_e when waiting_e > 0 (λ: completions/s)
+                (without the engine's step line: W ÷ r + o + q, the speed per request)
     TPOT_e    = max(0, α + β × (running_e + sent_e + 1)),   u₁ = max(0, α + β)
     V_e       = the least TPOT target of ICE's running requests on e or ""
 
@@ -117,7 +118,14 @@ def _predict(
     ahead, sent = book.since(snap.pool, endpoint, snap.taken_at_s, len(snap.backends))
     hit = min(1.0, max(0.0, b.hit_ratio or 0.0))
     ttft = predicted_ttft_step_s(
-        sp, b.num_requests_waiting, b.num_requests_running, prompt_tokens, hit, ahead * (1.0 - hit)
+        sp,
+        b.num_requests_waiting,
+        b.num_requests_running,
+        prompt_tokens,
+        hit,
+        ahead * (1.0 - hit),
+        ahead_requests=sent,
+        completions_per_s=b.derived.completions_per_s if b.derived is not None else None,
     )
     tpot = predicted_tpot_s(sp, (b.num_requests_running or 0.0) + sent + 1.0)
     return ttft, tpot, predicted_tpot_s(sp, 1.0)

@@ -231,26 +231,36 @@ def predicted_ttft_step_s(
     hit_ratio: float | None,
     ahead_tokens: float = 0.0,
     max_batched_tokens: int = MAX_BATCHED_TOKENS,
+    *,
+    ahead_requests: float = 0.0,
+    completions_per_s: float | None = None,
 ) -> float | None:
     """Seconds until a request of ``prompt_tokens`` gets its first token, by the engine's
     step line (docs/slo.md, "Predicted time to first token"):
 
         W = waiting × c̄ + ahead_tokens + p × (1 − h)      prefill tokens up to its own
         d = running,   k = max(1, ceil(W ÷ max(1, B − d)))          steps of B tokens
-        TTFT = o + (a + b d) ÷ 2 + k a + b (W + k d)
+        q = (waiting + ahead_requests + 1) ÷ λ  when waiting > 0, else 0   (room to start)
+        TTFT = o + q + (a + b d) ÷ 2 + k a + b (W + k d)
 
-    (``a``, ``b``: ``token_step_fixed_s``, ``token_step_per_token_s``); without that line,
-    ``predicted_ttft_s`` (the speed per request)."""
+    (``a``, ``b``: ``token_step_fixed_s``, ``token_step_per_token_s``; ``λ``:
+    ``completions_per_s``, unknown or 0: q = 0); without that line, ``predicted_ttft_s``
+    (the speed per request) + q."""
+    waits = waiting or 0.0
+    room = 0.0
+    if waits > 0 and completions_per_s:
+        room = (waits + max(0.0, ahead_requests) + 1.0) / completions_per_s
     a, b = sp.token_step_fixed_s, sp.token_step_per_token_s
     if a is None or b is None or b <= 0.0:
-        return predicted_ttft_s(sp, waiting, prompt_tokens, hit_ratio, ahead_tokens)
+        base = predicted_ttft_s(sp, waiting, prompt_tokens, hit_ratio, ahead_tokens)
+        return None if base is None else base + room
     hit = min(1.0, max(0.0, hit_ratio or 0.0))
-    queued = (waiting or 0.0) * (sp.computed_prompt_tokens or 0.0)
+    queued = waits * (sp.computed_prompt_tokens or 0.0)
     work = queued + max(0.0, ahead_tokens) + max(0.0, prompt_tokens) * (1.0 - hit)
     d = max(0.0, running or 0.0)
     steps = max(1, math.ceil(work / max(1.0, max_batched_tokens - d)))
     running_step = (a + b * d) / 2.0
-    return (sp.ttft_overhead_s or 0.0) + running_step + steps * a + b * (work + steps * d)
+    return (sp.ttft_overhead_s or 0.0) + room + running_step + steps * a + b * (work + steps * d)
 
 
 def predicted_tpot_s(sp: Speed, running: float) -> float | None:

@@ -112,6 +112,7 @@ class BackendSignals:
             prompt_tokens,
             self.hit_ratio,
             ahead_tokens,
+            completions_per_s=self.derived.completions_per_s if self.derived else None,
         )
 
     @property

@@ -83,6 +83,25 @@ def test_the_ttft_by_the_step_line_by_hand() -> None:
     assert got == pytest.approx(0.2125)
 
 
+def test_waiting_requests_wait_for_room_by_hand() -> None:
+    # 2 waiting (vLLM had no room for them) + 1 sent since the scrape, 4 completions a
+    # second: q = (2 + 1 + 1) ÷ 4 = 1.0 s on top of the steps' 0.2035 s
+    got = predicted_ttft_step_s(
+        LINE, 2, 10, 800, 0.25, 300, ahead_requests=1, completions_per_s=4.0
+    )
+    assert got == pytest.approx(1.2035)
+    # nothing waiting: the requests sent since are prefilled in the steps, no wait for room
+    # (W = 300 + 600 = 900: 0.0045 + 0.008 + 0.0001 × 910)
+    got = predicted_ttft_step_s(
+        LINE, 0, 10, 800, 0.25, 300, ahead_requests=1, completions_per_s=4.0
+    )
+    assert got == pytest.approx(0.1035)
+    # no completions in the window: λ unknown, no term (fail-open)
+    assert predicted_ttft_step_s(LINE, 2, 10, 800, 0.25, 300, ahead_requests=1) == (
+        pytest.approx(0.2035)
+    )
+
+
 def test_with_o_and_without_a_line() -> None:
     sp = Speed(
         prefill_tokens_per_s=1000.0,
