@@ -144,6 +144,34 @@ def _line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
     return my - beta * mx, beta
 
 
+class _Sums:
+    """Running sums of the step line's points, for its line so far in O(1)."""
+
+    __slots__ = ("n", "sx", "sxx", "sxy", "sy")
+
+    def __init__(self) -> None:
+        self.n = self.sx = self.sy = self.sxx = self.sxy = 0.0
+
+    def add(self, x: float, y: float) -> None:
+        self.n += 1
+        self.sx, self.sy = self.sx + x, self.sy + y
+        self.sxx, self.sxy = self.sxx + x * x, self.sxy + x * y
+
+    @property
+    def line(self) -> tuple[float | None, float | None]:
+        """(a, b) as ``_line`` gives them (None, None: no point yet)."""
+        if self.n == 0:
+            return None, None
+        mx, my = self.sx / self.n, self.sy / self.n
+        sxx = self.sxx - self.n * mx * mx
+        if sxx <= 1e-12 * max(1.0, self.sxx):
+            return my, 0.0
+        beta = (self.sxy - self.n * mx * my) / sxx
+        if beta < 0.0:
+            return my, 0.0
+        return my - beta * mx, beta
+
+
 def speed(window: Sequence[EngineScrape], hit_ratio: float | None) -> Speed:
     """The backend's prefill speed, decode step line and TTFT error over ``window`` (its
     scrapes oldest first); ``hit_ratio``: the window's prefix-cache hit ratio (None: 0)."""
@@ -153,11 +181,16 @@ def speed(window: Sequence[EngineScrape], hit_ratio: float | None) -> Speed:
     points: list[tuple[float, float]] = []
     token_points: list[tuple[float, float]] = []
     overhead = _Overhead()
+    sums = _Sums()
     for a, b in itertools.pairwise(window):
         # the prediction at a, from what the intervals before it said
-        rate = tokens / seconds if seconds > 0 and tokens > 0 else None
-        mean = tokens / requests if requests > 0 else None
-        fixed = overhead.seconds or 0.0
+        before = Speed(
+            prefill_tokens_per_s=tokens / seconds if seconds > 0 and tokens > 0 else None,
+            computed_prompt_tokens=tokens / requests if requests > 0 else None,
+            ttft_overhead_s=overhead.seconds,
+            token_step_fixed_s=sums.line[0],
+            token_step_per_token_s=sums.line[1],
+        )
         try:
             t, s, n = _prefill(a, b, hit)
             tokens, seconds, requests = tokens + t, seconds + s, requests + n
@@ -169,9 +202,13 @@ def speed(window: Sequence[EngineScrape], hit_ratio: float | None) -> Speed:
             observed = _delta(a, b, _TTFT_S) / count if count > 0 else 0.0
         except _NoDelta:
             observed = 0.0
-        if rate is not None and mean is not None and observed > 0.0:
-            predicted = ((a.num_requests_waiting or 0.0) + 1.0) * mean / rate + fixed
-            errors.append(abs(predicted - observed) / observed)
+        mean = before.computed_prompt_tokens
+        if mean is not None and observed > 0.0:
+            predicted = predicted_ttft_step_s(
+                before, a.num_requests_waiting, a.num_requests_running, mean, 0.0
+            )
+            if predicted is not None:
+                errors.append(abs(predicted - observed) / observed)
         try:
             steps = _delta(a, b, _ITL_N)
             step_s = _delta(a, b, _ITL_S) / steps if steps > 0 else None
@@ -183,6 +220,7 @@ def speed(window: Sequence[EngineScrape], hit_ratio: float | None) -> Speed:
             engine_steps = _delta(a, b, _ITER_N)
             if engine_steps > 0:
                 token_points.append((_delta(a, b, _ITER_T) / engine_steps, step_s))
+                sums.add(*token_points[-1])
         except _NoDelta:
             pass
         if a.num_requests_running is not None and b.num_requests_running is not None:

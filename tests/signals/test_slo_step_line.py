@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,9 @@ def _h(total: float, count: float) -> Histogram:
     return Histogram(bounds=(INF,), counts=(count,), count=count, sum=total)
 
 
-def _scrape(at_s: float, i: int, tokens: float, itl_s: float) -> EngineScrape:
+def _scrape(
+    at_s: float, i: int, tokens: float, itl_s: float, ttft: tuple[float, float] = (0.0, 0)
+) -> EngineScrape:
     """The i-th of four scrapes: cumulative engine steps (10 an interval) and their tokens,
     inter-token latencies (10 an interval) and per-request prefill (2 requests of 500
     computed tokens an interval, 0.5 s of prefill each)."""
@@ -38,7 +41,7 @@ def _scrape(at_s: float, i: int, tokens: float, itl_s: float) -> EngineScrape:
         itl_s=_h(itl_s, 10 * i),
         prefill_time_s=_h(1.0 * i, 2 * i),
         prefill_computed_tokens=_h(1000.0 * i, 2 * i),
-        ttft_s=_h(0.0, 0),
+        ttft_s=_h(*ttft),
     )
 
 
@@ -54,6 +57,21 @@ HISTORY = [
     _scrape(2.0, 2, 1400.0, 0.3),
     _scrape(3.0, 3, 3600.0, 0.6),
 ]
+
+
+def test_its_own_error_is_measured_by_the_step_line_by_hand() -> None:
+    """ICE's own error (ttft_error_ratio) predicts by the line of the intervals before each
+    one: at scrape 1 the line has one point (b = 0: the per-request speed), at scrape 2
+    two points (b = 0.0001, a = 0.008)."""
+    # mean TTFTs: interval 2 (1.5 s over 2), interval 3 (0.15 s over 2)
+    ttfts = [(0.0, 0), (0.2, 2), (3.2, 4), (3.5, 6)]
+    history = [replace(s, ttft_s=_h(*t)) for s, t in zip(HISTORY, ttfts, strict=True)]
+    sp = speed(history, None)
+    # at 1: r = 1000, c̄ = 500 from interval 1: (2 + 1) × 500 ÷ 1000 = 1.5 s vs 1.5: error 0
+    # at 2: W = (2 + 1) × 500 = 1500, d = 10: 0.0045 + 0.008 + 0.0001 × 1510 = 0.1635 s
+    #       vs 0.15: error 0.0135 ÷ 0.15 = 0.09
+    assert sp.ttft_error_points == 2
+    assert sp.ttft_error_ratio == pytest.approx((0.0 + 0.09) / 2)
 
 
 def test_the_step_line_of_a_window_by_hand() -> None:
