@@ -20,9 +20,8 @@ says nothing). Formulas:
 - Mean computed prompt ``c̄ = ΣΔ computed_tokens_sum ÷ ΣΔ computed_tokens_count`` (fallback:
   ``ΣΔ prompt_tokens × (1 − h) ÷ ΣΔ ttft_count``).
 - The rest of a first token's time, ``o = max(0, ΣΔttft_sum ÷ ΣΔttft_count −
-  ΣΔqueue_sum ÷ ΣΔqueue_count − ΣΔprefill_sum ÷ ΣΔprefill_count)`` seconds over the
-  intervals whose two scrapes show no request waiting (vLLM with its prefill histograms
-  only; None otherwise, taken as 0): what a request spends neither queued
+  ΣΔqueue_sum ÷ ΣΔqueue_count − ΣΔprefill_sum ÷ ΣΔprefill_count)`` seconds (vLLM with its
+  prefill histograms only; None otherwise, taken as 0): what a request spends neither queued
   nor in prefill (the API server's rendering and tokenizing, the wait for the running step).
 - Predicted TTFT of a request of ``p`` prompt tokens:
   ``(waiting × c̄ + ahead_tokens + p × (1 − h)) ÷ r + o`` seconds, ``waiting`` vLLM's
@@ -113,12 +112,7 @@ class _Overhead:
         self.sums = [0.0] * 6
 
     def add(self, a: EngineScrape, b: EngineScrape) -> None:
-        """One interval's, when it says all six (vLLM with its prefill histograms) and both
-        scrapes show no request waiting: with a queue, the TTFT of the requests starting now
-        and the queue time of those finishing now are of different requests, and their
-        difference is not the rest of a first token's time."""
-        if a.num_requests_waiting or b.num_requests_waiting:
-            return
+        """One interval's, when it says all six (vLLM with its prefill histograms)."""
         fields = (_TTFT_S, _TTFT_N, _QUEUE_S, _QUEUE_N, _PREFILL_S, _PREFILL_N)
         try:
             got = [_delta(a, b, f) for f in fields]
