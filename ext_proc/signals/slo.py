@@ -172,6 +172,39 @@ class _Sums:
         return my - beta * mx, beta
 
 
+def _error(before: Speed, a: EngineScrape, b: EngineScrape) -> float | None:
+    """|predicted − observed| ÷ observed of a mean request's TTFT over ``a → b``, predicted
+    at ``a`` from ``before`` (the intervals before it); None: no prediction or observation."""
+    try:
+        count = _delta(a, b, _TTFT_N)
+        observed = _delta(a, b, _TTFT_S) / count if count > 0 else 0.0
+    except _NoDelta:
+        return None
+    mean = before.computed_prompt_tokens
+    if mean is None or observed <= 0.0:
+        return None
+    predicted = predicted_ttft_step_s(
+        before, a.num_requests_waiting, a.num_requests_running, mean, 0.0
+    )
+    return None if predicted is None else abs(predicted - observed) / observed
+
+
+def _steps(a: EngineScrape, b: EngineScrape) -> tuple[float | None, float | None]:
+    """(mean inter-token latency, mean tokens per engine step) over ``a → b`` (None: the
+    interval does not say)."""
+    try:
+        steps = _delta(a, b, _ITL_N)
+        step_s = _delta(a, b, _ITL_S) / steps if steps > 0 else None
+    except _NoDelta:
+        return None, None
+    try:
+        engine_steps = _delta(a, b, _ITER_N)
+        tokens = _delta(a, b, _ITER_T) / engine_steps if engine_steps > 0 else None
+    except _NoDelta:
+        tokens = None
+    return step_s, tokens
+
+
 def speed(window: Sequence[EngineScrape], hit_ratio: float | None) -> Speed:
     """The backend's prefill speed, decode step line and TTFT error over ``window`` (its
     scrapes oldest first); ``hit_ratio``: the window's prefix-cache hit ratio (None: 0)."""
@@ -197,32 +230,15 @@ def speed(window: Sequence[EngineScrape], hit_ratio: float | None) -> Speed:
         except _NoDelta:
             pass
         overhead.add(a, b)
-        try:
-            count = _delta(a, b, _TTFT_N)
-            observed = _delta(a, b, _TTFT_S) / count if count > 0 else 0.0
-        except _NoDelta:
-            observed = 0.0
-        mean = before.computed_prompt_tokens
-        if mean is not None and observed > 0.0:
-            predicted = predicted_ttft_step_s(
-                before, a.num_requests_waiting, a.num_requests_running, mean, 0.0
-            )
-            if predicted is not None:
-                errors.append(abs(predicted - observed) / observed)
-        try:
-            steps = _delta(a, b, _ITL_N)
-            step_s = _delta(a, b, _ITL_S) / steps if steps > 0 else None
-        except _NoDelta:
-            step_s = None
+        error = _error(before, a, b)
+        if error is not None:
+            errors.append(error)
+        step_s, tokens_per_step = _steps(a, b)
         if step_s is None:
             continue
-        try:
-            engine_steps = _delta(a, b, _ITER_N)
-            if engine_steps > 0:
-                token_points.append((_delta(a, b, _ITER_T) / engine_steps, step_s))
-                sums.add(*token_points[-1])
-        except _NoDelta:
-            pass
+        if tokens_per_step is not None:
+            token_points.append((tokens_per_step, step_s))
+            sums.add(tokens_per_step, step_s)
         if a.num_requests_running is not None and b.num_requests_running is not None:
             points.append(((a.num_requests_running + b.num_requests_running) / 2.0, step_s))
     alpha, beta = _line(points) if points else (None, None)
