@@ -13,8 +13,10 @@ rate (the timing model's estimate for the plan's mean sizes), one plan per ``--s
 ``--limits exact`` (max_tokens = the drawn length, ignore_eos) or ``client`` (1024 or none,
 the drawn length reached by min_tokens + an EOS bias).
 
-Arms (``--arms``, comma-separated): ``direct`` (straight to vLLM), ``reserve`` and
-``forecast`` (through Envoy + ICE with that admission, ``dilate.gpu_policy``), ``queue``
+Arms (``--arms``, comma-separated): ``direct`` (straight to vLLM), ``reserve``, ``forecast``
+and ``slo`` (through Envoy + ICE with that admission, ``dilate.gpu_policy``; slo's TTFT target
+is ``--ttft-slo-s`` × k), ``slo-queue`` (slo with its admission queue on: a request waits by
+deadline, at most until its target has passed), ``queue``
 (ICE reserve with its admission queue on), ``valve:reqs=N`` / ``valve:tokens=T`` (vLLM's own
 admission valve; the best setting per workload is an oracle: it was chosen after the fact).
 Each arm group (the vLLM it needs, the ICE policy) gets its own stack, one after another; the
@@ -52,7 +54,7 @@ from ext_proc.lab.overload.arms import Valve
 from ext_proc.lab.overload.burst import Planned
 from ext_proc.lab.overload.setup import QUEUE_WAIT_MS
 
-ARMS = ("direct", "reserve", "forecast", "queue")
+ARMS = ("direct", "reserve", "forecast", "slo", "slo-queue", "queue")
 
 
 def _groups(arms: Sequence[str]) -> list[tuple[str, Valve | None, list[str]]]:
@@ -61,8 +63,11 @@ def _groups(arms: Sequence[str]) -> list[tuple[str, Valve | None, list[str]]]:
     first = [m for m in ("direct", "reserve", "queue") if m in arms]
     if first:
         out.append(("reserve", None, first))
-    if "forecast" in arms:
-        out.append(("forecast", None, ["forecast"]))
+    for admission in ("forecast", "slo"):
+        if admission in arms:
+            out.append((admission, None, [admission]))
+    if "slo-queue" in arms:
+        out.append(("slo", None, ["slo-queue"]))
     for arm in arms:
         if arm.startswith("valve:"):
             out.append(("reserve", Valve.parse(arm.removeprefix("valve:")), [arm]))
@@ -72,7 +77,13 @@ def _groups(arms: Sequence[str]) -> list[tuple[str, Valve | None, list[str]]]:
 
 
 def _mode(arm: str) -> str:
-    return {"reserve": "ice", "forecast": "ice", "queue": "queue"}.get(arm, "direct")
+    return {
+        "reserve": "ice",
+        "forecast": "ice",
+        "slo": "ice",
+        "queue": "queue",
+        "slo-queue": "queue",
+    }.get(arm, "direct")
 
 
 def _tpot_s(result: RunResult) -> list[float]:
@@ -216,7 +227,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     t0 = time.monotonic()
     for admission, valve, arms in groups:
-        workdir = args.workdir.resolve() / f"{admission}-{valve.name if valve else 'novalve'}"
+        queued = "-queue" if "slo-queue" in arms else ""
+        workdir = (
+            args.workdir.resolve() / f"{admission}-{valve.name if valve else 'novalve'}{queued}"
+        )
         workdir.mkdir(parents=True, exist_ok=True)
         policy = gpu_policy(
             workdir / "policy-gpu.yaml",
@@ -224,13 +238,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             k=k,
             admission=admission,
             read_floors=args.limits == "exact",
+            ttft_slo_s=args.ttft_slo_s,
         )
         with overload_setup(
             workdir,
             policy=policy,
             serve=serve_config(spec, workdir / "vllm"),
             valve=valve,
-            queue="queue" in arms,
+            queue="queue" in arms or "slo-queue" in arms,
             queue_wait_ms=round(args.queue_wait_ms * k),
         ) as setup:
             for seed in seeds:

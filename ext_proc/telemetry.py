@@ -379,9 +379,10 @@ TOKENIZE_RISK = Gauge(
 # request by its own (ext_proc.policy.slo_admit).
 SLO_PREDICTED_TTFT = Gauge(
     "ice_slo_predicted_ttft_seconds",
-    "Predicted time to first token of a mean request sent to the backend now: (waiting x "
-    "mean computed prompt + the request's own) / prefill speed + the rest of a first token's "
-    "time (docs/slo.md).",
+    "Predicted time to first token of a mean request sent to the backend now: the waiting "
+    "requests' prefill and its own batched into engine steps by the step line (else at the "
+    "per-request prefill speed), the rest of a first token's time, and the wait for room "
+    "behind waiting requests (docs/slo.md).",
     ["pool", "backend"],
     multiprocess_mode="mostrecent",
 )

@@ -18,7 +18,10 @@ and their tokens and sequences are shared out, ``÷ n`` of the pool's endpoints.
 
     ahead_e   = Σ p × (1 − h) of ICE's requests sent to e since the scrape   (+ "" ÷ n)
     sent_e    = how many of them                                          (+ "" ÷ n)
-    TTFT_e    = (waiting_e × c̄ + ahead_e + p × (1 − h)) ÷ r               (signals.slo)
+    TTFT_e    = o + q + (a + b d) ÷ 2 + k a + b (W + k d),                (signals.slo)
+                W = waiting_e × c̄ + ahead_e + p × (1 − h), d = running_e, k its steps,
+                q = (waiting_e + sent_e + 1) ÷ λ_e when waiting_e > 0 (λ: completions/s)
+                (without the engine's step line: W ÷ r + o + q, the speed per request)
     TPOT_e    = max(0, α + β × (running_e + sent_e + 1)),   u₁ = max(0, α + β)
     V_e       = the least TPOT target of ICE's running requests on e or ""
 
@@ -37,7 +40,7 @@ from ext_proc.placement.endpoints import Candidate
 from ext_proc.placement.inflight import Hold
 from ext_proc.policy.settings import SloTarget
 from ext_proc.policy.slo_admit import SloCase
-from ext_proc.signals.slo import predicted_tpot_s, predicted_ttft_s
+from ext_proc.signals.slo import predicted_tpot_s, predicted_ttft_step_s
 from ext_proc.signals.snapshot import BackendSignals, PoolSnapshot
 
 __all__ = ["KEEP_S", "SloBook", "by_headroom", "slo_case", "ttfts"]
@@ -114,7 +117,16 @@ def _predict(
         return None, None, None
     ahead, sent = book.since(snap.pool, endpoint, snap.taken_at_s, len(snap.backends))
     hit = min(1.0, max(0.0, b.hit_ratio or 0.0))
-    ttft = predicted_ttft_s(sp, b.num_requests_waiting, prompt_tokens, hit, ahead * (1.0 - hit))
+    ttft = predicted_ttft_step_s(
+        sp,
+        b.num_requests_waiting,
+        b.num_requests_running,
+        prompt_tokens,
+        hit,
+        ahead * (1.0 - hit),
+        ahead_requests=sent,
+        completions_per_s=b.derived.completions_per_s if b.derived is not None else None,
+    )
     tpot = predicted_tpot_s(sp, (b.num_requests_running or 0.0) + sent + 1.0)
     return ttft, tpot, predicted_tpot_s(sp, 1.0)
 

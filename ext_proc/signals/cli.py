@@ -239,6 +239,9 @@ def _slo(newest: EngineScrape, derived: Derived | None) -> dict[str, Any]:
         "step_base_s": sp.step_base_s,
         "step_per_running_s": sp.step_per_running_s,
         "step_points": sp.step_points,
+        "token_step_fixed_s": sp.token_step_fixed_s,
+        "token_step_per_token_s": sp.token_step_per_token_s,
+        "token_step_points": sp.token_step_points,
         "predicted_tpot_s": b.predicted_tpot_s,
         "ttft_error_ratio": sp.ttft_error_ratio,
         "ttft_error_points": sp.ttft_error_points,
@@ -254,6 +257,13 @@ def _slo_table(f: dict[str, Any]) -> list[tuple[str, str]]:
             f"{_num(f['step_base_s'] * 1e3, 'ms')} + {_num(f['step_per_running_s'] * 1e3, 'ms')}"
             f" × running ({f['step_points']} points)"
         )
+    engine = "-"
+    if f.get("token_step_per_token_s") is not None:
+        engine = (
+            f"{_num(f['token_step_fixed_s'] * 1e3, 'ms')} + "
+            f"{_num(f['token_step_per_token_s'] * 1e6, 'µs')} × tokens "
+            f"({f['token_step_points']} points)"
+        )
     error = "-"
     if f["ttft_error_ratio"] is not None:
         error = f"{f['ttft_error_ratio']:.1%} mean abs ({f['ttft_error_points']} intervals)"
@@ -267,6 +277,7 @@ def _slo_table(f: dict[str, Any]) -> list[tuple[str, str]]:
             _num(None if rest is None else rest * 1e3, "ms"),
         ),
         ("slo: predicted TTFT (mean request)", _num(None if ttft is None else ttft * 1e3, "ms")),
+        ("slo: engine step", engine),
         ("slo: decode step", line),
         ("slo: predicted TPOT (running + 1)", _num(None if tpot is None else tpot * 1e3, "ms")),
         ("slo: TTFT prediction error", error),

@@ -200,6 +200,7 @@ def engine_from_samples(
         itl_s=series.histogram("itl_s"),
         prefill_time_s=series.histogram("prefill_time_s"),
         prefill_computed_tokens=series.histogram("prefill_computed_tokens"),
+        iteration_tokens=series.histogram("iteration_tokens"),
         cache_hit_rate=series.mean("cache_hit_rate", None),
     )
 

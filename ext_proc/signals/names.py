@@ -68,6 +68,7 @@ HOW: Final[dict[str, How]] = {
     "itl_s": "histogram",
     "prefill_time_s": "histogram",
     "prefill_computed_tokens": "histogram",
+    "iteration_tokens": "histogram",
     "cache_hit_rate": "mean",
 }
 
@@ -106,6 +107,9 @@ ENGINE_NAMES: Final[dict[str, dict[str, tuple[str, ...]]]] = {
         # prefill speed of docs/slo.md)
         "prefill_time_s": ("vllm:request_prefill_time_seconds",),
         "prefill_computed_tokens": ("vllm:request_prefill_kv_computed_tokens",),
+        # tokens each engine step scheduled (prefill chunks and decodes): the step line of
+        # docs/slo.md's engine prefill rate
+        "iteration_tokens": ("vllm:iteration_tokens_total",),
     },
     # SGLang (python/sglang/srt/metrics/collector.py). Its token counters are counted when a
     # request finishes, not when its prefill runs: prefix-cache "queries" are all prompt

@@ -79,6 +79,8 @@ class EngineScrape:
     # tokens it computed (cached ones excluded): vLLM's prefill speed (ext_proc.signals.slo)
     prefill_time_s: Histogram | None = None
     prefill_computed_tokens: Histogram | None = None
+    # tokens of each engine step, prefill chunks and decodes (vllm:iteration_tokens_total)
+    iteration_tokens: Histogram | None = None
     # ratios some engines publish directly (SGLang's cache_hit_rate)
     cache_hit_rate: float | None = None
 
@@ -123,6 +125,12 @@ class Speed:
     # the backend reported over it; and how many intervals it averages
     ttft_error_ratio: float | None = None
     ttft_error_points: int = 0
+    # the engine step as it grows with the tokens it schedules (prefill chunks and decodes):
+    # step_s = fixed + per_token × tokens, from vllm:iteration_tokens_total against the
+    # inter-token latency (docs/slo.md, "The engine's step line")
+    token_step_fixed_s: float | None = None
+    token_step_per_token_s: float | None = None
+    token_step_points: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,11 +41,21 @@ says nothing). Formulas:
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Sequence
 
 from ext_proc.signals.scrapes import EngineScrape, Histogram, Speed
 
-__all__ = ["predicted_tpot_s", "predicted_ttft_s", "speed"]
+__all__ = [
+    "MAX_BATCHED_TOKENS",
+    "predicted_tpot_s",
+    "predicted_ttft_s",
+    "predicted_ttft_step_s",
+    "speed",
+]
+
+# vLLM's max_num_batched_tokens when ICE is not told (``vllm serve``'s default on an H100)
+MAX_BATCHED_TOKENS = 8192
 
 _Get = Callable[[EngineScrape], Histogram | None]
 
@@ -80,6 +90,8 @@ _QUEUE_N = _count(lambda s: s.queue_time_s)
 _PREFILL_N = _count(lambda s: s.prefill_time_s)
 _ITL_S = _sum(lambda s: s.itl_s)
 _ITL_N = _count(lambda s: s.itl_s)
+_ITER_T = _sum(lambda s: s.iteration_tokens)
+_ITER_N = _count(lambda s: s.iteration_tokens)
 
 
 def _prefill(a: EngineScrape, b: EngineScrape, hit: float) -> tuple[float, float, float]:
@@ -132,6 +144,67 @@ def _line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
     return my - beta * mx, beta
 
 
+class _Sums:
+    """Running sums of the step line's points, for its line so far in O(1)."""
+
+    __slots__ = ("n", "sx", "sxx", "sxy", "sy")
+
+    def __init__(self) -> None:
+        self.n = self.sx = self.sy = self.sxx = self.sxy = 0.0
+
+    def add(self, x: float, y: float) -> None:
+        self.n += 1
+        self.sx, self.sy = self.sx + x, self.sy + y
+        self.sxx, self.sxy = self.sxx + x * x, self.sxy + x * y
+
+    @property
+    def line(self) -> tuple[float | None, float | None]:
+        """(a, b) as ``_line`` gives them (None, None: no point yet)."""
+        if self.n == 0:
+            return None, None
+        mx, my = self.sx / self.n, self.sy / self.n
+        sxx = self.sxx - self.n * mx * mx
+        if sxx <= 1e-12 * max(1.0, self.sxx):
+            return my, 0.0
+        beta = (self.sxy - self.n * mx * my) / sxx
+        if beta < 0.0:
+            return my, 0.0
+        return my - beta * mx, beta
+
+
+def _error(before: Speed, a: EngineScrape, b: EngineScrape) -> float | None:
+    """|predicted − observed| ÷ observed of a mean request's TTFT over ``a → b``, predicted
+    at ``a`` from ``before`` (the intervals before it); None: no prediction or observation."""
+    try:
+        count = _delta(a, b, _TTFT_N)
+        observed = _delta(a, b, _TTFT_S) / count if count > 0 else 0.0
+    except _NoDelta:
+        return None
+    mean = before.computed_prompt_tokens
+    if mean is None or observed <= 0.0:
+        return None
+    predicted = predicted_ttft_step_s(
+        before, a.num_requests_waiting, a.num_requests_running, mean, 0.0
+    )
+    return None if predicted is None else abs(predicted - observed) / observed
+
+
+def _steps(a: EngineScrape, b: EngineScrape) -> tuple[float | None, float | None]:
+    """(mean inter-token latency, mean tokens per engine step) over ``a → b`` (None: the
+    interval does not say)."""
+    try:
+        steps = _delta(a, b, _ITL_N)
+        step_s = _delta(a, b, _ITL_S) / steps if steps > 0 else None
+    except _NoDelta:
+        return None, None
+    try:
+        engine_steps = _delta(a, b, _ITER_N)
+        tokens = _delta(a, b, _ITER_T) / engine_steps if engine_steps > 0 else None
+    except _NoDelta:
+        tokens = None
+    return step_s, tokens
+
+
 def speed(window: Sequence[EngineScrape], hit_ratio: float | None) -> Speed:
     """The backend's prefill speed, decode step line and TTFT error over ``window`` (its
     scrapes oldest first); ``hit_ratio``: the window's prefix-cache hit ratio (None: 0)."""
@@ -139,36 +212,37 @@ def speed(window: Sequence[EngineScrape], hit_ratio: float | None) -> Speed:
     tokens = seconds = requests = 0.0
     errors: list[float] = []
     points: list[tuple[float, float]] = []
+    token_points: list[tuple[float, float]] = []
     overhead = _Overhead()
+    sums = _Sums()
     for a, b in itertools.pairwise(window):
         # the prediction at a, from what the intervals before it said
-        rate = tokens / seconds if seconds > 0 and tokens > 0 else None
-        mean = tokens / requests if requests > 0 else None
-        fixed = overhead.seconds or 0.0
+        before = Speed(
+            prefill_tokens_per_s=tokens / seconds if seconds > 0 and tokens > 0 else None,
+            computed_prompt_tokens=tokens / requests if requests > 0 else None,
+            ttft_overhead_s=overhead.seconds,
+            token_step_fixed_s=sums.line[0],
+            token_step_per_token_s=sums.line[1],
+        )
         try:
             t, s, n = _prefill(a, b, hit)
             tokens, seconds, requests = tokens + t, seconds + s, requests + n
         except _NoDelta:
             pass
         overhead.add(a, b)
-        try:
-            count = _delta(a, b, _TTFT_N)
-            observed = _delta(a, b, _TTFT_S) / count if count > 0 else 0.0
-        except _NoDelta:
-            observed = 0.0
-        if rate is not None and mean is not None and observed > 0.0:
-            predicted = ((a.num_requests_waiting or 0.0) + 1.0) * mean / rate + fixed
-            errors.append(abs(predicted - observed) / observed)
-        if a.num_requests_running is None or b.num_requests_running is None:
+        error = _error(before, a, b)
+        if error is not None:
+            errors.append(error)
+        step_s, tokens_per_step = _steps(a, b)
+        if step_s is None:
             continue
-        try:
-            steps = _delta(a, b, _ITL_N)
-            step_s = _delta(a, b, _ITL_S) / steps if steps > 0 else None
-        except _NoDelta:
-            step_s = None
-        if step_s is not None:
+        if tokens_per_step is not None:
+            token_points.append((tokens_per_step, step_s))
+            sums.add(tokens_per_step, step_s)
+        if a.num_requests_running is not None and b.num_requests_running is not None:
             points.append(((a.num_requests_running + b.num_requests_running) / 2.0, step_s))
     alpha, beta = _line(points) if points else (None, None)
+    step_fixed, per_token = _line(token_points) if token_points else (None, None)
     return Speed(
         prefill_tokens_per_s=tokens / seconds if seconds > 0 and tokens > 0 else None,
         computed_prompt_tokens=tokens / requests if requests > 0 else None,
@@ -178,6 +252,9 @@ def speed(window: Sequence[EngineScrape], hit_ratio: float | None) -> Speed:
         ttft_overhead_s=overhead.seconds,
         ttft_error_ratio=sum(errors) / len(errors) if errors else None,
         ttft_error_points=len(errors),
+        token_step_fixed_s=step_fixed,
+        token_step_per_token_s=per_token if per_token else None,
+        token_step_points=len(token_points),
     )
 
 
@@ -198,6 +275,46 @@ def predicted_ttft_s(
     queued = (waiting or 0.0) * (sp.computed_prompt_tokens or 0.0)
     work = queued + max(0.0, ahead_tokens) + max(0.0, prompt_tokens) * (1.0 - hit)
     return work / rate + (sp.ttft_overhead_s or 0.0)
+
+
+def predicted_ttft_step_s(
+    sp: Speed,
+    waiting: float | None,
+    running: float | None,
+    prompt_tokens: float,
+    hit_ratio: float | None,
+    ahead_tokens: float = 0.0,
+    max_batched_tokens: int = MAX_BATCHED_TOKENS,
+    *,
+    ahead_requests: float = 0.0,
+    completions_per_s: float | None = None,
+) -> float | None:
+    """Seconds until a request of ``prompt_tokens`` gets its first token, by the engine's
+    step line (docs/slo.md, "Predicted time to first token"):
+
+        W = waiting × c̄ + ahead_tokens + p × (1 − h)      prefill tokens up to its own
+        d = running,   k = max(1, ceil(W ÷ max(1, B − d)))          steps of B tokens
+        q = (waiting + ahead_requests + 1) ÷ λ  when waiting > 0, else 0   (room to start)
+        TTFT = o + q + (a + b d) ÷ 2 + k a + b (W + k d)
+
+    (``a``, ``b``: ``token_step_fixed_s``, ``token_step_per_token_s``; ``λ``:
+    ``completions_per_s``, unknown or 0: q = 0); without that line, ``predicted_ttft_s``
+    (the speed per request) + q."""
+    waits = waiting or 0.0
+    room = 0.0
+    if waits > 0 and completions_per_s:
+        room = (waits + max(0.0, ahead_requests) + 1.0) / completions_per_s
+    a, b = sp.token_step_fixed_s, sp.token_step_per_token_s
+    if a is None or b is None or b <= 0.0:
+        base = predicted_ttft_s(sp, waiting, prompt_tokens, hit_ratio, ahead_tokens)
+        return None if base is None else base + room
+    hit = min(1.0, max(0.0, hit_ratio or 0.0))
+    queued = waits * (sp.computed_prompt_tokens or 0.0)
+    work = queued + max(0.0, ahead_tokens) + max(0.0, prompt_tokens) * (1.0 - hit)
+    d = max(0.0, running or 0.0)
+    steps = max(1, math.ceil(work / max(1.0, max_batched_tokens - d)))
+    running_step = (a + b * d) / 2.0
+    return (sp.ttft_overhead_s or 0.0) + room + running_step + steps * a + b * (work + steps * d)
 
 
 def predicted_tpot_s(sp: Speed, running: float) -> float | None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ext_proc.signals.scrapes import Derived, GpuScrape, Histogram, Speed
-from ext_proc.signals.slo import predicted_tpot_s, predicted_ttft_s
+from ext_proc.signals.slo import predicted_tpot_s, predicted_ttft_step_s
 
 __all__ = ["BackendSignals", "PoolSnapshot"]
 
@@ -101,12 +101,18 @@ class BackendSignals:
 
     def predicted_ttft_s(self, prompt_tokens: float, ahead_tokens: float = 0.0) -> float | None:
         """Seconds to the first token of a request of ``prompt_tokens`` sent here now
-        (``ext_proc.signals.slo.predicted_ttft_s``; O(1)). None: no prefill speed known."""
+        (``ext_proc.signals.slo.predicted_ttft_step_s``; O(1)). None: no prefill speed known."""
         sp = self.speed
         if sp is None:
             return None
-        return predicted_ttft_s(
-            sp, self.num_requests_waiting, prompt_tokens, self.hit_ratio, ahead_tokens
+        return predicted_ttft_step_s(
+            sp,
+            self.num_requests_waiting,
+            self.num_requests_running,
+            prompt_tokens,
+            self.hit_ratio,
+            ahead_tokens,
+            completions_per_s=self.derived.completions_per_s if self.derived else None,
         )
 
     @property

@@ -66,7 +66,7 @@ def test_wall_plan_scales_arrivals() -> None:
     assert [p.at_s for p in wall_plan(plan, 10.0)] == pytest.approx([p.at_s * 10 for p in plan])
 
 
-@pytest.mark.parametrize("admission", ["reserve", "forecast"])
+@pytest.mark.parametrize("admission", ["reserve", "forecast", "slo"])
 def test_gpu_policy_loads_with_scaled_times(tmp_path: Path, admission: str) -> None:
     out = gpu_policy(tmp_path / "p.yaml", max_model_len=32_768, k=10.0, admission=admission)
     data = yaml.safe_load(out.read_text())
@@ -80,5 +80,7 @@ def test_gpu_policy_loads_with_scaled_times(tmp_path: Path, admission: str) -> N
     pool = policy.pools["vllm"]
     assert pool.scrape_interval_s == pytest.approx(1.0)
     assert pool.max_age_s == pytest.approx(10.0)
-    if admission == "forecast":
+    if admission in ("forecast", "slo"):
         assert profile.forecast is not None and profile.forecast.recovery_s == pytest.approx(100.0)
+    # slo: the bench's 2 s modelled target × k; the others hold no target
+    assert profile.slo.ttft_ms == (20_000 if admission == "slo" else None)

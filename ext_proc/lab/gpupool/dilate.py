@@ -7,7 +7,8 @@ time is scaled by the same k, so the run is the GPU run slowed down uniformly:
 - arrivals: wall gap = k × modelled gap (``wall_plan``); the TTFT SLO: k × the modelled one;
 - ICE's policy (``gpu_policy``): every pool's ``scrape_interval_s``, ``scrape_timeout_s`` and
   ``max_age_s``; every profile's ``ttft_target_s``, ``retry_after_s`` (and its min / max,
-  rounded up: they are whole seconds) and ``forecast.start_within_s`` / ``recovery_s``;
+  rounded up: they are whole seconds), ``forecast.start_within_s`` / ``recovery_s`` and,
+  under ``admission: slo``, ``slo.ttft_ms`` (the bench's modelled TTFT target × k);
   the queue's ``max_queue_wait_ms`` is the bench's ``--queue-wait-ms`` × k
   (``overload_setup(queue_wait_ms=...)``).
 
@@ -17,8 +18,9 @@ is the point of k (the executor also absorbs up to k × the modelled step overhe
 per step: ``executor``). Figures in modelled time are wall figures / k (tokens per second × k).
 
 ``gpu_policy`` starts from the tiny pool's policy (``overload.POLICY``) and sets every
-profile's ``max_model_len`` to the pool's, the ``admission`` ("reserve" or "forecast"), and
-the scaled times; everything else (pressure weights, shedding ladder) is left as it is: this is
+profile's ``max_model_len`` to the pool's, the ``admission`` ("reserve", "forecast" or
+"slo"; slo with the bench's target, ``ttft_slo_s``, where the profile has none), and the
+scaled times; everything else (pressure weights, shedding ladder) is left as it is: this is
 the instrument, not a tuning of ICE for it. Invariant: pure except for the file it writes.
 """
 
@@ -55,6 +57,7 @@ def gpu_policy(
     admission: str = "reserve",
     read_floors: bool = True,
     template: Path = POLICY,
+    ttft_slo_s: float = 2.0,
 ) -> Path:
     """ICE's policy for the GPU pool at dilation ``k`` (module docstring), written to ``out``."""
     policy: dict[str, Any] = yaml.safe_load(template.read_text())
@@ -70,6 +73,8 @@ def gpu_policy(
         defaults = {"retry_after_s": 2, "retry_after_min_s": 1, "retry_after_max_s": 60}
         for key in _PROFILE_SECONDS:
             profile[key] = math.ceil(float(profile.get(key, defaults[key])) * k)
+        if admission == "slo" and not profile.get("slo"):
+            profile["slo"] = {"ttft_ms": round(ttft_slo_s * k * 1000, 3)}
         if admission in ("forecast", "slo"):
             forecast = dict(profile.get("forecast") or {})
             forecast["read_floors"] = read_floors
