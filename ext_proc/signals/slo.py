@@ -212,7 +212,6 @@ def speed(window: Sequence[EngineScrape], hit_ratio: float | None) -> Speed:
     tokens = seconds = requests = 0.0
     errors: list[float] = []
     points: list[tuple[float, float]] = []
-    token_points: list[tuple[float, float]] = []
     overhead = _Overhead()
     sums = _Sums()
     for a, b in itertools.pairwise(window):
@@ -237,12 +236,11 @@ def speed(window: Sequence[EngineScrape], hit_ratio: float | None) -> Speed:
         if step_s is None:
             continue
         if tokens_per_step is not None:
-            token_points.append((tokens_per_step, step_s))
             sums.add(tokens_per_step, step_s)
         if a.num_requests_running is not None and b.num_requests_running is not None:
             points.append(((a.num_requests_running + b.num_requests_running) / 2.0, step_s))
     alpha, beta = _line(points) if points else (None, None)
-    step_fixed, per_token = _line(token_points) if token_points else (None, None)
+    step_fixed, per_token = sums.line  # the step line over every interval, as each used it
     return Speed(
         prefill_tokens_per_s=tokens / seconds if seconds > 0 and tokens > 0 else None,
         computed_prompt_tokens=tokens / requests if requests > 0 else None,
@@ -254,7 +252,7 @@ def speed(window: Sequence[EngineScrape], hit_ratio: float | None) -> Speed:
         ttft_error_points=len(errors),
         token_step_fixed_s=step_fixed,
         token_step_per_token_s=per_token if per_token else None,
-        token_step_points=len(token_points),
+        token_step_points=int(sums.n),
     )
 
 
